@@ -1,0 +1,44 @@
+"""A sweep from a composed config: validate, stage, run the trials, keep the best, report."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from sweep.config import Settings, validate
+from sweep.results import (
+    TrialRecord, best_per_task, export_best, format_summary, summarize, write_results,
+)
+from sweep.staging import ensure_local
+
+log = logging.getLogger(__name__)
+
+
+def finish(settings: Settings, records: list[TrialRecord], out_dir: Path) -> list:
+    """Export the best model per task, prune the other checkpoints, write and print results."""
+    metric = {spec.name: spec.metric for spec in settings.tasks}
+    for task, record in best_per_task(records, settings.tasks).items():
+        exported = export_best(record, out_dir / "best" / task, settings.model.name)
+        print(f"best {task}: seed {record.seed}, {metric[task]} {record.score:.4f} -> {exported}")
+    if settings.sweep.keep_checkpoints == "best":
+        for r in records:
+            if r.checkpoint:
+                shutil.rmtree(r.checkpoint, ignore_errors=True)
+                r.checkpoint = None
+    summaries = summarize(records, settings.tasks)
+    write_results(out_dir, records, summaries)
+    print(format_summary(summaries))
+    print(f"results: {out_dir / 'results.csv'}  summary: {out_dir / 'summary.csv'}")
+    return summaries
+
+
+def run(cfg: DictConfig, out_dir: Path) -> list:
+    settings = validate(cfg)  # every config error before any data is read
+    sources = ensure_local(settings)
+    from sweep.sequential import run_sequential
+
+    records = run_sequential(settings, sources, out_dir)
+    return finish(settings, records, out_dir)

@@ -1,0 +1,201 @@
+"""Typed schema of the composed Hydra config, and its validation.
+
+OmegaConf checks types and unknown keys against the dataclasses below; the range and choice
+checks here add what types cannot say. Every failure is one ``ConfigError`` line that names the
+key and what is allowed, raised before any data is read or any Ray resource is asked for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from sweep.tasks import TaskConfigError, TaskSpec, tasks_from_config
+
+
+class ConfigError(ValueError):
+    """The composed config is invalid; the message names the key and what is allowed."""
+
+
+@dataclass
+class BuilderConfig:
+    arch: str = "roberta"
+    vocab_size: int = 2000
+    hidden_size: int = 32
+    num_layers: int = 2
+    num_heads: int = 2
+    max_positions: int = 514
+
+
+@dataclass
+class ModelConfig:
+    name: str = "???"
+    hub_id: Optional[str] = None
+    path: Optional[str] = None
+    package: Optional[str] = None
+    builder: Optional[BuilderConfig] = None
+
+
+@dataclass
+class TrainConfig:
+    lr: float = 2e-5
+    batch_size: int = 32
+    eval_batch_size: int = 64
+    epochs: int = 3
+    max_seq_length: int = 128
+    block_size: int = 128
+    warmup_ratio: float = 0.06
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+    precision: str = "auto"
+    padding: str = "dynamic"
+    max_train_samples: Optional[int] = None
+    max_eval_samples: Optional[int] = None
+    num_workers: int = 0
+
+
+@dataclass
+class SweepConfig:
+    seeds: list[int] = field(default_factory=lambda: list(range(38, 48)))
+    keep_checkpoints: str = "best"  # best: prune all but the exported best model; all: keep every trial's
+
+
+@dataclass
+class ResourcesConfig:
+    gpus_per_trial: float = 1.0
+    cpus_per_trial: float = 1.0
+
+
+@dataclass
+class StorageConfig:
+    kind: str = "local"
+    data_dir: Optional[str] = None
+    model_dir: Optional[str] = None
+    cache_dir: str = "~/.cache/sweep"
+
+
+@dataclass
+class TrackingConfig:
+    kind: str = "none"
+    uri: Optional[str] = None
+    experiment: Optional[str] = None
+    required: bool = True
+
+
+@dataclass
+class ClusterConfig:
+    address: Optional[str] = None
+    storage_path: Optional[str] = None
+
+
+@dataclass
+class Settings:
+    """The validated config of one sweep (everything but the task specs is a typed dataclass)."""
+
+    tasks: list[TaskSpec]
+    model: ModelConfig
+    train: TrainConfig
+    sweep: SweepConfig
+    resources: ResourcesConfig
+    storage: StorageConfig
+    tracking: TrackingConfig
+    cluster: ClusterConfig
+    out_dir: Optional[str] = None
+    resume: bool = False
+
+
+CHOICES = {
+    "train.precision": ("auto", "fp32", "bf16", "fp16"),
+    "train.padding": ("dynamic", "max_length"),
+    "sweep.keep_checkpoints": ("best", "all"),
+    "storage.kind": ("local",),
+    "tracking.kind": ("none", "mlflow"),
+    "model.builder.arch": ("roberta", "bert", "gpt2"),
+}
+
+
+def _typed(group: str, schema: type, node: Any) -> Any:
+    """Merge a config node onto its dataclass schema: OmegaConf rejects wrong types and unknown keys."""
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), node)
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        key = f"{group}.{e.full_key}" if getattr(e, "full_key", None) else group
+        # OmegaConf's first line says what was wrong; keep it, drop its multi-line trailer.
+        reason = str(e).splitlines()[0]
+        if "not in" in reason:  # an unknown key: say which keys exist
+            reason += f" (keys of {group}: {', '.join(schema.__dataclass_fields__)})"
+        raise ConfigError(f"{key}: {reason}") from None
+
+
+def _check(ok: bool, key: str, why: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {why}")
+
+
+def _check_choice(key: str, value: Any) -> None:
+    allowed = CHOICES[key]
+    _check(value in allowed, key, f"got {value!r}, allowed: {', '.join(allowed)}")
+
+
+def _check_ranges(s: Settings) -> None:
+    t = s.train
+    _check(t.lr > 0, "train.lr", f"must be > 0, got {t.lr}")
+    for key in ("batch_size", "eval_batch_size", "epochs", "max_seq_length", "block_size"):
+        value = getattr(t, key)
+        _check(value >= 1, f"train.{key}", f"must be a positive integer, got {value}")
+    _check(0 <= t.warmup_ratio < 1, "train.warmup_ratio", f"must be in [0, 1), got {t.warmup_ratio}")
+    _check(t.weight_decay >= 0, "train.weight_decay", f"must be >= 0, got {t.weight_decay}")
+    _check(t.max_grad_norm > 0, "train.max_grad_norm", f"must be > 0, got {t.max_grad_norm}")
+    _check(t.num_workers >= 0, "train.num_workers", f"must be >= 0, got {t.num_workers}")
+    for key in ("max_train_samples", "max_eval_samples"):
+        value = getattr(t, key)
+        _check(value is None or value >= 1, f"train.{key}", f"must be null or >= 1, got {value}")
+    _check_choice("train.precision", t.precision)
+    _check_choice("train.padding", t.padding)
+
+    seeds = s.sweep.seeds
+    _check(len(seeds) > 0, "sweep.seeds", "is empty; give at least one seed, e.g. sweep.seeds=[38,39]")
+    _check(len(set(seeds)) == len(seeds), "sweep.seeds", f"has duplicates: {seeds}")
+    _check_choice("sweep.keep_checkpoints", s.sweep.keep_checkpoints)
+
+    r = s.resources
+    _check(r.gpus_per_trial >= 0, "resources.gpus_per_trial", f"must be >= 0, got {r.gpus_per_trial}")
+    _check(
+        r.gpus_per_trial <= 1 or float(r.gpus_per_trial).is_integer(),
+        "resources.gpus_per_trial",
+        f"above 1 must be a whole number of GPUs (DDP workers), got {r.gpus_per_trial}",
+    )
+    _check(r.cpus_per_trial > 0, "resources.cpus_per_trial", f"must be > 0, got {r.cpus_per_trial}")
+
+    _check_choice("storage.kind", s.storage.kind)
+    _check_choice("tracking.kind", s.tracking.kind)
+    if s.model.builder is not None:
+        _check_choice("model.builder.arch", s.model.builder.arch)
+
+
+def validate(cfg: DictConfig) -> Settings:
+    """Validate a composed config and return it typed; raises ConfigError naming the bad key."""
+    missing = [k for k in ("task", "model", "train", "sweep") if k not in cfg]
+    _check(not missing, "config", f"missing groups {missing}; compose from sweep/conf/config.yaml")
+    try:
+        tasks = tasks_from_config(cfg.task)
+    except TaskConfigError as e:
+        raise ConfigError(str(e)) from None
+    settings = Settings(
+        tasks=tasks,
+        model=_typed("model", ModelConfig, cfg.model),
+        train=_typed("train", TrainConfig, cfg.train),
+        sweep=_typed("sweep", SweepConfig, cfg.sweep),
+        resources=_typed("resources", ResourcesConfig, cfg.get("resources", {})),
+        storage=_typed("storage", StorageConfig, cfg.get("storage", {})),
+        tracking=_typed("tracking", TrackingConfig, cfg.get("tracking", {})),
+        cluster=_typed("cluster", ClusterConfig, cfg.get("cluster", {})),
+        out_dir=cfg.get("out_dir"),
+        resume=bool(cfg.get("resume", False)),
+    )
+    _check_ranges(settings)
+    return settings

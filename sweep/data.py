@@ -1,0 +1,499 @@
+"""The data layer: read a GLUE task into a DatasetDict, tokenize it (cached on disk), collate batches.
+
+Three on-disk layouts are understood, tried in this order:
+
+1. GLUE TSV files as written by ``download_glue_data.py``: ``<data_dir>/glue_data/<TASK>/train.tsv``
+   (or ``<data_dir>/<TASK>/train.tsv`` when ``data_dir`` is ``glue_data`` itself);
+2. a ``datasets`` ``save_to_disk`` folder: ``<data_dir>/<hf config>/dataset_dict.json``;
+3. the hub's ``nyu-mll/glue`` parquet files: ``<data_dir>/<hf config>/train-00000-of-00001.parquet``.
+
+Every layout is normalized to the columns ``text_a``, ``text_b`` (pair tasks only) and ``label``
+(an index into ``spec.labels``, or a float score in [0, 5] for STS-B).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+from datasets import ClassLabel, Dataset, DatasetDict, DatasetInfo, Features, Value, load_from_disk
+from datasets.table import InMemoryTable
+from filelock import FileLock
+from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
+
+from sweep.tasks import TaskSpec
+
+log = logging.getLogger(__name__)
+
+# Bump when the normalized or tokenized format changes, so that old caches are not reused.
+FORMAT_VERSION = 1
+STS_RANGE = (0.0, 5.0)
+PADDING_MODES = ("dynamic", "max_length")
+TSV_LAYOUT = "GLUE TSV files <data_dir>/glue_data/<TASK>/{files}"
+HF_LAYOUT = (
+    "a datasets.save_to_disk folder <data_dir>/{config}/dataset_dict.json, or the hub's parquet "
+    "files <data_dir>/{config}/train-00000-of-00001.parquet and validation-*.parquet"
+)
+
+
+class DataFormatError(ValueError):
+    """Task data is missing or malformed; the message names the file (and line) and the fix."""
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------
+
+
+def load_task_data(spec: TaskSpec, data_dir: str | Path, skip_malformed: bool = False) -> DatasetDict:
+    """Read one task's train split and every split of ``spec.eval_files`` into a DatasetDict.
+
+    ``skip_malformed`` skips (and counts, in a warning) TSV rows with too few fields, as the GLUE
+    readers do for QQP's broken train rows; by default such a row is an error.
+    """
+    if spec.kind == "causal_lm":
+        raise ValueError(f"task {spec.name}: load_task_data reads GLUE-style tasks, not a causal_lm corpus")
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise DataFormatError(f"{data_dir}: data directory does not exist")
+    layout, folder = _find_layout(spec, data_dir)
+    if layout == "tsv":
+        return _load_tsv_task(spec, folder, skip_malformed)
+    if layout == "disk":
+        return _load_saved_task(spec, folder)
+    return _load_parquet_task(spec, folder)
+
+
+def _split_files(spec: TaskSpec) -> dict[str, str]:
+    return {"train": spec.train_file, **spec.eval_files}
+
+
+def _hf_split(spec: TaskSpec, split: str) -> str:
+    """Our split name -> the hub's: dev -> validation, MNLI's matched -> validation_matched."""
+    if split == "train":
+        return "train"
+    return "validation" if len(spec.eval_files) == 1 else f"validation_{split}"
+
+
+def _find_layout(spec: TaskSpec, data_dir: Path) -> tuple[str, Path]:
+    tsv_dirs = [data_dir / "glue_data" / spec.folder, data_dir / spec.folder]
+    hf_dirs = [data_dir / spec.hf.config, data_dir / "glue_data" / spec.hf.config] if spec.hf else []
+    for d in tsv_dirs:
+        # a case-insensitive file system may find the hub folder (rte) under the TSV name (RTE)
+        if d.is_dir() and not _is_hf_dir(d):
+            return "tsv", d
+    for d in hf_dirs:
+        if (d / "dataset_dict.json").is_file():
+            return "disk", d
+    for d in hf_dirs:
+        if any(d.glob("train-*.parquet")):
+            return "parquet", d
+    looked = ", ".join(str(d) for d in (*tsv_dirs, *hf_dirs))
+    expected = TSV_LAYOUT.format(files=", ".join(_split_files(spec).values()))
+    if spec.hf:
+        expected += "; or " + HF_LAYOUT.format(config=spec.hf.config)
+    raise DataFormatError(f"no data for task {spec.name}: looked in {looked}; expected {expected}")
+
+
+def _is_hf_dir(d: Path) -> bool:
+    return (d / "dataset_dict.json").is_file() or any(d.glob("*.parquet"))
+
+
+def _features(spec: TaskSpec) -> Features:
+    cols: dict[str, Any] = {"text_a": Value("string")}
+    if spec.is_pair:
+        cols["text_b"] = Value("string")
+    cols["label"] = Value("float32") if spec.kind == "regression" else ClassLabel(names=list(spec.labels))
+    return Features(cols)
+
+
+def _to_dataset(columns: dict[str, Any], spec: TaskSpec, fingerprint: str) -> Dataset:
+    """Build an in-memory Dataset whose fingerprint is derived from the source bytes, so the
+    tokenization cache recognises the same data across processes."""
+    features = _features(spec)
+    table = pa.Table.from_pydict(columns, schema=features.arrow_schema)
+    return Dataset(InMemoryTable(table), info=DatasetInfo(features=features), fingerprint=fingerprint)
+
+
+def _fingerprint(spec: TaskSpec, split: str, digest: str, *extra: object) -> str:
+    return _sha256(FORMAT_VERSION, repr(spec), split, digest, *extra)
+
+
+def _sha256(*parts: object) -> str:
+    return hashlib.sha256(json.dumps([str(p) for p in parts]).encode()).hexdigest()
+
+
+def _hash_files(paths: Iterable[Path]) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+# ---- GLUE TSV ------------------------------------------------------------------------------
+
+
+def _load_tsv_task(spec: TaskSpec, folder: Path, skip_malformed: bool) -> DatasetDict:
+    return DatasetDict(
+        {split: _read_tsv(spec, folder / name, split, skip_malformed) for split, name in _split_files(spec).items()}
+    )
+
+
+def _read_text(path: Path) -> tuple[str, str]:
+    """The file's text (BOM removed) and the sha256 of its bytes."""
+    if not path.is_file():
+        present = sorted(p.name for p in path.parent.iterdir()) if path.parent.is_dir() else []
+        raise DataFormatError(f"{path}: file not found (files in {path.parent}: {present or 'none'})")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataFormatError(f"{path}: not UTF-8 text ({e}); GLUE files are UTF-8") from e
+    return text.removeprefix("\ufeff"), hashlib.sha256(raw).hexdigest()
+
+
+@dataclass
+class _Columns:
+    """Where the needed fields sit in a row, and the parsed values collected so far."""
+
+    index: dict[str, int]
+    rows: dict[str, list[Any]] = field(default_factory=dict)
+    min_fields: int = 0
+
+    def __post_init__(self) -> None:
+        self.min_fields = max(self.index.values()) + 1
+        self.rows = {name: [] for name in self.index}
+
+
+def _tsv_columns(spec: TaskSpec, path: Path, columns: Sequence[str]) -> _Columns:
+    names = {"text_a": spec.text_columns[0], "label": spec.label_column}
+    if spec.is_pair:
+        names["text_b"] = spec.text_columns[1]
+    missing = [c for c in names.values() if c not in columns]
+    if missing:
+        raise DataFormatError(
+            f"{path}:1: missing column(s) {missing} in the header; columns found: {list(columns)}"
+        )
+    return _Columns({ours: list(columns).index(theirs) for ours, theirs in names.items()})
+
+
+def _read_tsv(spec: TaskSpec, path: Path, split: str, skip_malformed: bool) -> Dataset:
+    text, digest = _read_text(path)
+    # QUOTE_NONE: GLUE text holds unbalanced quotes (MRPC); newline=None: universal newlines as open()
+    reader = csv.reader(io.StringIO(text, newline=None), delimiter="\t", quoting=csv.QUOTE_NONE)
+    parse_label = _label_parser(spec, path)
+    skipped = 0
+    try:
+        header = next(reader, None) if spec.header else spec.columns
+        if header is None:
+            raise DataFormatError(f"{path}: empty file, expected a header line and data rows")
+        cols = _tsv_columns(spec, path, [c.strip() for c in header])
+        for row in reader:
+            if len(row) < cols.min_fields:
+                if skip_malformed:
+                    skipped += 1
+                    continue
+                raise DataFormatError(
+                    f"{path}:{reader.line_num}: row has {len(row)} field(s), needs at least "
+                    f"{cols.min_fields} (columns {list(header)}); pass skip_malformed=True to skip such rows"
+                )
+            for name, i in cols.index.items():
+                value = row[i]
+                cols.rows[name].append(parse_label(value, reader.line_num) if name == "label" else value)
+    except csv.Error as e:
+        raise DataFormatError(f"{path}:{reader.line_num}: unreadable TSV row: {e}") from e
+    if skipped:
+        log.warning("%s: skipped %d malformed row(s) with too few fields", path, skipped)
+    if not cols.rows["label"]:
+        why = f"all {skipped} row(s) malformed" if skipped else "no data rows"
+        raise DataFormatError(f"{path}: empty split {split!r}: {why}")
+    return _to_dataset(cols.rows, spec, _fingerprint(spec, split, digest, skip_malformed))
+
+
+def _label_parser(spec: TaskSpec, path: Path) -> Callable[[str, int], int | float]:
+    """A function (value, line) -> label index or score, raising DataFormatError with file:line."""
+    if spec.kind == "regression":
+        lo, hi = STS_RANGE
+
+        def score(value: str, line: int) -> float:
+            try:
+                x = float(value)
+            except ValueError:
+                raise DataFormatError(
+                    f"{path}:{line}: score {value!r} in column {spec.label_column!r} is not a number"
+                ) from None
+            if not lo <= x <= hi:  # also rejects nan
+                raise DataFormatError(f"{path}:{line}: score {x} is outside [{lo:g}, {hi:g}]")
+            return x
+
+        return score
+    index = {name: i for i, name in enumerate(spec.labels)}
+
+    def label(value: str, line: int) -> int:
+        try:
+            return index[value.strip()]
+        except KeyError:
+            raise DataFormatError(
+                f"{path}:{line}: unknown label {value!r} in column {spec.label_column!r}; "
+                f"allowed: {', '.join(spec.labels)}"
+            ) from None
+
+    return label
+
+
+# ---- Hugging Face layouts --------------------------------------------------------------------
+
+
+def _load_saved_task(spec: TaskSpec, folder: Path) -> DatasetDict:
+    saved = load_from_disk(str(folder))
+    out = {}
+    for split in _split_files(spec):
+        name = _hf_split(spec, split)
+        if name not in saved:
+            raise DataFormatError(
+                f"{folder}: no split {name!r} in this save_to_disk folder (splits found: {list(saved)}); "
+                f"expected {[_hf_split(spec, s) for s in _split_files(spec)]}"
+            )
+        ds = saved[name]
+        digest = _hash_files(Path(f["filename"]) for f in ds.cache_files)
+        table = ds.with_format("arrow")[:]
+        out[split] = _from_hub_table(spec, table, f"{folder}/{name}", _fingerprint(spec, split, digest))
+    return DatasetDict(out)
+
+
+def _load_parquet_task(spec: TaskSpec, folder: Path) -> DatasetDict:
+    out = {}
+    for split in _split_files(spec):
+        name = _hf_split(spec, split)
+        files = sorted(folder.glob(f"{name}-*.parquet"))
+        if not files:
+            found = sorted(p.name for p in folder.glob("*.parquet"))
+            raise DataFormatError(f"{folder}/{name}-*.parquet: file not found (parquet files there: {found})")
+        table = pa.concat_tables(pq.read_table(p) for p in files)
+        source = str(files[0]) if len(files) == 1 else f"{folder}/{name}-*.parquet"
+        out[split] = _from_hub_table(spec, table, source, _fingerprint(spec, split, _hash_files(files)))
+    return DatasetDict(out)
+
+
+def _from_hub_table(spec: TaskSpec, table: pa.Table, source: str, fingerprint: str) -> Dataset:
+    """Rename the hub's text columns and map its label indices onto ours."""
+    wanted = [*spec.hf.text_columns, "label"]
+    missing = [c for c in wanted if c not in table.column_names]
+    if missing:
+        raise DataFormatError(f"{source}: missing column(s) {missing}; columns found: {table.column_names}")
+    if table.num_rows == 0:
+        raise DataFormatError(f"{source}: empty split, no data rows")
+    texts = [pc.fill_null(table.column(c).cast(pa.string()), "") for c in spec.hf.text_columns]
+    columns = dict(zip(("text_a", "text_b") if spec.is_pair else ("text_a",), texts))
+    columns["label"] = _hub_labels(spec, table.column("label"), source)
+    return _to_dataset(columns, spec, fingerprint)
+
+
+def _hub_labels(spec: TaskSpec, column: pa.ChunkedArray, source: str) -> pa.Array:
+    if column.null_count:
+        row = pc.index(pc.is_null(column), True).as_py()
+        raise DataFormatError(f"{source}: row {row}: label is missing")
+    values = column.to_numpy()
+    if spec.kind == "regression":
+        lo, hi = STS_RANGE
+        bad = ~((values >= lo) & (values <= hi))
+        _raise_first(bad, values, source, f"score outside [{lo:g}, {hi:g}]")
+        return pa.array(values, type=pa.float32())
+    names = spec.hf.label_names
+    unknown = [n for n in names if n not in spec.labels]
+    if unknown:
+        raise DataFormatError(f"{source}: hub label names {unknown} are not task labels {list(spec.labels)}")
+    lookup = np.array([spec.labels.index(n) for n in names], dtype=np.int64)
+    bad = (values < 0) | (values >= len(names))
+    why = f"label not in 0..{len(names) - 1} ({', '.join(names)}); -1 marks unlabeled test rows"
+    _raise_first(bad, values, source, why)
+    return pa.array(lookup[values.astype(np.int64)])
+
+
+def _raise_first(bad: np.ndarray, values: np.ndarray, source: str, why: str) -> None:
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise DataFormatError(f"{source}: row {row}: {values[row]!r}: {why}")
+
+
+# --------------------------------------------------------------------------------------------
+# Tokenization (cached per node)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CacheStats:
+    """How tokenize_task was answered in this process (tests and benchmarks read it)."""
+
+    hits: int = 0
+    misses: int = 0
+
+
+cache_stats = CacheStats()
+
+
+def tokenize_task(
+    dsdict: DatasetDict,
+    spec: TaskSpec,
+    tokenizer: PreTrainedTokenizerBase,
+    max_length: int,
+    cache_dir: str | Path | None,
+) -> DatasetDict:
+    """Tokenize every split to ``input_ids``, ``attention_mask`` (and ``token_type_ids`` when the
+    tokenizer makes them) and ``labels``, truncated to ``max_length`` and not padded.
+
+    With a ``cache_dir`` the result is stored under ``cache_dir/tokenized/<key>`` and a later call
+    with the same data, tokenizer, max_length and task loads it instead of tokenizing again.
+    """
+    if max_length < 1:
+        raise ValueError(f"max_length must be a positive number of tokens, got {max_length}")
+    if cache_dir is None:
+        cache_stats.misses += 1
+        return _tokenize(dsdict, spec, tokenizer, max_length)
+    key = cache_key(dsdict, spec, tokenizer, max_length)
+    root = Path(cache_dir) / "tokenized"
+    target = root / key
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root / f"{key}.lock")):
+        if target.is_dir():
+            cache_stats.hits += 1
+            log.info("tokenized %s: cache hit %s", spec.name, target)
+            return load_from_disk(str(target))
+        cache_stats.misses += 1
+        log.info("tokenizing %s into %s", spec.name, target)
+        _write_atomically(_tokenize(dsdict, spec, tokenizer, max_length), root, target)
+    return load_from_disk(str(target))
+
+
+def _write_atomically(dsdict: DatasetDict, root: Path, target: Path) -> None:
+    """Save into a temp dir beside the target, then rename: readers never see a half-written cache."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=root))
+    try:
+        dsdict.save_to_disk(str(tmp))
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def cache_key(dsdict: DatasetDict, spec: TaskSpec, tokenizer: PreTrainedTokenizerBase, max_length: int) -> str:
+    """sha256 over the data's fingerprints, the tokenizer's identity, max_length, format, task."""
+    data = {split: ds._fingerprint for split, ds in sorted(dsdict.items())}
+    return _sha256(json.dumps(data), tokenizer_identity(tokenizer), max_length, FORMAT_VERSION, spec.name)
+
+
+def tokenizer_identity(tokenizer: PreTrainedTokenizerBase) -> str:
+    """Class, name, vocabulary size, truncation side and a hash of the full tokenizer definition."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    definition = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
+    return _sha256(
+        type(tokenizer).__name__,
+        tokenizer.name_or_path,
+        len(tokenizer),
+        tokenizer.truncation_side,
+        hashlib.sha256(definition.encode()).hexdigest(),
+    )
+
+
+def _tokenize(dsdict: DatasetDict, spec: TaskSpec, tokenizer: PreTrainedTokenizerBase, max_length: int) -> DatasetDict:
+    label_dtype = np.float32 if spec.kind == "regression" else np.int64
+
+    def encode(batch: dict[str, list]) -> dict[str, Any]:
+        enc = tokenizer(batch["text_a"], batch.get("text_b"), truncation=True, max_length=max_length)
+        return {**enc, "labels": np.asarray(batch["label"], dtype=label_dtype)}
+
+    out = {}
+    for split, ds in dsdict.items():
+        missing = [c for c in ("text_a", "label", *(["text_b"] if spec.is_pair else [])) if c not in ds.column_names]
+        if missing:
+            raise ValueError(f"split {split!r} lacks column(s) {missing}; load it with load_task_data")
+        # keep_in_memory: never write datasets' own cache files next to the source data
+        out[split] = ds.map(
+            encode,
+            batched=True,
+            remove_columns=ds.column_names,
+            keep_in_memory=True,
+            new_fingerprint=_sha256(ds._fingerprint, tokenizer_identity(tokenizer), max_length),
+            desc=f"tokenize {spec.name}/{split}",
+        )
+    return DatasetDict(out)
+
+
+# --------------------------------------------------------------------------------------------
+# Collation
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PaddingCollator:
+    """Pads a list of tokenized rows into tensors; a class (not a closure) so DataLoader workers can pickle it."""
+
+    tokenizer: PreTrainedTokenizerBase
+    padding: str = "dynamic"
+    max_length: int = 128
+
+    def __post_init__(self) -> None:
+        if self.padding not in PADDING_MODES:
+            raise ValueError(f"padding={self.padding!r} is not supported; allowed: {', '.join(PADDING_MODES)}")
+        if self.tokenizer.pad_token is None:
+            raise ValueError(
+                f"tokenizer {self.tokenizer.name_or_path!r} has no pad token; set one (e.g. the eos token) first"
+            )
+        strategy = "longest" if self.padding == "dynamic" else "max_length"
+        self._pad = DataCollatorWithPadding(self.tokenizer, padding=strategy, max_length=self.max_length)
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        inputs = [{k: v for k, v in row.items() if k != "labels"} for row in rows]
+        if self.padding == "max_length":
+            longest = max(len(row["input_ids"]) for row in inputs)
+            if longest > self.max_length:
+                raise ValueError(
+                    f"a row has {longest} tokens, more than the collator's max_length={self.max_length}; "
+                    "tokenize with the same or a smaller max_length"
+                )
+        batch = dict(self._pad(inputs))
+        if "labels" in rows[0]:
+            batch["labels"] = _label_tensor([row["labels"] for row in rows])
+        return batch
+
+
+def _label_tensor(labels: list[Any]) -> torch.Tensor:
+    """Regression scores as float32 (MSE loss), class indices as int64 (cross-entropy)."""
+    values = [x.item() if hasattr(x, "item") else x for x in labels]
+    dtype = torch.float32 if isinstance(values[0], float) else torch.int64
+    return torch.tensor(values, dtype=dtype)
+
+
+def make_collator(
+    tokenizer: PreTrainedTokenizerBase, padding: str = "dynamic", max_length: int = 128
+) -> PaddingCollator:
+    """"dynamic" pads each batch to its longest row; "max_length" pads every batch to max_length
+    (the original workflow's behaviour, kept for the benchmark)."""
+    return PaddingCollator(tokenizer, padding, max_length)
+
+
+class TokenCount(NamedTuple):
+    real: int  # non-pad tokens (attention_mask sum)
+    padded: int  # tokens the model computes on, padding included
+
+
+def count_tokens(batch: dict[str, torch.Tensor]) -> TokenCount:
+    mask = batch["attention_mask"]
+    return TokenCount(real=int(mask.sum()), padded=int(mask.numel()))

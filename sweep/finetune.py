@@ -1,0 +1,238 @@
+"""One fine-tuning run: one model, one task, one seed. Plain Python and PyTorch, no Ray.
+
+The sweep runs this loop inside Ray Train workers (``sweep.trial``); tests and benchmarks call it
+directly. The seed fixes the new head's initialisation and the data order, so the same seed on
+the same machine gives the same metrics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+from transformers import get_linear_schedule_with_warmup, set_seed
+
+from sweep.config import TrainConfig
+from sweep.data import load_task_data, make_collator, tokenize_task
+from sweep.metrics import merge_splits, perplexity, selection_score, task_metrics
+from sweep.models import load_for_task
+from sweep.tasks import TaskSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EpochResult:
+    epoch: int  # 1-based
+    train_loss: float
+    metrics: dict[str, float]  # eval metrics, primary split unprefixed
+    score: float  # the task's selection score (higher is better)
+    train_seconds: float
+    eval_seconds: float
+    train_tokens: int  # real (non-pad) tokens seen in training
+    padded_tokens: int  # tokens including padding: what the model actually computed on
+
+
+@dataclass
+class FinetuneResult:
+    task: str
+    seed: int
+    epochs: list[EpochResult] = field(default_factory=list)
+    best_epoch: int = 0
+    checkpoint_dir: Path | None = None
+
+    @property
+    def best(self) -> EpochResult:
+        return self.epochs[self.best_epoch - 1]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "task": self.task,
+            "seed": self.seed,
+            "best_epoch": self.best_epoch,
+            "checkpoint_dir": str(self.checkpoint_dir) if self.checkpoint_dir else None,
+            "epochs": [asdict(e) for e in self.epochs],
+        }
+
+
+# Called after each epoch with the result and a function that saves model + tokenizer to a folder.
+EpochCallback = Callable[[EpochResult, Callable[[Path], None]], None]
+
+
+def pick_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype for a precision setting; None means plain fp32."""
+    if device.type != "cuda" or precision == "fp32":
+        return None
+    if precision == "fp16":
+        return torch.float16
+    if precision == "bf16" or torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float16  # auto on an older GPU without bf16
+
+
+def _subsample(ds, limit: int | None):
+    # A fixed shuffle (seed 0), independent of the trial seed: every seed sees the same subset.
+    if limit is None or len(ds) <= limit:
+        return ds
+    return ds.shuffle(seed=0).select(range(limit))
+
+
+def _optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    # No weight decay on biases and normalisation weights, as BERT/RoBERTa fine-tuning does.
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr)
+
+
+def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def prepare_data(spec: TaskSpec, tokenizer, data_dir: Path, train: TrainConfig, cache_dir: Path | None):
+    """Read, subsample and tokenize a task's splits (the tokenized form is cached per machine)."""
+    raw = load_task_data(spec, data_dir)
+    raw["train"] = _subsample(raw["train"], train.max_train_samples)
+    for split in spec.eval_files:
+        raw[split] = _subsample(raw[split], train.max_eval_samples)
+    return tokenize_task(raw, spec, tokenizer, train.max_seq_length, cache_dir)
+
+
+@torch.no_grad()
+def evaluate(model, loader, spec: TaskSpec, device, amp_dtype) -> dict[str, float]:
+    """Metrics of one split: GLUE metrics from logits, or perplexity from the mean token loss."""
+    model.eval()
+    logits, labels = [], []
+    loss_sum, loss_tokens = 0.0, 0
+    for batch in loader:
+        batch = _to(batch, device)
+        with _autocast(device, amp_dtype):
+            out = model(**batch)
+        if spec.kind == "causal_lm":
+            n = int(batch["attention_mask"].sum())
+            loss_sum += float(out.loss) * n
+            loss_tokens += n
+        else:
+            logits.append(out.logits.float().cpu().numpy())
+            labels.append(batch["labels"].cpu().numpy())
+    if spec.kind == "causal_lm":
+        mean_loss = loss_sum / max(loss_tokens, 1)
+        return {"eval_loss": mean_loss, "perplexity": perplexity(mean_loss)}
+    preds = np.concatenate(logits)
+    if spec.kind == "regression":
+        preds = preds.reshape(-1)
+    return task_metrics(spec, preds, np.concatenate(labels))
+
+
+def _autocast(device: torch.device, dtype: torch.dtype | None):
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def finetune(
+    spec: TaskSpec,
+    model_dir: Path,
+    data_dir: Path,
+    train: TrainConfig,
+    seed: int,
+    out_dir: Path | None = None,
+    cache_dir: Path | None = None,
+    on_epoch: EpochCallback | None = None,
+    device: torch.device | None = None,
+) -> FinetuneResult:
+    """Fine-tune ``model_dir`` on ``spec`` with ``seed``; evaluate every epoch.
+
+    With ``out_dir`` the best epoch's model is saved there (``save_pretrained``) and returned as
+    ``checkpoint_dir``; ``on_epoch`` lets a caller (the Ray trial) report and checkpoint instead.
+    """
+    device = device or pick_device()
+    set_seed(seed)  # before the model is built: the seed fixes the new head's weights
+    tokenizer, model = load_for_task(Path(model_dir), spec)
+    model.to(device)
+    data = prepare_data(spec, tokenizer, Path(data_dir), train, cache_dir)
+    collate = make_collator(tokenizer, train.padding, train.max_seq_length)
+
+    generator = torch.Generator().manual_seed(seed)  # the seed fixes the data order too
+    train_loader = DataLoader(
+        data["train"], batch_size=train.batch_size, shuffle=True, generator=generator,
+        collate_fn=collate, num_workers=train.num_workers,
+    )
+    eval_loaders = {
+        split: DataLoader(data[split], batch_size=train.eval_batch_size, collate_fn=collate)
+        for split in spec.eval_files
+    }
+    steps = len(train_loader) * train.epochs
+    optimizer = _optimizer(model, train.lr, train.weight_decay)
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(train.warmup_ratio * steps), steps)
+    amp_dtype = autocast_dtype(train.precision, device)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
+
+    result = FinetuneResult(task=spec.name, seed=seed)
+
+    def save(folder: Path) -> None:
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+
+    for epoch in range(1, train.epochs + 1):
+        model.train()
+        t0 = time.perf_counter()
+        loss_sum, n_batches, real_tokens, padded_tokens = 0.0, 0, 0, 0
+        for batch in train_loader:
+            real_tokens += int(batch["attention_mask"].sum())
+            padded_tokens += batch["attention_mask"].numel()
+            batch = _to(batch, device)
+            with _autocast(device, amp_dtype):
+                loss = model(**batch).loss
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), train.max_grad_norm)
+            scaler.step(optimizer)
+            scaler.update()
+            scheduler.step()
+            loss_sum += float(loss.detach())
+            n_batches += 1
+        train_seconds = time.perf_counter() - t0
+
+        t1 = time.perf_counter()
+        per_split = {s: evaluate(model, loader, spec, device, amp_dtype) for s, loader in eval_loaders.items()}
+        metrics = merge_splits(spec, per_split)
+        epoch_result = EpochResult(
+            epoch=epoch,
+            train_loss=loss_sum / max(n_batches, 1),
+            metrics=metrics,
+            score=selection_score(spec, metrics),
+            train_seconds=train_seconds,
+            eval_seconds=time.perf_counter() - t1,
+            train_tokens=real_tokens,
+            padded_tokens=padded_tokens,
+        )
+        result.epochs.append(epoch_result)
+        log.info("%s seed %d epoch %d: loss %.4f %s", spec.name, seed, epoch, epoch_result.train_loss, metrics)
+
+        # Strictly better only: on a tie the earlier epoch stays best.
+        improved = result.best_epoch == 0 or epoch_result.score > result.best.score
+        if improved:
+            result.best_epoch = epoch
+            if out_dir is not None:
+                save(Path(out_dir))
+                result.checkpoint_dir = Path(out_dir)
+        if on_epoch is not None:
+            on_epoch(epoch_result, save)
+    return result

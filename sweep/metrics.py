@@ -1,0 +1,79 @@
+"""GLUE metrics as GLUE defines them (scikit-learn / scipy), and perplexity for causal LM.
+
+Every function returns finite floats: degenerate predictions (one class everywhere, a constant
+regression output) give a defined number, so picking the best seed never meets a NaN.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+from scipy.stats import pearsonr, spearmanr
+from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+
+from sweep.tasks import TaskSpec
+
+
+def _finite(x: float) -> float:
+    # scipy returns NaN for a constant input: no correlation is the defined answer.
+    return float(x) if math.isfinite(x) else 0.0
+
+
+def classification_metrics(preds: np.ndarray, labels: np.ndarray, num_labels: int) -> dict[str, float]:
+    """acc for every task; mcc (CoLA); f1 of the positive class for binary tasks (MRPC, QQP)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # sklearn warns on degenerate input; the value is defined
+        out = {
+            "acc": float(accuracy_score(labels, preds)),
+            "mcc": _finite(matthews_corrcoef(labels, preds)),
+        }
+        if num_labels == 2:
+            out["f1"] = float(f1_score(labels, preds, zero_division=0.0))
+            out["acc_and_f1"] = (out["acc"] + out["f1"]) / 2
+    return out
+
+
+def regression_metrics(preds: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """STS-B: Pearson and Spearman correlation, and their mean (``corr``)."""
+    preds = np.asarray(preds, dtype=np.float64).reshape(-1)
+    labels = np.asarray(labels, dtype=np.float64).reshape(-1)
+    if len(preds) < 2 or np.ptp(preds) == 0 or np.ptp(labels) == 0:
+        pearson = spearman = 0.0
+    else:
+        pearson = _finite(pearsonr(preds, labels)[0])
+        spearman = _finite(spearmanr(preds, labels)[0])
+    return {"pearson": pearson, "spearmanr": spearman, "corr": (pearson + spearman) / 2}
+
+
+def perplexity(mean_loss: float) -> float:
+    """exp(mean token loss); capped so a diverged run stays a comparable (huge) number."""
+    return float(math.exp(min(mean_loss, 50.0)))
+
+
+def task_metrics(spec: TaskSpec, predictions: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """Metrics of one eval split. ``predictions`` are logits (N, num_labels) or class ids (N,)."""
+    predictions = np.asarray(predictions)
+    if spec.kind == "regression":
+        return regression_metrics(predictions, labels)
+    if predictions.ndim == 2:
+        predictions = predictions.argmax(axis=-1)
+    return classification_metrics(predictions, np.asarray(labels), spec.num_labels)
+
+
+def merge_splits(spec: TaskSpec, per_split: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Flatten per-split metrics: the primary split unprefixed, others suffixed (acc_mismatched)."""
+    out: dict[str, float] = {}
+    for split, metrics in per_split.items():
+        suffix = "" if split == spec.primary_eval else f"_{split}"
+        out.update({f"{k}{suffix}": v for k, v in metrics.items()})
+    return out
+
+
+def selection_score(spec: TaskSpec, metrics: dict[str, float]) -> float:
+    """The number that picks a task's best seed, oriented so that HIGHER is always better."""
+    if spec.metric not in metrics:
+        raise KeyError(f"task {spec.name}: metric {spec.metric!r} not among {sorted(metrics)}")
+    value = float(metrics[spec.metric])
+    return value if spec.mode == "max" else -value

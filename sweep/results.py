@@ -1,0 +1,188 @@
+"""What a sweep produced: one record per trial, the best trial per task, seed statistics, files.
+
+Plain Python over plain records, so the same code serves the Ray Tune sweep and the sequential
+baseline, and unit tests need no cluster.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import shutil
+import statistics
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sweep.tasks import TaskSpec
+
+MADE_BY = "sweep_made_by.json"  # written beside an exported model: how it was made
+
+
+@dataclass
+class TrialRecord:
+    task: str
+    seed: int
+    hparams: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)  # the best epoch's eval metrics
+    score: float | None = None  # the task's metric at the best epoch (None: the trial failed)
+    best_epoch: int | None = None
+    epochs_done: int = 0
+    wall_seconds: float = 0.0
+    gpus: float = 0.0  # GPUs the trial held, for GPU-hours
+    node: str = ""
+    status: str = "TERMINATED"  # TERMINATED | ERROR
+    error: str | None = None
+    checkpoint: str | None = None  # folder of the best checkpoint (None once pruned)
+    trial_id: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "TERMINATED" and self.score is not None
+
+
+@dataclass
+class TaskSummary:
+    task: str
+    metric: str
+    mode: str
+    n: int
+    failed: int
+    mean: float
+    std: float
+    median: float
+    min: float
+    max: float
+    best_seed: int | None
+    best_score: float | None
+    gpu_hours: float
+
+
+def _orient(spec: TaskSpec, value: float) -> float:
+    return value if spec.mode == "max" else -value
+
+
+def best_per_task(records: list[TrialRecord], specs: list[TaskSpec]) -> dict[str, TrialRecord]:
+    """The best finished trial of each task by its metric and mode; ties go to the lower seed."""
+    best: dict[str, TrialRecord] = {}
+    for spec in specs:
+        done = [r for r in records if r.task == spec.name and r.ok]
+        if done:
+            # max over (oriented score, -seed): a higher score wins, then the lower seed.
+            best[spec.name] = max(done, key=lambda r: (_orient(spec, r.score), -r.seed))
+    return best
+
+
+def summarize(records: list[TrialRecord], specs: list[TaskSpec]) -> list[TaskSummary]:
+    best = best_per_task(records, specs)
+    out = []
+    for spec in specs:
+        mine = [r for r in records if r.task == spec.name]
+        scores = [r.score for r in mine if r.ok]
+        nan = math.nan
+        out.append(
+            TaskSummary(
+                task=spec.name,
+                metric=spec.metric,
+                mode=spec.mode,
+                n=len(scores),
+                failed=len(mine) - len(scores),
+                mean=statistics.fmean(scores) if scores else nan,
+                std=statistics.stdev(scores) if len(scores) > 1 else 0.0 if scores else nan,
+                median=statistics.median(scores) if scores else nan,
+                min=min(scores) if scores else nan,
+                max=max(scores) if scores else nan,
+                best_seed=best[spec.name].seed if spec.name in best else None,
+                best_score=best[spec.name].score if spec.name in best else None,
+                gpu_hours=sum(r.gpus * r.wall_seconds for r in mine) / 3600,
+            )
+        )
+    return out
+
+
+def _flat_row(r: TrialRecord) -> dict[str, Any]:
+    row = {k: v for k, v in asdict(r).items() if k not in ("hparams", "metrics")}
+    row.update({f"hp.{k}": v for k, v in sorted(r.hparams.items())})
+    row.update({f"metric.{k}": v for k, v in sorted(r.metrics.items())})
+    return row
+
+
+def _atomic_write(path: Path, write) -> None:
+    # Write beside the target, then rename: a killed run never leaves a half-written file.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    columns: list[str] = []
+    for row in rows:
+        columns += [c for c in row if c not in columns]
+
+    def write(f):
+        w = csv.DictWriter(f, fieldnames=columns)
+        w.writeheader()
+        w.writerows(rows)
+
+    _atomic_write(path, write)
+
+
+def write_results(out_dir: Path, records: list[TrialRecord], summaries: list[TaskSummary]) -> None:
+    """results.json, results.csv (one row per trial) and summary.csv (one row per task)."""
+    out_dir = Path(out_dir)
+    payload = {"trials": [asdict(r) for r in records], "summary": [asdict(s) for s in summaries]}
+    _atomic_write(out_dir / "results.json", lambda f: json.dump(payload, f, indent=2, default=str))
+    _write_csv(out_dir / "results.csv", [_flat_row(r) for r in records])
+    _write_csv(out_dir / "summary.csv", [asdict(s) for s in summaries])
+
+
+def load_records(path: Path) -> list[TrialRecord]:
+    data = json.loads(Path(path).read_text())
+    return [TrialRecord(**t) for t in data["trials"]]
+
+
+def export_best(record: TrialRecord, target: Path, model_name: str) -> Path:
+    """Copy the best checkpoint to ``target`` (a save_pretrained folder) with how it was made."""
+    if not record.checkpoint or not Path(record.checkpoint).is_dir():
+        raise FileNotFoundError(f"best trial of {record.task} (seed {record.seed}) has no checkpoint folder")
+    target = Path(target)
+    tmp = target.with_name(f".{target.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(record.checkpoint, tmp)
+    made_by = {
+        "task": record.task,
+        "seed": record.seed,
+        "model": model_name,
+        "hparams": record.hparams,
+        "score": record.score,
+        "metrics": record.metrics,
+        "best_epoch": record.best_epoch,
+        "trial_id": record.trial_id,
+    }
+    (tmp / MADE_BY).write_text(json.dumps(made_by, indent=2, default=str))
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
+    return target
+
+
+def format_summary(summaries: list[TaskSummary]) -> str:
+    """A fixed-width table: per task n, mean ± std, median, min, max, best seed and score."""
+    head = f"{'task':<8} {'metric':<11} {'n':>3} {'mean ± std':>17} {'median':>8} {'min':>8} {'max':>8} {'best seed':>9} {'best':>8} {'GPU-h':>7}"
+    lines = [head, "-" * len(head)]
+    for s in summaries:
+        fails = f" ({s.failed} failed)" if s.failed else ""
+        best = f"{s.best_score:8.4f}" if s.best_score is not None else f"{'-':>8}"
+        lines.append(
+            f"{s.task:<8} {s.metric:<11} {s.n:>3} {s.mean:8.4f} ± {s.std:6.4f} {s.median:8.4f} {s.min:8.4f} "
+            f"{s.max:8.4f} {s.best_seed if s.best_seed is not None else '-':>9} {best} {s.gpu_hours:7.3f}{fails}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,25 @@
+"""Shared fixtures: generated GLUE-layout data for every task, and the real data next to the repo."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sweep.synthetic import write_synthetic_glue
+from sweep.tasks import GLUE_TASKS
+
+
+@pytest.fixture(scope="session")
+def synthetic_glue_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data dir holding ``glue_data/<TASK>/`` for all nine tasks (200 train, 64 dev rows)."""
+    return write_synthetic_glue(tmp_path_factory.mktemp("synthetic"), GLUE_TASKS)
+
+
+@pytest.fixture(scope="session")
+def shared_data_dir() -> Path:
+    """The real GLUE / WikiText-2 copies in ``../shared/data`` (skips when this checkout lacks them)."""
+    path = Path(__file__).resolve().parents[2] / "shared" / "data"
+    if not path.is_dir():
+        pytest.skip(f"real data not present at {path}")
+    return path

@@ -1,0 +1,104 @@
+"""Every shipped config composes and validates; bad values are one-line errors naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import MissingConfigException
+
+from sweep.config import ConfigError, validate
+from sweep.tasks import CONF_DIR, GLUE_TASKS, load_task
+
+
+def _compose(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("group", ["task", "model", "train", "sweep", "resources", "storage", "tracking", "cluster"])
+def test_every_shipped_option_composes_and_validates(group):
+    for option in _options(group):
+        settings = validate(_compose(f"{group}={option}"))
+        assert settings.tasks, f"{group}={option} selects no task"
+
+
+def test_every_experiment_composes_and_validates():
+    for option in _options("experiment"):
+        validate(_compose(f"+experiment={option}"))
+
+
+def test_task_selection_single_list_and_glue():
+    assert [t.name for t in validate(_compose("task=WNLI")).tasks] == ["WNLI"]
+    assert [t.name for t in validate(_compose("task=[WNLI,RTE,MRPC]")).tasks] == ["WNLI", "RTE", "MRPC"]
+    assert [t.name for t in validate(_compose("task=glue")).tasks] == list(GLUE_TASKS)
+
+
+def test_defaults_are_the_original_recipe():
+    s = validate(_compose())
+    assert (s.train.lr, s.train.batch_size, s.train.epochs, s.train.max_seq_length) == (2e-5, 32, 3, 128)
+    assert s.sweep.seeds == list(range(38, 48))
+
+
+def test_public_overrides_reach_the_settings(tmp_path: Path):
+    s = validate(_compose(
+        "sweep.seeds=[38,39]", "train.lr=1e-5", "train.epochs=1", f"out_dir={tmp_path}",
+        f"storage.data_dir={tmp_path}", f"model.path={tmp_path}", "model=bert-base-uncased",
+    ))
+    assert s.sweep.seeds == [38, 39] and s.train.lr == 1e-5 and s.train.epochs == 1
+    assert s.out_dir == str(tmp_path) and s.storage.data_dir == str(tmp_path)
+    assert s.model.name == "bert-base-uncased" and s.model.path == str(tmp_path)
+
+
+def test_unknown_task_lists_the_tasks():
+    with pytest.raises(MissingConfigException) as e:
+        _compose("task=NOPE")
+    for name in GLUE_TASKS:
+        assert name in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("train.lr=-1", "train.lr: must be > 0, got -1.0"),
+        ("train.lr=abc", "train.lr: Value 'abc' of type 'str' could not be converted to Float"),
+        ("train.epochs=0", "train.epochs: must be a positive integer, got 0"),
+        ("train.epochs=1.5", "train.epochs: Value '1.5'"),
+        ("train.batch_size=x", "train.batch_size: Value 'x'"),
+        ("sweep.seeds=[]", "sweep.seeds: is empty"),
+        ("sweep.seeds=[1,1]", "sweep.seeds: has duplicates"),
+        ("sweep.seeds=[a]", "sweep.seeds[0]: Value 'a'"),
+        ("train.padding=none", "train.padding: got 'none', allowed: dynamic, max_length"),
+        ("train.precision=fp8", "train.precision: got 'fp8', allowed: auto, fp32, bf16, fp16"),
+        ("+train.learning_rate=1", "train.learning_rate: Key 'learning_rate' not in 'TrainConfig' (keys of train: lr,"),
+        ("resources.gpus_per_trial=-1", "resources.gpus_per_trial: must be >= 0"),
+        ("resources.gpus_per_trial=1.5", "resources.gpus_per_trial: above 1 must be a whole number"),
+        ("train.warmup_ratio=1.5", "train.warmup_ratio: must be in [0, 1)"),
+        ("sweep.keep_checkpoints=some", "sweep.keep_checkpoints: got 'some', allowed: best, all"),
+    ],
+)
+def test_bad_values_are_one_line_errors_naming_the_key(override, expected):
+    with pytest.raises(ConfigError) as e:
+        validate(_compose(override))
+    message = str(e.value)
+    assert message.startswith(expected), message
+    assert "\n" not in message
+
+
+def test_malformed_task_config_names_the_key():
+    with pytest.raises(ConfigError, match=r"task.WNLI.labels: a classification task needs"):
+        validate(_compose("task.WNLI.labels=[only]"))
+    with pytest.raises(ConfigError, match=r"task.WNLI.mode: got 'up', allowed: max, min"):
+        validate(_compose("task.WNLI.mode=up"))
+
+
+def test_task_specs_match_glue():
+    assert load_task("CoLA").header is False and load_task("CoLA").metric == "mcc"
+    assert load_task("STS-B").kind == "regression" and load_task("STS-B").num_labels == 1
+    assert load_task("MNLI").num_labels == 3 and list(load_task("MNLI").eval_files) == ["matched", "mismatched"]
+    assert load_task("MRPC").metric == "f1" and load_task("QQP").metric == "acc_and_f1"
