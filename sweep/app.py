@@ -9,6 +9,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from sweep.config import Settings, validate
+from sweep.data import check_task_data
 from sweep.results import (
     TrialRecord, best_per_task, export_best, format_summary, summarize, write_results,
 )
@@ -38,6 +39,8 @@ def finish(settings: Settings, records: list[TrialRecord], out_dir: Path) -> lis
 def run(cfg: DictConfig, out_dir: Path) -> list:
     settings = validate(cfg)  # every config error before any data is read
     sources = ensure_local(settings)
+    for spec in settings.tasks:  # every missing task folder or file before any trial starts
+        check_task_data(spec, sources.data_dir)
     from sweep.sequential import run_sequential
 
     records = run_sequential(settings, sources, out_dir)

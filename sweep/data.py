@@ -22,7 +22,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -77,6 +77,19 @@ def load_task_data(spec: TaskSpec, data_dir: str | Path, skip_malformed: bool = 
     if layout == "disk":
         return _load_saved_task(spec, folder)
     return _load_parquet_task(spec, folder)
+
+
+def check_task_data(spec: TaskSpec, data_dir: str | Path) -> Path:
+    """Cheap preflight before any trial starts: the task's folder and every split file exist."""
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise DataFormatError(f"{data_dir}: data directory does not exist")
+    layout, folder = _find_layout(spec, data_dir)
+    if layout == "tsv":
+        for name in _split_files(spec).values():
+            if not (folder / name).is_file():
+                raise DataFormatError(f"{folder / name}: missing file of task {spec.name}")
+    return folder
 
 
 def _split_files(spec: TaskSpec) -> dict[str, str]:
@@ -169,29 +182,15 @@ def _read_text(path: Path) -> tuple[str, str]:
     return text.removeprefix("\ufeff"), hashlib.sha256(raw).hexdigest()
 
 
-@dataclass
-class _Columns:
-    """Where the needed fields sit in a row, and the parsed values collected so far."""
-
-    index: dict[str, int]
-    rows: dict[str, list[Any]] = field(default_factory=dict)
-    min_fields: int = 0
-
-    def __post_init__(self) -> None:
-        self.min_fields = max(self.index.values()) + 1
-        self.rows = {name: [] for name in self.index}
-
-
-def _tsv_columns(spec: TaskSpec, path: Path, columns: Sequence[str]) -> _Columns:
+def _column_index(spec: TaskSpec, path: Path, columns: Sequence[str]) -> dict[str, int]:
+    """Our column name -> its field number in the file's rows."""
     names = {"text_a": spec.text_columns[0], "label": spec.label_column}
     if spec.is_pair:
         names["text_b"] = spec.text_columns[1]
     missing = [c for c in names.values() if c not in columns]
     if missing:
-        raise DataFormatError(
-            f"{path}:1: missing column(s) {missing} in the header; columns found: {list(columns)}"
-        )
-    return _Columns({ours: list(columns).index(theirs) for ours, theirs in names.items()})
+        raise DataFormatError(f"{path}:1: missing column(s) {missing} in the header; columns found: {list(columns)}")
+    return {ours: list(columns).index(theirs) for ours, theirs in names.items()}
 
 
 def _read_tsv(spec: TaskSpec, path: Path, split: str, skip_malformed: bool) -> Dataset:
@@ -203,28 +202,29 @@ def _read_tsv(spec: TaskSpec, path: Path, split: str, skip_malformed: bool) -> D
     try:
         header = next(reader, None) if spec.header else spec.columns
         if header is None:
-            raise DataFormatError(f"{path}: empty file, expected a header line and data rows")
-        cols = _tsv_columns(spec, path, [c.strip() for c in header])
+            raise DataFormatError(f"{path}: empty split {split!r}: the file is empty, expected a header and rows")
+        index = _column_index(spec, path, [c.strip() for c in header])
+        min_fields = max(index.values()) + 1
+        rows: dict[str, list[Any]] = {name: [] for name in index}
         for row in reader:
-            if len(row) < cols.min_fields:
+            if len(row) < min_fields:
                 if skip_malformed:
                     skipped += 1
                     continue
                 raise DataFormatError(
-                    f"{path}:{reader.line_num}: row has {len(row)} field(s), needs at least "
-                    f"{cols.min_fields} (columns {list(header)}); pass skip_malformed=True to skip such rows"
+                    f"{path}:{reader.line_num}: row has {len(row)} field(s), needs at least {min_fields} "
+                    f"(columns {list(header)}); pass skip_malformed=True to skip such rows"
                 )
-            for name, i in cols.index.items():
-                value = row[i]
-                cols.rows[name].append(parse_label(value, reader.line_num) if name == "label" else value)
+            for name, i in index.items():
+                rows[name].append(parse_label(row[i], reader.line_num) if name == "label" else row[i])
     except csv.Error as e:
         raise DataFormatError(f"{path}:{reader.line_num}: unreadable TSV row: {e}") from e
     if skipped:
         log.warning("%s: skipped %d malformed row(s) with too few fields", path, skipped)
-    if not cols.rows["label"]:
+    if not rows["label"]:
         why = f"all {skipped} row(s) malformed" if skipped else "no data rows"
         raise DataFormatError(f"{path}: empty split {split!r}: {why}")
-    return _to_dataset(cols.rows, spec, _fingerprint(spec, split, digest, skip_malformed))
+    return _to_dataset(rows, spec, _fingerprint(spec, split, digest, skip_malformed))
 
 
 def _label_parser(spec: TaskSpec, path: Path) -> Callable[[str, int], int | float]:
@@ -402,7 +402,12 @@ def cache_key(dsdict: DatasetDict, spec: TaskSpec, tokenizer: PreTrainedTokenize
 def tokenizer_identity(tokenizer: PreTrainedTokenizerBase) -> str:
     """Class, name, vocabulary size, truncation side and a hash of the full tokenizer definition."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    definition = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
+    if backend is None:
+        definition = json.dumps(sorted(tokenizer.get_vocab().items()))
+    else:
+        # transformers sets truncation/padding on the backend per call: state, not identity
+        spec = {k: v for k, v in json.loads(backend.to_str()).items() if k not in ("truncation", "padding")}
+        definition = json.dumps(spec, sort_keys=True)
     return _sha256(
         type(tokenizer).__name__,
         tokenizer.name_or_path,
@@ -484,8 +489,8 @@ def _label_tensor(labels: list[Any]) -> torch.Tensor:
 def make_collator(
     tokenizer: PreTrainedTokenizerBase, padding: str = "dynamic", max_length: int = 128
 ) -> PaddingCollator:
-    """"dynamic" pads each batch to its longest row; "max_length" pads every batch to max_length
-    (the original workflow's behaviour, kept for the benchmark)."""
+    """A collator: padding="dynamic" pads each batch to its longest row; "max_length" pads every
+    batch to max_length (the original workflow's behaviour, kept for the benchmark)."""
     return PaddingCollator(tokenizer, padding, max_length)
 
 

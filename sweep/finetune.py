@@ -67,6 +67,15 @@ class FinetuneResult:
 EpochCallback = Callable[[EpochResult, Callable[[Path], None]], None]
 
 
+def quiet_progress_bars() -> None:
+    """Per-shard and per-map progress bars are noise in a sweep's log: epochs are the progress."""
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+
+
 def pick_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -161,6 +170,7 @@ def finetune(
     With ``out_dir`` the best epoch's model is saved there (``save_pretrained``) and returned as
     ``checkpoint_dir``; ``on_epoch`` lets a caller (the Ray trial) report and checkpoint instead.
     """
+    quiet_progress_bars()
     device = device or pick_device()
     set_seed(seed)  # before the model is built: the seed fixes the new head's weights
     tokenizer, model = load_for_task(Path(model_dir), spec)

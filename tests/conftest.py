@@ -23,3 +23,22 @@ def shared_data_dir() -> Path:
     if not path.is_dir():
         pytest.skip(f"real data not present at {path}")
     return path
+
+
+TINY_ROBERTA = {
+    "name": "tiny-roberta",
+    "builder": {"arch": "roberta", "vocab_size": 2000, "hidden_size": 32, "num_layers": 2, "num_heads": 2, "max_positions": 514},
+}
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One per-machine cache for the session (tiny models, tokenized data), as a node would have."""
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="session")
+def tiny_roberta_dir(cache_dir: Path) -> Path:
+    from sweep.models import resolve_model_dir
+
+    return resolve_model_dir(TINY_ROBERTA, cache_dir)

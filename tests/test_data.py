@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import threading
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
@@ -14,8 +16,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import PreTrainedTokenizerFast
 
 from sweep import data
-from sweep.data import DataFormatError, count_tokens, load_task_data, make_collator, tokenize_task
-from sweep.synthetic import CUE_GROUPS, corpus_sentences, write_synthetic_glue, write_synthetic_wikitext
+from sweep.data import DataFormatError, check_task_data, count_tokens, load_task_data, make_collator, tokenize_task
+from sweep.synthetic import LABEL_NOISE, CUE_GROUPS, corpus_sentences, write_synthetic_glue, write_synthetic_wikitext
 from sweep.tasks import GLUE_TASKS, load_task
 
 N_TRAIN, N_DEV = 200, 64  # what the synthetic_glue_dir fixture writes
@@ -29,10 +31,11 @@ def build_tokenizer(vocab_size: int = 600) -> PreTrainedTokenizerFast:
     bpe = Tokenizer(models.BPE(unk_token="<unk>"))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
     bpe.train_from_iterator(corpus_sentences(2000), trainer)
-    bpe.post_processor = processors.RobertaProcessing(("</s>", bpe.token_to_id("</s>")), ("<s>", bpe.token_to_id("<s>")))
+    bos, eos = bpe.token_to_id("<s>"), bpe.token_to_id("</s>")
+    bpe.post_processor = processors.RobertaProcessing(("</s>", eos), ("<s>", bos))
     tok = PreTrainedTokenizerFast(
         tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
         mask_token="<mask>", model_max_length=512,
@@ -51,6 +54,11 @@ def task_copy(src_root: Path, dst_root: Path, task: str) -> Path:
     folder = dst_root / "glue_data" / task
     shutil.copytree(src_root / "glue_data" / task, folder)
     return folder
+
+
+def bad_file(path: Path, pattern: str) -> AbstractContextManager[pytest.ExceptionInfo[DataFormatError]]:
+    """Expect a DataFormatError whose message names ``path`` and continues with ``pattern``."""
+    return pytest.raises(DataFormatError, match=re.escape(str(path)) + pattern)
 
 
 def edit_line(path: Path, line: int, new: str) -> None:
@@ -90,7 +98,8 @@ def test_data_dir_may_be_glue_data_itself(synthetic_glue_dir: Path) -> None:
 
 
 def test_synthetic_headers_match_glue(synthetic_glue_dir: Path) -> None:
-    first = {t: (synthetic_glue_dir / "glue_data" / t / "train.tsv").read_text("utf-8").split("\n")[0] for t in GLUE_TASKS}
+    glue = synthetic_glue_dir / "glue_data"
+    first = {t: (glue / t / "train.tsv").read_text("utf-8").split("\n")[0] for t in GLUE_TASKS}
     assert first["MRPC"] == "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String"
     assert first["STS-B"].split("\t")[-3:] == ["sentence1", "sentence2", "score"]
     assert first["QQP"] == "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate"
@@ -99,7 +108,7 @@ def test_synthetic_headers_match_glue(synthetic_glue_dir: Path) -> None:
     assert first["RTE"] == first["WNLI"] == "index\tsentence1\tsentence2\tlabel"
     assert first["SST-2"] == "sentence\tlabel"
     assert len(first["CoLA"].split("\t")) == 4 and first["CoLA"].split("\t")[1] in ("0", "1")  # no header
-    dev = (synthetic_glue_dir / "glue_data" / "MNLI" / "dev_mismatched.tsv").read_text("utf-8").split("\n")[0]
+    dev = (glue / "MNLI" / "dev_mismatched.tsv").read_text("utf-8").split("\n")[0]
     assert dev.split("\t")[-6:] == ["label1", "label2", "label3", "label4", "label5", "gold_label"]
 
 
@@ -113,13 +122,20 @@ def test_synthetic_is_deterministic(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("task", ["SST-2", "RTE", "MNLI", "STS-B"])
 def test_synthetic_labels_follow_cue_words(synthetic_glue_dir: Path, task: str) -> None:
-    """The learnable signal: the label (STS-B: the rounded score) is the cue group present in the text."""
+    """The learnable signal: the label (STS-B: the rounded score) is the cue group present in the text,
+    except for the LABEL_NOISE share of classification rows whose cues were drawn at random."""
     spec = load_task(task)
-    for row in load_task_data(spec, synthetic_glue_dir)["train"]:
+    rows = load_task_data(spec, synthetic_glue_dir)["train"]
+    agree = 0
+    for row in rows:
         words = set(row.get("text_b", row["text_a"]).lower().split())
         groups = [g for g, cues in enumerate(CUE_GROUPS) if words & set(cues)]
-        expected = round(row["label"]) if spec.kind == "regression" else row["label"]
-        assert groups == [expected]
+        assert len(groups) == 1, "every row carries exactly one cue group"
+        agree += groups[0] == (round(row["label"]) if spec.kind == "regression" else row["label"])
+    floor = 1.0 if spec.kind == "regression" else 1 - 2 * LABEL_NOISE
+    assert floor * len(rows) <= agree <= len(rows)
+    if spec.kind != "regression":
+        assert agree < len(rows), "label noise is present"
 
 
 def test_synthetic_wikitext_style(tmp_path: Path) -> None:
@@ -162,7 +178,8 @@ def hub_split(n: int, label_offset: int = 0, names: tuple[str, ...] = MNLI_HUB) 
 
 
 def mnli_hub() -> DatasetDict:
-    return DatasetDict({"train": hub_split(6), "validation_matched": hub_split(3, 1), "validation_mismatched": hub_split(3, 2)})
+    splits = {"train": hub_split(6), "validation_matched": hub_split(3, 1), "validation_mismatched": hub_split(3, 2)}
+    return DatasetDict(splits)
 
 
 def assert_mnli_remapped(dsd: DatasetDict) -> None:
@@ -220,11 +237,11 @@ def test_hf_missing_split(tmp_path: Path) -> None:
 
 def test_hf_unlabeled_row(tmp_path: Path) -> None:
     dsd = mnli_hub()
-    dsd["validation_matched"] = dsd["validation_matched"].cast_column("label", Value("int64"))
-    dsd["validation_matched"] = dsd["validation_matched"].map(lambda r, i: {"label": -1 if i == 2 else r["label"]}, with_indices=True)
+    matched = dsd["validation_matched"].cast_column("label", Value("int64"))
+    dsd["validation_matched"] = matched.map(lambda r, i: {"label": -1 if i == 2 else r["label"]}, with_indices=True)
     write_parquet(dsd, tmp_path / "mnli")
     path = tmp_path / "mnli" / "validation_matched-00000-of-00001.parquet"
-    with pytest.raises(DataFormatError, match=rf"{path}: row 2: .*-1.*not in 0..2"):
+    with bad_file(path, r": row 2: .*-1.*not in 0..2"):
         load_task_data(load_task("MNLI"), tmp_path)
 
 
@@ -253,21 +270,25 @@ def test_missing_data_dir(tmp_path: Path) -> None:
 def test_missing_file(synthetic_glue_dir: Path, tmp_path: Path) -> None:
     folder = task_copy(synthetic_glue_dir, tmp_path, "MNLI")
     (folder / "dev_mismatched.tsv").unlink()
-    with pytest.raises(DataFormatError, match=rf"{folder / 'dev_mismatched.tsv'}: file not found .*dev_matched.tsv"):
+    with bad_file(folder / "dev_mismatched.tsv", r": file not found .*dev_matched.tsv"):
         load_task_data(load_task("MNLI"), tmp_path)
 
 
 def test_missing_column(synthetic_glue_dir: Path, tmp_path: Path) -> None:
     path = task_copy(synthetic_glue_dir, tmp_path, "RTE") / "train.tsv"
     edit_line(path, 1, "index\tsentence1\tsentence2\tlbl")
-    with pytest.raises(DataFormatError, match=rf"{path}:1: missing column\(s\) \['label'\].*found: \['index', 'sentence1', 'sentence2', 'lbl'\]"):
+    found = r"columns found: \['index', 'sentence1', 'sentence2', 'lbl'\]"
+    with bad_file(path, rf":1: missing column\(s\) \['label'\].*{found}"):
         load_task_data(load_task("RTE"), tmp_path)
 
 
-def test_short_row_raises_or_is_skipped(synthetic_glue_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_short_row_raises_or_is_skipped(
+    synthetic_glue_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     path = task_copy(synthetic_glue_dir, tmp_path, "QQP") / "train.tsv"
     edit_line(path, 5, "17\t35\t36\tA question broken by a newline")
-    with pytest.raises(DataFormatError, match=rf"{path}:5: row has 4 field\(s\), needs at least 6.*skip_malformed=True"):
+    why = r"row has 4 field\(s\), needs at least 6.*skip_malformed=True"
+    with bad_file(path, rf":5: {why}"):
         load_task_data(load_task("QQP"), tmp_path)
     with caplog.at_level(logging.WARNING, logger="sweep.data"):
         dsd = load_task_data(load_task("QQP"), tmp_path, skip_malformed=True)
@@ -278,14 +299,14 @@ def test_short_row_raises_or_is_skipped(synthetic_glue_dir: Path, tmp_path: Path
 def test_unknown_label(synthetic_glue_dir: Path, tmp_path: Path) -> None:
     path = task_copy(synthetic_glue_dir, tmp_path, "RTE") / "dev.tsv"
     edit_line(path, 3, "2\tA man .\tA dog .\tmaybe")
-    with pytest.raises(DataFormatError, match=rf"{path}:3: unknown label 'maybe'.*allowed: entailment, not_entailment"):
+    with bad_file(path, r":3: unknown label 'maybe' in column 'label'; allowed: entailment, not_entailment"):
         load_task_data(load_task("RTE"), tmp_path)
 
 
 def test_unknown_label_headerless_cola(synthetic_glue_dir: Path, tmp_path: Path) -> None:
     path = task_copy(synthetic_glue_dir, tmp_path, "CoLA") / "train.tsv"
     edit_line(path, 1, "gj04\t2\t\tA sentence .")
-    with pytest.raises(DataFormatError, match=rf"{path}:1: unknown label '2'"):
+    with bad_file(path, r":1: unknown label '2'"):
         load_task_data(load_task("CoLA"), tmp_path)
 
 
@@ -293,22 +314,26 @@ def test_unknown_label_headerless_cola(synthetic_glue_dir: Path, tmp_path: Path)
 def test_bad_stsb_score(synthetic_glue_dir: Path, tmp_path: Path, score: str, why: str) -> None:
     path = task_copy(synthetic_glue_dir, tmp_path, "STS-B") / "dev.tsv"
     edit_line(path, 4, f"2\tmain-news\theadlines\t2013\t0002\tnone\tnone\tA man .\tA dog .\t{score}")
-    with pytest.raises(DataFormatError, match=rf"{path}:4: score .*{why}"):
+    with bad_file(path, rf":4: score .*{why}"):
         load_task_data(load_task("STS-B"), tmp_path)
 
 
-@pytest.mark.parametrize("task, content", [("RTE", "index\tsentence1\tsentence2\tlabel\n"), ("CoLA", "")])
-def test_empty_split(synthetic_glue_dir: Path, tmp_path: Path, task: str, content: str) -> None:
+@pytest.mark.parametrize(
+    "task, content, why",
+    [("RTE", "index\tsentence1\tsentence2\tlabel\n", "no data rows"), ("RTE", "", "the file is empty"),
+     ("CoLA", "", "no data rows")],
+)  # fmt: skip
+def test_empty_split(synthetic_glue_dir: Path, tmp_path: Path, task: str, content: str, why: str) -> None:
     path = task_copy(synthetic_glue_dir, tmp_path, task) / "dev.tsv"
     path.write_text(content, encoding="utf-8")
-    with pytest.raises(DataFormatError, match=rf"{path}: empty split 'dev': no data rows"):
+    with bad_file(path, f": empty split 'dev': {why}"):
         load_task_data(load_task(task), tmp_path)
 
 
 def test_not_utf8(synthetic_glue_dir: Path, tmp_path: Path) -> None:
     path = task_copy(synthetic_glue_dir, tmp_path, "WNLI") / "dev.tsv"
     path.write_bytes(path.read_bytes() + b"9\t\xff\xfe\tB .\t1\n")
-    with pytest.raises(DataFormatError, match=rf"{path}: not UTF-8"):
+    with bad_file(path, r": not UTF-8"):
         load_task_data(load_task("WNLI"), tmp_path)
 
 
@@ -332,8 +357,9 @@ def test_tokenize_stsb_labels_are_float(synthetic_glue_dir: Path, tokenizer: Pre
     assert tok["dev"]["labels"] == pytest.approx(dsd["dev"]["label"])
 
 
-def test_second_call_loads_from_cache(synthetic_glue_dir: Path, tmp_path: Path, tokenizer: PreTrainedTokenizerFast,
-                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_second_call_loads_from_cache(
+    synthetic_glue_dir: Path, tmp_path: Path, tokenizer: PreTrainedTokenizerFast, monkeypatch: pytest.MonkeyPatch
+) -> None:
     spec = load_task("MRPC")
     before = (data.cache_stats.hits, data.cache_stats.misses)
     first = tokenize_task(load_task_data(spec, synthetic_glue_dir), spec, tokenizer, 32, tmp_path)
@@ -351,7 +377,9 @@ def test_second_call_loads_from_cache(synthetic_glue_dir: Path, tmp_path: Path, 
     assert len(entries) == 2 and entries[1] == entries[0] + ".lock"  # no temp dir left behind
 
 
-def test_cache_key_changes_with_inputs(synthetic_glue_dir: Path, tokenizer: PreTrainedTokenizerFast, tmp_path: Path) -> None:
+def test_cache_key_changes_with_inputs(
+    synthetic_glue_dir: Path, tokenizer: PreTrainedTokenizerFast, tmp_path: Path
+) -> None:
     spec = load_task("RTE")
     dsd = load_task_data(spec, synthetic_glue_dir)
     key = data.cache_key(dsd, spec, tokenizer, 32)
@@ -361,14 +389,21 @@ def test_cache_key_changes_with_inputs(synthetic_glue_dir: Path, tokenizer: PreT
     edit_line(other, 2, "0\tChanged text .\tOther text .\tentailment")
     assert key != data.cache_key(load_task_data(spec, tmp_path), spec, tokenizer, 32)
     assert key != data.cache_key(dsd, spec, build_tokenizer(vocab_size=500), 32)
+    fresh = build_tokenizer()
+    fresh_key = data.cache_key(dsd, spec, fresh, 32)
+    fresh("a used tokenizer keeps truncation state", truncation=True, max_length=3)
+    assert data.cache_key(dsd, spec, fresh, 32) == fresh_key == key
 
 
-def test_concurrent_callers_tokenize_once(synthetic_glue_dir: Path, tmp_path: Path, tokenizer: PreTrainedTokenizerFast) -> None:
+def test_concurrent_callers_tokenize_once(
+    synthetic_glue_dir: Path, tmp_path: Path, tokenizer: PreTrainedTokenizerFast
+) -> None:
     spec = load_task("WNLI")
     dsd = load_task_data(spec, synthetic_glue_dir)
     misses = data.cache_stats.misses
     results: list[DatasetDict] = []
-    threads = [threading.Thread(target=lambda: results.append(tokenize_task(dsd, spec, tokenizer, 16, tmp_path))) for _ in range(3)]
+    call = lambda: results.append(tokenize_task(dsd, spec, tokenizer, 16, tmp_path))  # noqa: E731
+    threads = [threading.Thread(target=call) for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:
@@ -411,3 +446,13 @@ def test_max_length_collator_rejects_longer_rows(synthetic_glue_dir: Path, token
 def test_collator_validates_padding(tokenizer: PreTrainedTokenizerFast) -> None:
     with pytest.raises(ValueError, match="padding='longest' is not supported; allowed: dynamic, max_length"):
         make_collator(tokenizer, "longest")
+
+
+def test_check_task_data_finds_a_missing_split_file_before_reading(tmp_path: Path) -> None:
+    root = write_synthetic_glue(tmp_path, ["MNLI"], n_train=4, n_dev=3)
+    assert check_task_data(load_task("MNLI"), root) == root / "glue_data" / "MNLI"
+    (root / "glue_data" / "MNLI" / "dev_mismatched.tsv").unlink()
+    with pytest.raises(DataFormatError, match=r"dev_mismatched.tsv: missing file of task MNLI"):
+        check_task_data(load_task("MNLI"), root)
+    with pytest.raises(DataFormatError, match="no data for task RTE: looked in"):
+        check_task_data(load_task("RTE"), root)

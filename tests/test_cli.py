@@ -1,0 +1,76 @@
+"""The command line as a person types it: a real process, real files, real exit codes."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sweep.results import MADE_BY
+
+
+def sweep_cmd(*args: str, cwd: Path, cache: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SWEEP_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "sweep", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_help_lists_every_task_and_model(tmp_path):
+    out = sweep_cmd("--help", cwd=tmp_path, cache=tmp_path / "cache").stdout
+    for name in ("CoLA", "SST-2", "MRPC", "STS-B", "QQP", "MNLI", "QNLI", "RTE", "WNLI", "glue",
+                 "roberta-base", "bert-base-uncased", "gpt2", "minilm", "tiny-roberta", "tiny-gpt2"):
+        assert name in out
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["train.lr=-1"], "error: train.lr: must be > 0, got -1.0"),
+        (["sweep.seeds=[]"], "error: sweep.seeds: is empty"),
+        (["model=roberta-base"], "model.path"),
+        (["+experiment=demo", "storage.data_dir=/nonexistent/data"], "error: storage.data_dir: /nonexistent/data is not a folder"),
+    ],
+)
+def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path, args, message):
+    out_dir = tmp_path / "out"
+    r = sweep_cmd(*args, f"out_dir={out_dir}", cwd=tmp_path, cache=tmp_path / "cache", timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (out_dir / "results.csv").exists() and not (out_dir / "best").exists()
+
+
+def test_missing_task_folder_fails_before_any_trial(tmp_path):
+    data = tmp_path / "data" / "glue_data" / "WNLI"
+    data.mkdir(parents=True)
+    r = sweep_cmd("+experiment=demo", "task=RTE", f"storage.data_dir={data.parent.parent}", f"out_dir={tmp_path / 'out'}",
+                  cwd=tmp_path, cache=tmp_path / "cache", timeout=120)
+    assert r.returncode == 2
+    assert "error: no data for task RTE: looked in" in r.stderr
+    assert "epoch" not in r.stderr + r.stdout  # no trial ran
+
+
+def test_unknown_task_lists_the_tasks(tmp_path):
+    r = sweep_cmd("task=NOPE", cwd=tmp_path, cache=tmp_path / "cache")
+    assert r.returncode != 0
+    assert "Could not find 'task/NOPE'" in r.stderr and "WNLI" in r.stderr and "glue" in r.stderr
+
+
+@pytest.mark.slow
+def test_demo_runs_and_keeps_exactly_the_best_model(tmp_path):
+    out = tmp_path / "out"
+    r = sweep_cmd("+experiment=demo", "sweep.seeds=[38,39]", f"out_dir={out}", cwd=tmp_path, cache=tmp_path / "cache")
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert sorted(int(r["seed"]) for r in rows) == [38, 39]
+    best_seed = max(rows, key=lambda r: (float(r["score"]), -int(r["seed"])))["seed"]
+    made_by = json.loads((out / "best" / "WNLI" / MADE_BY).read_text())
+    assert str(made_by["seed"]) == best_seed
+    assert (out / "best" / "WNLI" / "config.json").exists()
+    assert not list((out / "checkpoints").rglob("*.safetensors")), "pruned checkpoints left behind"
+    assert f"best WNLI: seed {best_seed}" in r.stdout

@@ -1,0 +1,58 @@
+"""The plain fine-tuning loop: loss drops, seeds are reproducible, checkpoints reload."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from transformers import AutoModelForSequenceClassification
+
+from sweep.config import TrainConfig
+from sweep.finetune import finetune
+from sweep.tasks import load_task
+
+QUICK = TrainConfig(lr=5e-3, batch_size=16, epochs=3, max_seq_length=64, max_train_samples=160, max_eval_samples=64)
+
+
+def test_loss_drops_and_checkpoint_reloads(synthetic_glue_dir, tiny_roberta_dir, cache_dir, tmp_path):
+    cfg = replace(QUICK, epochs=4, max_train_samples=None)
+    result = finetune(load_task("RTE"), tiny_roberta_dir, synthetic_glue_dir, cfg, seed=38,
+                      out_dir=tmp_path / "ckpt", cache_dir=cache_dir)
+    losses = [e.train_loss for e in result.epochs]
+    assert len(losses) == 4
+    assert losses[-1] < losses[0] * 0.8, losses
+    assert result.best.metrics["acc"] > 0.6
+    assert result.best.score == max(e.score for e in result.epochs)
+    reloaded = AutoModelForSequenceClassification.from_pretrained(result.checkpoint_dir)
+    assert reloaded.config.num_labels == 2
+    assert (result.checkpoint_dir / "tokenizer.json").exists()
+
+
+def test_same_seed_same_metrics_other_seed_differs(synthetic_glue_dir, tiny_roberta_dir, cache_dir):
+    cfg = replace(QUICK, epochs=1)
+    spec = load_task("WNLI")
+    a = finetune(spec, tiny_roberta_dir, synthetic_glue_dir, cfg, seed=40, cache_dir=cache_dir)
+    b = finetune(spec, tiny_roberta_dir, synthetic_glue_dir, cfg, seed=40, cache_dir=cache_dir)
+    c = finetune(spec, tiny_roberta_dir, synthetic_glue_dir, cfg, seed=41, cache_dir=cache_dir)
+    assert a.epochs[0].train_loss == b.epochs[0].train_loss
+    assert a.epochs[0].metrics == b.epochs[0].metrics
+    assert a.epochs[0].train_loss != c.epochs[0].train_loss
+
+
+def test_regression_and_two_eval_splits(synthetic_glue_dir, tiny_roberta_dir, cache_dir):
+    cfg = replace(QUICK, epochs=1, max_train_samples=48, max_eval_samples=32)
+    stsb = finetune(load_task("STS-B"), tiny_roberta_dir, synthetic_glue_dir, cfg, seed=38, cache_dir=cache_dir)
+    assert {"pearson", "spearmanr", "corr"} <= stsb.best.metrics.keys()
+    mnli = finetune(load_task("MNLI"), tiny_roberta_dir, synthetic_glue_dir, cfg, seed=38, cache_dir=cache_dir)
+    assert {"acc", "acc_mismatched"} <= mnli.best.metrics.keys()
+
+
+@pytest.mark.parametrize("padding", ["dynamic", "max_length"])
+def test_padding_modes_count_tokens(synthetic_glue_dir, tiny_roberta_dir, cache_dir, padding):
+    cfg = replace(QUICK, epochs=1, padding=padding, max_train_samples=32)
+    epoch = finetune(load_task("SST-2"), tiny_roberta_dir, synthetic_glue_dir, cfg, seed=38, cache_dir=cache_dir).epochs[0]
+    assert 0 < epoch.train_tokens <= epoch.padded_tokens
+    if padding == "max_length":
+        assert epoch.padded_tokens == 32 * 64
+    else:
+        assert epoch.padded_tokens < 32 * 64
