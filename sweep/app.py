@@ -41,7 +41,7 @@ def run(cfg: DictConfig, out_dir: Path) -> list:
     sources = ensure_local(settings)
     for spec in settings.tasks:  # every missing task folder or file before any trial starts
         check_task_data(spec, sources.data_dir)
-    from sweep.sequential import run_sequential
+    from sweep.tuner import run_tune
 
-    records = run_sequential(settings, sources, out_dir)
+    records = run_tune(settings, Path(out_dir))
     return finish(settings, records, out_dir)

@@ -52,6 +52,7 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     precision: str = "auto"
     padding: str = "dynamic"
+    group_by_length: bool = False
     max_train_samples: Optional[int] = None
     max_eval_samples: Optional[int] = None
     num_workers: int = 0
@@ -60,6 +61,11 @@ class TrainConfig:
 @dataclass
 class SweepConfig:
     seeds: list[int] = field(default_factory=lambda: list(range(38, 48)))
+    grid: dict[str, list[Any]] = field(default_factory=dict)
+    search: dict[str, dict[str, Any]] = field(default_factory=dict)
+    num_samples: int = 1
+    scheduler: str = "fifo"
+    max_failures: int = 2
     keep_checkpoints: str = "best"  # best: prune all but the exported best model; all: keep every trial's
 
 
@@ -89,6 +95,8 @@ class TrackingConfig:
 class ClusterConfig:
     address: Optional[str] = None
     storage_path: Optional[str] = None
+    num_cpus: Optional[int] = None
+    verbose: bool = False
 
 
 @dataclass
@@ -111,6 +119,8 @@ CHOICES = {
     "train.precision": ("auto", "fp32", "bf16", "fp16"),
     "train.padding": ("dynamic", "max_length"),
     "sweep.keep_checkpoints": ("best", "all"),
+    "sweep.scheduler": ("fifo", "asha"),
+    "sweep.search.dist": ("loguniform", "uniform", "choice"),
     "storage.kind": ("local",),
     "tracking.kind": ("none", "mlflow"),
     "model.builder.arch": ("roberta", "bert", "gpt2"),
@@ -161,6 +171,10 @@ def _check_ranges(s: Settings) -> None:
     _check(len(seeds) > 0, "sweep.seeds", "is empty; give at least one seed, e.g. sweep.seeds=[38,39]")
     _check(len(set(seeds)) == len(seeds), "sweep.seeds", f"has duplicates: {seeds}")
     _check_choice("sweep.keep_checkpoints", s.sweep.keep_checkpoints)
+    _check_choice("sweep.scheduler", s.sweep.scheduler)
+    _check(s.sweep.num_samples >= 1, "sweep.num_samples", f"must be >= 1, got {s.sweep.num_samples}")
+    _check(s.sweep.max_failures >= 0, "sweep.max_failures", f"must be >= 0, got {s.sweep.max_failures}")
+    _check_hparams(s)
 
     r = s.resources
     _check(r.gpus_per_trial >= 0, "resources.gpus_per_trial", f"must be >= 0, got {r.gpus_per_trial}")
@@ -175,6 +189,38 @@ def _check_ranges(s: Settings) -> None:
     _check_choice("tracking.kind", s.tracking.kind)
     if s.model.builder is not None:
         _check_choice("model.builder.arch", s.model.builder.arch)
+
+
+TUNABLE = tuple(k for k in TrainConfig.__dataclass_fields__ if k not in ("num_workers",))
+
+
+def _check_hparams(s: Settings) -> None:
+    """sweep.grid / sweep.search name train keys, with values the train schema accepts."""
+    for kind, space in (("grid", s.sweep.grid), ("search", s.sweep.search)):
+        for key, spec in space.items():
+            _check(key in TUNABLE, f"sweep.{kind}.{key}", f"is not a train option; tunable: {', '.join(TUNABLE)}")
+            if kind == "grid":
+                _check(isinstance(spec, list) and len(spec) > 0, f"sweep.grid.{key}", f"needs a non-empty list, got {spec!r}")
+                for value in spec:  # each value must pass the train schema and its ranges
+                    _check_ranges_of(s, key, value, f"sweep.grid.{key}")
+            else:
+                dist = spec.get("dist") if isinstance(spec, dict) else None
+                _check_choice("sweep.search.dist", dist)
+                if dist == "choice":
+                    _check(bool(spec.get("values")), f"sweep.search.{key}.values", "needs a non-empty list")
+                else:
+                    low, high = spec.get("low"), spec.get("high")
+                    _check(isinstance(low, (int, float)) and isinstance(high, (int, float)) and 0 < low < high if dist == "loguniform"
+                           else isinstance(low, (int, float)) and isinstance(high, (int, float)) and low < high,
+                           f"sweep.search.{key}", f"needs numbers low < high{' (both > 0 for loguniform)' if dist == 'loguniform' else ''}, got low={low!r} high={high!r}")
+
+
+def _check_ranges_of(s: Settings, key: str, value: Any, where: str) -> None:
+    try:
+        train = _typed("train", TrainConfig, OmegaConf.merge(OmegaConf.structured(s.train), {key: value}))
+        _check_ranges(Settings(**{**s.__dict__, "train": train, "sweep": SweepConfig(seeds=s.sweep.seeds)}))
+    except ConfigError as e:
+        raise ConfigError(f"{where}: value {value!r}: {e}") from None
 
 
 def validate(cfg: DictConfig) -> Settings:

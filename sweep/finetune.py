@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 from transformers import get_linear_schedule_with_warmup, set_seed
+from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from sweep.config import TrainConfig
 from sweep.data import load_task_data, make_collator, tokenize_task
@@ -65,6 +66,17 @@ class FinetuneResult:
 
 # Called after each epoch with the result and a function that saves model + tokenizer to a folder.
 EpochCallback = Callable[[EpochResult, Callable[[Path], None]], None]
+
+TRAINING_STATE = "training_state.pt"  # optimizer, scheduler and epochs done: what a resume needs
+
+
+@dataclass(frozen=True)
+class Distributed:
+    """This worker's place in a data-parallel (DDP) run; the default is a single process."""
+
+    rank: int = 0
+    world_size: int = 1
+    wrap_model: Callable[[torch.nn.Module], torch.nn.Module] | None = None  # e.g. ray.train.torch.prepare_model
 
 
 def quiet_progress_bars() -> None:
@@ -122,6 +134,16 @@ def prepare_data(spec: TaskSpec, tokenizer, data_dir: Path, train: TrainConfig, 
     return tokenize_task(raw, spec, tokenizer, train.max_seq_length, cache_dir)
 
 
+def _train_sampler(ds, train: TrainConfig, seed: int, generator: torch.Generator, dist: Distributed):
+    if dist.world_size > 1:
+        return DistributedSampler(ds, num_replicas=dist.world_size, rank=dist.rank, shuffle=True, seed=seed)
+    if train.group_by_length:
+        # Batches of similar lengths: dynamic padding then pads little (random order between groups).
+        lengths = [len(ids) for ids in ds["input_ids"]]
+        return LengthGroupedSampler(train.batch_size, lengths=lengths, generator=generator)
+    return RandomSampler(ds, generator=generator)
+
+
 @torch.no_grad()
 def evaluate(model, loader, spec: TaskSpec, device, amp_dtype) -> dict[str, float]:
     """Metrics of one split: GLUE metrics from logits, or perplexity from the mean token loss."""
@@ -164,23 +186,30 @@ def finetune(
     cache_dir: Path | None = None,
     on_epoch: EpochCallback | None = None,
     device: torch.device | None = None,
+    resume_from: Path | None = None,
+    dist: Distributed = Distributed(),
 ) -> FinetuneResult:
     """Fine-tune ``model_dir`` on ``spec`` with ``seed``; evaluate every epoch.
 
     With ``out_dir`` the best epoch's model is saved there (``save_pretrained``) and returned as
     ``checkpoint_dir``; ``on_epoch`` lets a caller (the Ray trial) report and checkpoint instead.
+    ``resume_from`` is a folder that ``save`` wrote: training goes on after its last epoch, with
+    the same data order as an uninterrupted run.
     """
     quiet_progress_bars()
     device = device or pick_device()
     set_seed(seed)  # before the model is built: the seed fixes the new head's weights
-    tokenizer, model = load_for_task(Path(model_dir), spec)
+    tokenizer, model = load_for_task(Path(resume_from or model_dir), spec)
     model.to(device)
+    if dist.wrap_model is not None:
+        model = dist.wrap_model(model)
     data = prepare_data(spec, tokenizer, Path(data_dir), train, cache_dir)
     collate = make_collator(tokenizer, train.padding, train.max_seq_length)
 
     generator = torch.Generator().manual_seed(seed)  # the seed fixes the data order too
+    sampler = _train_sampler(data["train"], train, seed, generator, dist)
     train_loader = DataLoader(
-        data["train"], batch_size=train.batch_size, shuffle=True, generator=generator,
+        data["train"], batch_size=train.batch_size, sampler=sampler,
         collate_fn=collate, num_workers=train.num_workers,
     )
     eval_loaders = {
@@ -194,12 +223,32 @@ def finetune(
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
 
     result = FinetuneResult(task=spec.name, seed=seed)
+    bare = getattr(model, "module", model)  # unwrapped from DDP, for saving
 
     def save(folder: Path) -> None:
-        model.save_pretrained(folder)
+        bare.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
+        torch.save({
+            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
+            "epochs": [asdict(e) for e in result.epochs], "best_epoch": result.best_epoch,
+            "torch_rng": torch.get_rng_state(),  # dropout draws from it: restored for an identical resume
+        }, Path(folder) / TRAINING_STATE)
 
-    for epoch in range(1, train.epochs + 1):
+    if resume_from is not None:
+        state = torch.load(Path(resume_from) / TRAINING_STATE, weights_only=False)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        scaler.load_state_dict(state["scaler"])
+        result.epochs = [EpochResult(**e) for e in state["epochs"]]
+        result.best_epoch = state["best_epoch"]
+        torch.set_rng_state(state["torch_rng"])
+        for _ in result.epochs:  # replay the shuffles of the epochs done: same order as without a stop
+            list(iter(sampler))
+        log.info("%s seed %d: resumed after epoch %d", spec.name, seed, len(result.epochs))
+
+    for epoch in range(len(result.epochs) + 1, train.epochs + 1):
+        if isinstance(sampler, DistributedSampler):
+            sampler.set_epoch(epoch)
         model.train()
         t0 = time.perf_counter()
         loss_sum, n_batches, real_tokens, padded_tokens = 0.0, 0, 0, 0

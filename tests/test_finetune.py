@@ -15,11 +15,11 @@ QUICK = TrainConfig(lr=5e-3, batch_size=16, epochs=3, max_seq_length=64, max_tra
 
 
 def test_loss_drops_and_checkpoint_reloads(synthetic_glue_dir, tiny_roberta_dir, cache_dir, tmp_path):
-    cfg = replace(QUICK, epochs=4, max_train_samples=None)
+    cfg = replace(QUICK, epochs=6, max_train_samples=None)
     result = finetune(load_task("RTE"), tiny_roberta_dir, synthetic_glue_dir, cfg, seed=38,
                       out_dir=tmp_path / "ckpt", cache_dir=cache_dir)
     losses = [e.train_loss for e in result.epochs]
-    assert len(losses) == 4
+    assert len(losses) == 6
     assert losses[-1] < losses[0] * 0.8, losses
     assert result.best.metrics["acc"] > 0.6
     assert result.best.score == max(e.score for e in result.epochs)
@@ -56,3 +56,37 @@ def test_padding_modes_count_tokens(synthetic_glue_dir, tiny_roberta_dir, cache_
         assert epoch.padded_tokens == 32 * 64
     else:
         assert epoch.padded_tokens < 32 * 64
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_resume_after_a_stop_equals_an_uninterrupted_run(synthetic_glue_dir, tiny_roberta_dir, cache_dir, tmp_path):
+    cfg = replace(QUICK, epochs=3, max_train_samples=64)
+    spec = load_task("RTE")
+    whole = finetune(spec, tiny_roberta_dir, synthetic_glue_dir, cfg, seed=42, cache_dir=cache_dir)
+
+    def stop_after_first(epoch, save):
+        save(tmp_path / "ckpt")
+        raise _Stop
+
+    with pytest.raises(_Stop):
+        finetune(spec, tiny_roberta_dir, synthetic_glue_dir, cfg, seed=42, cache_dir=cache_dir, on_epoch=stop_after_first)
+    resumed = finetune(spec, tiny_roberta_dir, synthetic_glue_dir, cfg, seed=42, cache_dir=cache_dir,
+                       resume_from=tmp_path / "ckpt")
+    assert [e.epoch for e in resumed.epochs] == [1, 2, 3]
+    assert [e.train_loss for e in resumed.epochs] == [e.train_loss for e in whole.epochs]
+    assert resumed.epochs[-1].metrics == whole.epochs[-1].metrics
+
+
+def test_group_by_length_pads_less_and_stays_seeded(synthetic_glue_dir, tiny_roberta_dir, cache_dir):
+    cfg = replace(QUICK, epochs=1, batch_size=8, max_train_samples=None)
+    spec = load_task("SST-2")
+    plain = finetune(spec, tiny_roberta_dir, synthetic_glue_dir, cfg, seed=38, cache_dir=cache_dir).epochs[0]
+    grouped_cfg = replace(cfg, group_by_length=True)
+    a = finetune(spec, tiny_roberta_dir, synthetic_glue_dir, grouped_cfg, seed=38, cache_dir=cache_dir).epochs[0]
+    b = finetune(spec, tiny_roberta_dir, synthetic_glue_dir, grouped_cfg, seed=38, cache_dir=cache_dir).epochs[0]
+    assert a.train_tokens == plain.train_tokens
+    assert a.padded_tokens < plain.padded_tokens
+    assert a.train_loss == b.train_loss

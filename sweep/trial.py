@@ -1,0 +1,120 @@
+"""One sweep trial on Ray: a Tune function trainable that runs a Ray Train ``TorchTrainer``.
+
+Train V2 (Ray >= 2.43) cannot be wrapped by ``Tuner(TorchTrainer(...))``; the supported pattern
+is a function trainable that builds and fits a TorchTrainer, with ``TuneReportCallback`` passing
+the workers' reports on to Tune (DESIGN §5). Everything below the worker loop is plain Python
+(``sweep.finetune``).
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import ray
+import ray.train
+from ray import tune
+from ray.train import Checkpoint, CheckpointConfig, FailureConfig, ScalingConfig
+from ray.train.torch import TorchConfig, TorchTrainer
+from ray.tune.integration.ray_train import TuneReportCallback
+
+from sweep.config import Settings
+from sweep.finetune import Distributed, EpochResult, finetune
+from sweep.staging import cache_root, ensure_local
+
+# Reported every epoch; the checkpoint manager keeps the best by it (plus the latest, for a
+# restart). Among equal scores the EARLIER epoch ranks higher, as in finetune's own choice.
+CHECKPOINT_RANK = "checkpoint_rank"
+
+
+def checkpoint_rank(score: float, epoch: int) -> float:
+    return score - 1e-9 * epoch
+
+
+def trial_train_config(settings: Settings, hparams: dict[str, Any]):
+    """The trial's recipe: the sweep's ``train`` with this trial's grid/search values on top."""
+    return replace(settings.train, **hparams)
+
+
+def train_loop_per_worker(config: dict[str, Any]) -> None:
+    """Runs in each Ray Train worker: stage (no-op when staged), fine-tune, report every epoch."""
+    settings: Settings = config["settings"]
+    spec = next(t for t in settings.tasks if t.name == config["task"])
+    train = trial_train_config(settings, config["hparams"])
+    sources = ensure_local(settings)
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    node = ray.get_runtime_context().get_node_id()
+
+    resume_dir = None
+    started = time.time()
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:  # a restart after a crash: go on from the latest epoch
+        resume_dir = Path(checkpoint.to_directory(tempfile.mkdtemp(prefix="sweep-resume-")))
+
+    def on_epoch(epoch: EpochResult, save) -> None:
+        metrics = {
+            "epoch": epoch.epoch, "train_loss": epoch.train_loss, "score": epoch.score,
+            CHECKPOINT_RANK: checkpoint_rank(epoch.score, epoch.epoch),
+            "train_seconds": epoch.train_seconds, "eval_seconds": epoch.eval_seconds,
+            "train_tokens": epoch.train_tokens, "node": node, "host": platform.node(),
+            "worker_started": started, "resumed": resume_dir is not None, "launch_id": config["launch_id"],
+            **{f"eval/{k}": v for k, v in epoch.metrics.items()},
+        }
+        if rank != 0:  # every worker reports; only rank 0 writes the model
+            ray.train.report(metrics)
+            return
+        folder = Path(tempfile.mkdtemp(prefix="sweep-ckpt-"))
+        try:
+            save(folder)
+            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(folder))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    wrap = ray.train.torch.prepare_model if world > 1 else None
+    try:
+        finetune(
+            spec, sources.model_dir, sources.data_dir, train, int(config["seed"]),
+            cache_dir=cache_root(settings.storage), on_epoch=on_epoch, resume_from=resume_dir,
+            dist=Distributed(rank=rank, world_size=world, wrap_model=wrap),
+            device=ray.train.torch.get_device(),
+        )
+    finally:
+        if resume_dir is not None:
+            shutil.rmtree(resume_dir, ignore_errors=True)
+
+
+def run_trial(config: dict[str, Any], settings: Settings, storage_path: str, workers: int,
+              gpus_per_worker: float, launch_id: str) -> None:
+    """The Tune trainable: one TorchTrainer run for this (task, seed, hparams).
+
+    ``launch_id`` names the driver invocation that ran the trial (a resumed sweep has a new one).
+    """
+    trial_id = tune.get_context().get_trial_id()
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={**config, "settings": settings, "launch_id": launch_id},
+        # One worker needs no collectives: gloo works on any node; NCCL only for multi-GPU DDP.
+        torch_config=TorchConfig(backend="nccl" if workers > 1 and gpus_per_worker > 0 else "gloo"),
+        scaling_config=ScalingConfig(
+            num_workers=workers,
+            use_gpu=gpus_per_worker > 0,
+            resources_per_worker={"CPU": settings.resources.cpus_per_trial, "GPU": gpus_per_worker},
+            placement_strategy="STRICT_PACK",  # a trial's DDP workers share one node
+        ),
+        run_config=ray.train.RunConfig(
+            name=f"trial-{trial_id}",  # unique per trial: Train V2 resumes a run whose name it has seen
+            storage_path=storage_path,
+            callbacks=[TuneReportCallback()],
+            checkpoint_config=CheckpointConfig(
+                num_to_keep=1, checkpoint_score_attribute=CHECKPOINT_RANK, checkpoint_score_order="max",
+            ),
+            failure_config=FailureConfig(max_failures=settings.sweep.max_failures),
+        ),
+    )
+    trainer.fit()

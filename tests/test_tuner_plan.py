@@ -1,0 +1,78 @@
+"""Per-trial resources and concurrency, derived from the cluster's nodes (no Ray needed)."""
+
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from sweep.config import ConfigError, validate
+from sweep.tasks import CONF_DIR
+from sweep.tuner import ResourceError, plan_trials, storage_path, trial_count
+
+
+def settings(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return validate(compose("config", overrides=["+experiment=demo", *overrides]))
+
+
+TWO_BY_TWO_GPU = [{"CPU": 8, "GPU": 2}, {"CPU": 8, "GPU": 2}]
+
+
+def test_one_gpu_per_trial_packs_four_on_two_two_gpu_nodes():
+    plan = plan_trials(settings("resources.gpus_per_trial=1"), TWO_BY_TWO_GPU)
+    assert (plan.workers, plan.gpus_per_worker, plan.max_concurrent) == (1, 1.0, 4)
+
+
+def test_half_gpu_packs_eight():
+    assert plan_trials(settings("resources.gpus_per_trial=0.5"), TWO_BY_TWO_GPU).max_concurrent == 8
+
+
+def test_two_gpus_is_ddp_with_two_workers_on_one_node():
+    plan = plan_trials(settings("resources.gpus_per_trial=2"), TWO_BY_TWO_GPU)
+    assert (plan.workers, plan.gpus_per_worker, plan.max_concurrent) == (2, 1.0, 2)
+
+
+def test_impossible_request_is_an_error_naming_the_largest_node():
+    with pytest.raises(ResourceError, match=r"one trial needs 3 worker\(s\) x \(1 CPU, 1 GPU\) on one node, but the largest node has 8 CPU and 2 GPU"):
+        plan_trials(settings("resources.gpus_per_trial=3"), TWO_BY_TWO_GPU)
+
+
+def test_cpus_bound_concurrency_and_the_driver_holds_none():
+    # 2 CPUs, 1 CPU per trial: two trials, never the deadlock of a driver CPU + a worker CPU each
+    plan = plan_trials(settings("resources.gpus_per_trial=0", "resources.cpus_per_trial=1"), [{"CPU": 2}])
+    assert plan.max_concurrent == 2 and plan.warning is None
+    with pytest.raises(ResourceError, match="lower resources.gpus_per_trial / resources.cpus_per_trial"):
+        plan_trials(settings("resources.gpus_per_trial=0", "resources.cpus_per_trial=4"), [{"CPU": 2}])
+
+
+def test_no_gpu_in_the_cluster_falls_back_to_cpu_with_a_warning():
+    plan = plan_trials(settings("resources.gpus_per_trial=1"), [{"CPU": 2}])
+    assert plan.gpus_per_worker == 0 and plan.max_concurrent == 2
+    assert "has no GPU: trials run on CPU" in plan.warning
+
+
+def test_trial_count_is_tasks_seeds_grid_samples():
+    s = settings("task=[WNLI,RTE]", "sweep.seeds=[1,2,3]", "+sweep.grid.lr=[1e-3,2e-3]", "sweep.num_samples=2")
+    assert trial_count(s) == 2 * 3 * 2 * 2
+
+
+def test_multi_node_without_shared_storage_says_what_to_set(tmp_path):
+    with pytest.raises(ResourceError, match="cluster.storage_path: this Ray cluster has 3 nodes"):
+        storage_path(settings(), tmp_path, node_count=3)
+    assert storage_path(settings(f"cluster.storage_path={tmp_path}"), tmp_path / "x", 3) == str(tmp_path)
+    assert storage_path(settings(), tmp_path, 1) == str(tmp_path / "ray")
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("+sweep.grid.learning_rate=[1]", "sweep.grid.learning_rate: is not a train option; tunable: lr,"),
+    ("+sweep.grid.lr=[-1]", "sweep.grid.lr: value -1: train.lr: must be > 0"),
+    ("+sweep.grid.lr=[]", "sweep.grid.lr: needs a non-empty list"),
+    ("+sweep.search.lr={dist:normal}", "sweep.search.dist: got 'normal', allowed: loguniform, uniform, choice"),
+    ("+sweep.search.lr={dist:loguniform,low:0,high:1}", "sweep.search.lr: needs numbers low < high (both > 0 for loguniform)"),
+    ("sweep.scheduler=hyperband", "sweep.scheduler: got 'hyperband', allowed: fifo, asha"),
+    ("sweep.max_failures=-1", "sweep.max_failures: must be >= 0"),
+])
+def test_bad_sweep_options(override, expected):
+    with pytest.raises(ConfigError) as e:
+        settings(override)
+    assert str(e.value).startswith(expected), str(e.value)
