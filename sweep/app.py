@@ -18,17 +18,20 @@ from sweep.staging import ensure_local
 log = logging.getLogger(__name__)
 
 
-def finish(settings: Settings, records: list[TrialRecord], out_dir: Path) -> list:
-    """Export the best model per task, prune the other checkpoints, write and print results."""
+def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkpoint_root: Path | None) -> list:
+    """Export the best model per task, prune the other checkpoints, write and print results.
+
+    ``checkpoint_root`` holds every trial's checkpoints; with keep_checkpoints=best it goes once
+    the best models are exported.
+    """
     metric = {spec.name: spec.metric for spec in settings.tasks}
     for task, record in best_per_task(records, settings.tasks).items():
         exported = export_best(record, out_dir / "best" / task, settings.model.name)
         print(f"best {task}: seed {record.seed}, {metric[task]} {record.score:.4f} -> {exported}")
-    if settings.sweep.keep_checkpoints == "best":
+    if settings.sweep.keep_checkpoints == "best" and checkpoint_root is not None:
+        shutil.rmtree(checkpoint_root, ignore_errors=True)
         for r in records:
-            if r.checkpoint:
-                shutil.rmtree(r.checkpoint, ignore_errors=True)
-                r.checkpoint = None
+            r.checkpoint = None
     summaries = summarize(records, settings.tasks)
     write_results(out_dir, records, summaries)
     print(format_summary(summaries))
@@ -43,5 +46,5 @@ def run(cfg: DictConfig, out_dir: Path) -> list:
         check_task_data(spec, sources.data_dir)
     from sweep.tuner import run_tune
 
-    records = run_tune(settings, Path(out_dir))
-    return finish(settings, records, out_dir)
+    records, checkpoint_root = run_tune(settings, Path(out_dir))
+    return finish(settings, records, out_dir, checkpoint_root)

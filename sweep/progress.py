@@ -58,9 +58,10 @@ class SweepProgress(Callback):
         value = result.get(f"eval/{self.metric.get(task)}")
         if task in self.metric and value is not None:
             sign = 1 if self.mode[task] == "max" else -1
-            old = self.best.get(task)
-            if old is None or sign * value > sign * old[0]:
-                self.best[task] = (float(value), int(trial.config.get("seed")))
+            old, seed = self.best.get(task), int(trial.config.get("seed"))
+            # the same order as the final choice: a better value, then the lower seed
+            if old is None or (sign * value, -seed) > (sign * old[0], -old[1]):
+                self.best[task] = (float(value), seed)
         self._print()
 
     def _finish(self, trial) -> None:

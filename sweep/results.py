@@ -32,6 +32,8 @@ class TrialRecord:
     best_epoch: int | None = None
     epochs_done: int = 0
     wall_seconds: float = 0.0
+    loop_seconds: float = 0.0  # inside the training loop (train + eval): wall minus this is overhead
+    startup_seconds: float = 0.0  # trial start -> first batch: processes, imports, model and data loading
     gpus: float = 0.0  # GPUs the trial held, for GPU-hours
     node: str = ""
     status: str = "TERMINATED"  # TERMINATED | ERROR

@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import psutil
 import ray
 import ray.train
 from ray import tune
@@ -24,12 +25,11 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from sweep.config import Settings
-from sweep.finetune import Distributed, EpochResult, finetune
-from sweep.staging import cache_root, ensure_local
 
 # Reported every epoch; the checkpoint manager keeps the best by it (plus the latest, for a
 # restart). Among equal scores the EARLIER epoch ranks higher, as in finetune's own choice.
 CHECKPOINT_RANK = "checkpoint_rank"
+PROCESS_STARTED = psutil.Process().create_time()  # this worker process's start (before its imports)
 
 
 def checkpoint_rank(score: float, epoch: int) -> float:
@@ -43,6 +43,11 @@ def trial_train_config(settings: Settings, hparams: dict[str, Any]):
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Runs in each Ray Train worker: stage (no-op when staged), fine-tune, report every epoch."""
+    # Imported here, not at the top: the trial's driver process never needs torch/transformers.
+    from sweep.finetune import Distributed, finetune
+    from sweep.staging import cache_root, ensure_local
+
+    imported = time.time()
     settings: Settings = config["settings"]
     spec = next(t for t in settings.tasks if t.name == config["task"])
     train = trial_train_config(settings, config["hparams"])
@@ -57,13 +62,16 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     if checkpoint is not None:  # a restart after a crash: go on from the latest epoch
         resume_dir = Path(checkpoint.to_directory(tempfile.mkdtemp(prefix="sweep-resume-")))
 
-    def on_epoch(epoch: EpochResult, save) -> None:
+    def on_epoch(epoch, save) -> None:
         metrics = {
             "epoch": epoch.epoch, "train_loss": epoch.train_loss, "score": epoch.score,
             CHECKPOINT_RANK: checkpoint_rank(epoch.score, epoch.epoch),
             "train_seconds": epoch.train_seconds, "eval_seconds": epoch.eval_seconds,
             "train_tokens": epoch.train_tokens, "node": node, "host": platform.node(),
-            "worker_started": started, "resumed": resume_dir is not None, "launch_id": config["launch_id"],
+            "resumed": resume_dir is not None, "launch_id": config["launch_id"],
+            # where a trial's time goes (bench_overhead.py): driver start -> worker process -> loop -> epochs
+            "driver_started": config["driver_started"], "process_started": PROCESS_STARTED,
+            "loop_started": started, "imported": imported, "reported_at": time.time(),
             **{f"eval/{k}": v for k, v in epoch.metrics.items()},
         }
         if rank != 0:  # every worker reports; only rank 0 writes the model
@@ -82,11 +90,19 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             spec, sources.model_dir, sources.data_dir, train, int(config["seed"]),
             cache_dir=cache_root(settings.storage), on_epoch=on_epoch, resume_from=resume_dir,
             dist=Distributed(rank=rank, world_size=world, wrap_model=wrap),
-            device=ray.train.torch.get_device(),
+            device=_device(),
         )
     finally:
         if resume_dir is not None:
             shutil.rmtree(resume_dir, ignore_errors=True)
+
+
+def _device():
+    import torch
+
+    # Ray assigns GPUs by its own accounting (fake GPUs in tests, a CPU-only torch build):
+    # use the assigned GPU only when torch can.
+    return ray.train.torch.get_device() if torch.cuda.is_available() else torch.device("cpu")
 
 
 def run_trial(config: dict[str, Any], settings: Settings, storage_path: str, workers: int,
@@ -95,10 +111,11 @@ def run_trial(config: dict[str, Any], settings: Settings, storage_path: str, wor
 
     ``launch_id`` names the driver invocation that ran the trial (a resumed sweep has a new one).
     """
+    started = time.time()
     trial_id = tune.get_context().get_trial_id()
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={**config, "settings": settings, "launch_id": launch_id},
+        train_loop_config={**config, "settings": settings, "launch_id": launch_id, "driver_started": started},
         # One worker needs no collectives: gloo works on any node; NCCL only for multi-GPU DDP.
         torch_config=TorchConfig(backend="nccl" if workers > 1 and gpus_per_worker > 0 else "gloo"),
         scaling_config=ScalingConfig(

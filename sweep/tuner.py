@@ -127,6 +127,10 @@ def records_from_results(grid, settings: Settings, plan: TrialPlan) -> list[Tria
             record.best_epoch = int(best["epoch"])
             record.epochs_done = int(df["epoch"].max())
             record.wall_seconds = float(df["time_total_s"].max())
+            record.loop_seconds = float((df["train_seconds"] + df["eval_seconds"]).sum())
+            first = df.iloc[0]
+            first_batch = first["reported_at"] - first["train_seconds"] - first["eval_seconds"]
+            record.startup_seconds = float(first_batch - first["driver_started"])
             record.node = str(best.get("node", ""))
             record.checkpoint = _local_path(best.get("checkpoint_path"))
         if result.error is not None or record.score is None:
@@ -187,8 +191,11 @@ def build_scheduler(settings: Settings):
     return None
 
 
-def run_tune(settings: Settings, out_dir: Path) -> list[TrialRecord]:
-    """Run every trial of the sweep in one Tune run (or resume it) and return the records."""
+def run_tune(settings: Settings, out_dir: Path) -> tuple[list[TrialRecord], Path | None]:
+    """Run every trial of the sweep in one Tune run (or resume it).
+
+    Returns the records and the local folder of the trials' checkpoints (None on remote storage).
+    """
     quiet_ray()
     import ray
     from ray import tune
@@ -203,8 +210,10 @@ def run_tune(settings: Settings, out_dir: Path) -> list[TrialRecord]:
         log.warning(plan.warning)
         print(f"warning: {plan.warning}")
     storage = storage_path(settings, out_dir, len(nodes))
+    remote = "://" in storage
+    train_storage = f"{storage}/train" if remote else str(Path(storage) / "train")
     trainable = tune.with_parameters(
-        run_trial, settings=settings, storage_path=str(Path(storage) / "train") if "://" not in storage else storage + "/train",
+        run_trial, settings=settings, storage_path=train_storage,
         workers=plan.workers, gpus_per_worker=plan.gpus_per_worker, launch_id=uuid.uuid4().hex[:8],
     )
     # The trial's driver holds no CPU (its workers do); Ray refuses an empty request, so it asks
@@ -216,7 +225,7 @@ def run_tune(settings: Settings, out_dir: Path) -> list[TrialRecord]:
           f"{' x grid' if settings.sweep.grid else ''}), {concurrency} at once on {len(nodes)} node(s); "
           f"{plan.workers} worker(s) x ({plan.cpus_per_worker:g} CPU, {plan.gpus_per_worker:g} GPU) each")
     progress = SweepProgress(settings, total)
-    experiment = str(Path(storage) / EXPERIMENT) if "://" not in storage else f"{storage}/{EXPERIMENT}"
+    experiment = f"{storage}/{EXPERIMENT}" if remote else str(Path(storage) / EXPERIMENT)
     if settings.resume and tune.Tuner.can_restore(experiment):
         print(f"resume: continuing the sweep in {experiment}; finished trials are not run again")
         tuner = tune.Tuner.restore(experiment, trainable=trainable, resume_unfinished=True, resume_errored=False)
@@ -229,6 +238,7 @@ def run_tune(settings: Settings, out_dir: Path) -> list[TrialRecord]:
             param_space=param_space(settings),
             tune_config=tune.TuneConfig(
                 num_samples=settings.sweep.num_samples, max_concurrent_trials=concurrency,
+                reuse_actors=True,  # a trial's driver process serves the next trial: no new process, no re-import
                 scheduler=build_scheduler(settings),
                 metric="score" if settings.sweep.scheduler == "asha" else None,
                 mode="max" if settings.sweep.scheduler == "asha" else None,
@@ -240,4 +250,4 @@ def run_tune(settings: Settings, out_dir: Path) -> list[TrialRecord]:
         )
     grid = tuner.fit()
     progress.close()
-    return records_from_results(grid, settings, plan)
+    return records_from_results(grid, settings, plan), None if remote else Path(train_storage)

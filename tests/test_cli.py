@@ -72,5 +72,5 @@ def test_demo_runs_and_keeps_exactly_the_best_model(tmp_path):
     made_by = json.loads((out / "best" / "WNLI" / MADE_BY).read_text())
     assert str(made_by["seed"]) == best_seed
     assert (out / "best" / "WNLI" / "config.json").exists()
-    assert not list((out / "checkpoints").rglob("*.safetensors")), "pruned checkpoints left behind"
+    assert not (out / "ray" / "train").exists(), "pruned checkpoints left behind"
     assert f"best WNLI: seed {best_seed}" in r.stdout

@@ -1,0 +1,156 @@
+"""The sweep on a real Ray cluster: local, and multi-node with fake GPUs (ray.cluster_utils)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import ray
+from hydra import compose, initialize_config_dir
+from ray.cluster_utils import Cluster
+
+from sweep.app import run
+from sweep.config import validate
+from sweep.results import MADE_BY, load_records
+from sweep.synthetic import write_synthetic_glue
+from sweep.tasks import CONF_DIR
+from sweep.tuner import ResourceError, run_tune
+
+pytestmark = pytest.mark.slow
+
+
+def compose_cfg(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("config", overrides=["+experiment=demo", *overrides])
+
+
+@pytest.fixture
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def two_gpu_nodes():
+    """Two raylets with 4 CPUs and 2 (fake) GPUs each: GPU scheduling tested on a CPU machine."""
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "num_gpus": 2})
+    cluster.add_node(num_cpus=4, num_gpus=2)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def alive_train_workers() -> list[dict]:
+    # The GCS's actor table (the public state API needs the dashboard, which tests don't start).
+    from ray._private import state
+
+    return [a for a in state.actors().values() if a["ActorClassName"] == "RayTrainWorker" and a["State"] == "ALIVE"]
+
+
+class WorkerWatch:
+    """Polls the GCS for alive Train workers: how many at once, and on which nodes."""
+
+    def __init__(self):
+        self.max_alive, self.nodes, self._stop = 0, set(), threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self):
+        while not self._stop.is_set():
+            alive = alive_train_workers()
+            self.max_alive = max(self.max_alive, len(alive))
+            self.nodes |= {a["Address"]["NodeID"] for a in alive}
+            time.sleep(0.5)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def test_two_tasks_three_seeds_end_to_end(local_ray, cache_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("SWEEP_CACHE_DIR", str(cache_dir))
+    out = tmp_path / "out"
+    cfg = compose_cfg("task=[WNLI,RTE]", "train.epochs=2", "train.max_train_samples=64", f"out_dir={out}")
+    summaries = run(cfg, out)
+
+    records = load_records(out / "results.json")
+    assert sorted((r.task, r.seed) for r in records) == sorted((t, s) for t in ("WNLI", "RTE") for s in (38, 39, 40))
+    assert all(r.status == "TERMINATED" and r.epochs_done == 2 and r.score is not None for r in records)
+    for s in summaries:  # summary numbers recomputed from the rows
+        scores = [r.score for r in records if r.task == s.task]
+        assert s.n == 3 and s.mean == pytest.approx(statistics.fmean(scores))
+        assert s.std == pytest.approx(statistics.stdev(scores)) and s.median == pytest.approx(statistics.median(scores))
+        best = max((r for r in records if r.task == s.task), key=lambda r: (r.score, -r.seed))
+        assert (s.best_seed, s.best_score) == (best.seed, best.score)
+        made_by = (out / "best" / s.task / MADE_BY).read_text()
+        assert f'"seed": {best.seed}' in made_by
+    assert sorted(p.name for p in (out / "best").iterdir()) == ["RTE", "WNLI"]
+    assert not (out / "ray" / "train").exists(), "checkpoints of pruned trials left behind"
+    assert (out / "summary.csv").exists() and (out / "results.csv").exists()
+
+
+def test_gpu_packing_on_two_nodes(two_gpu_nodes, cache_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("SWEEP_CACHE_DIR", str(cache_dir))
+    base = ["train.epochs=1", "train.max_train_samples=32", f"cluster.storage_path={tmp_path / 'storage'}"]
+
+    one = validate(compose_cfg(*base, "sweep.seeds=[1,2,3,4,5,6]", "resources.gpus_per_trial=1"))
+    with WorkerWatch() as watch:
+        records, _ = run_tune(one, tmp_path / "one")
+    assert [r.status for r in records] == ["TERMINATED"] * 6, [r.error for r in records]
+    assert 2 <= watch.max_alive <= 4, watch.max_alive
+    assert len(watch.nodes) == 2 and len({r.node for r in records}) == 2
+
+    half = validate(compose_cfg(*base, "sweep.seeds=[1,2,3,4,5,6,7,8]", "resources.gpus_per_trial=0.5",
+                                f"cluster.storage_path={tmp_path / 'storage2'}"))
+    with WorkerWatch() as watch:
+        records, _ = run_tune(half, tmp_path / "half")
+    assert [r.status for r in records] == ["TERMINATED"] * 8, [r.error for r in records]
+    assert watch.max_alive == 8, watch.max_alive
+
+    t0 = time.time()
+    with pytest.raises(ResourceError, match="the largest node has 4 CPU and 2 GPU"):
+        run_tune(validate(compose_cfg(*base, "resources.gpus_per_trial=3")), tmp_path / "three")
+    assert time.time() - t0 < 10
+
+
+def test_multi_node_without_storage_path_is_an_error(two_gpu_nodes, tmp_path):
+    with pytest.raises(ResourceError, match="cluster.storage_path: this Ray cluster has 2 nodes"):
+        run_tune(validate(compose_cfg()), tmp_path)
+
+
+def test_a_killed_worker_is_retried_from_its_checkpoint(local_ray, cache_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("SWEEP_CACHE_DIR", str(cache_dir))
+    data = write_synthetic_glue(tmp_path / "data", ["RTE"], n_train=1500, n_dev=64)
+    settings = validate(compose_cfg("task=RTE", "sweep.seeds=[38]", "train.epochs=4", "train.max_train_samples=null",
+                                    f"storage.data_dir={data}"))
+    killed = []
+
+    def kill_after_first_checkpoint():
+        deadline = time.time() + 240
+        while time.time() < deadline and not killed:
+            if list((tmp_path / "out" / "ray" / "train").glob("trial-*/checkpoint_*")):
+                for actor in alive_train_workers():
+                    os.kill(actor["Pid"], signal.SIGKILL)
+                    killed.append(actor["Pid"])
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_after_first_checkpoint, daemon=True)
+    killer.start()
+    records, root = run_tune(settings, tmp_path / "out")
+    killer.join()
+    assert killed, "no worker was killed"
+    (record,) = records
+    assert record.status == "TERMINATED" and record.epochs_done == 4
+    progress = next((tmp_path / "out" / "ray" / "tune").glob("*/progress.csv")).read_text()
+    assert "True" in progress.split("\n", 1)[1], "no epoch was reported by a resumed worker"
