@@ -114,7 +114,7 @@ def records_from_results(grid, settings: Settings, plan: TrialPlan) -> list[Tria
     records = []
     for result in grid:
         cfg = result.config or {}
-        df = result.metrics_dataframe
+        df = _history(result)
         record = TrialRecord(
             task=cfg.get("task", "?"), seed=int(cfg.get("seed", -1)), hparams=dict(cfg.get("hparams") or {}),
             gpus=plan.gpus_per_worker * plan.workers, trial_id=result.path.rsplit("/", 1)[-1] if result.path else "",
@@ -138,6 +138,19 @@ def records_from_results(grid, settings: Settings, plan: TrialPlan) -> list[Tria
             record.error = _error_text(result.error) if result.error is not None else "trial reported no result"
         records.append(record)
     return records
+
+
+def _history(result):
+    """Every epoch a trial reported. A trial that finished before a resume has no history in
+    memory after ``Tuner.restore``: read it from the trial's progress.csv."""
+    import pandas as pd
+
+    df = result.metrics_dataframe
+    if (df is None or not len(df)) and result.path:
+        progress = Path(_local_path(result.path)) / "progress.csv"
+        if progress.is_file() and progress.stat().st_size:
+            df = pd.read_csv(progress)
+    return df
 
 
 def _local_path(path: Any) -> str | None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sweep.results import MADE_BY
+from sweep.results import MADE_BY, load_records
 
 
 def sweep_cmd(*args: str, cwd: Path, cache: Path, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -74,3 +74,65 @@ def test_demo_runs_and_keeps_exactly_the_best_model(tmp_path):
     assert (out / "best" / "WNLI" / "config.json").exists()
     assert not (out / "ray" / "train").exists(), "pruned checkpoints left behind"
     assert f"best WNLI: seed {best_seed}" in r.stdout
+
+
+def _kill_session(proc: subprocess.Popen) -> None:
+    """SIGKILL the driver and every process of its session (the local Ray it started)."""
+    import psutil
+
+    sid = os.getsid(proc.pid)
+    victims = [p for p in psutil.process_iter() if _sid(p) == sid]
+    for p in victims:
+        p.kill()
+    psutil.wait_procs(victims, timeout=30)
+
+
+def _sid(p) -> int | None:
+    try:
+        return os.getsid(p.pid)
+    except (ProcessLookupError, PermissionError):
+        return None
+
+
+def _launch_ids(out: Path) -> dict[str, set[str]]:
+    """task/seed -> the driver launches that reported for it (from Tune's per-trial progress.csv)."""
+    ids = {}
+    for progress in (out / "ray" / "tune").glob("*/progress.csv"):
+        rows = list(csv.DictReader(progress.open()))
+        if rows:
+            ids[progress.parent.name.split("_")[3]] = {r["launch_id"] for r in rows}
+    return ids
+
+
+@pytest.mark.slow
+def test_resume_after_the_driver_is_killed_skips_finished_trials(tmp_path):
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    args = ["+experiment=demo", "sweep.seeds=[38,39,40,41]", "train.epochs=2", "sweep.keep_checkpoints=all", f"out_dir={out}"]
+    env = {**os.environ, "SWEEP_CACHE_DIR": str(cache)}
+    proc = subprocess.Popen([sys.executable, "-m", "sweep", *args], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    done_before_kill = 0
+    try:
+        for line in proc.stdout:
+            if " done, " in line:
+                done_before_kill = int(line.split("]", 1)[1].split("/")[0])
+                if done_before_kill >= 2:
+                    break
+    finally:
+        _kill_session(proc)
+    assert done_before_kill >= 2, "the sweep ended before it could be killed"
+    assert not (out / "results.json").exists()
+    first = _launch_ids(out)
+    finished_first = {t for t, ids in first.items() if len(ids) == 1}
+
+    r = sweep_cmd(*args, "resume=true", cwd=tmp_path, cache=cache, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "resume: continuing the sweep" in r.stdout
+    records = load_records(out / "results.json")
+    assert sorted(rec.seed for rec in records) == [38, 39, 40, 41]
+    assert all(rec.status == "TERMINATED" and rec.epochs_done == 2 for rec in records)
+    after = _launch_ids(out)
+    (launch_1,) = {next(iter(ids)) for ids in first.values() if len(ids) == 1} or {None}
+    rerun = {t for t, ids in after.items() if ids - {launch_1}}
+    assert len(rerun) <= 4 - done_before_kill, (after, done_before_kill)  # finished trials did not run again
+    assert rerun, "the unfinished trials ran after the resume"
