@@ -1,26 +1,38 @@
-"""ASHA early stopping with one set of rungs per task.
+"""Asynchronous successive halving (ASHA), decided inside the trials, with rungs per task.
 
-All tasks of a sweep share one Tune run, but their scores are not comparable (a CoLA MCC of 0.3
-is good, an SST-2 accuracy of 0.3 is awful): each task's trials compete only with each other.
+Tune's own schedulers stop a trial by stopping its function trainable; with Train V2 that
+leaves the trial's TorchTrainer (controller and workers) running and holding its resources, and
+the sweep hangs. So the trial asks after each epoch and ends itself cleanly. Scores of different
+tasks are not comparable (a CoLA MCC of 0.3 is good, an SST-2 accuracy of 0.3 is awful): each
+task has its own rungs.
 """
 
 from __future__ import annotations
 
-from ray.tune.schedulers import AsyncHyperBandScheduler
-from ray.tune.schedulers.async_hyperband import _Bracket
+import numpy as np
 
 
-class PerTaskASHA(AsyncHyperBandScheduler):
+class EarlyStop(Exception):
+    """Raised by a trial's epoch callback when ASHA cuts the trial: it ends as a finished trial."""
+
+
+class AshaRungs:
     def __init__(self, max_t: int, grace_period: int = 1, reduction_factor: float = 2):
-        super().__init__(time_attr="epoch", max_t=max_t, grace_period=min(grace_period, max_t),
-                         reduction_factor=reduction_factor)
-        self._grace_period = min(grace_period, max_t)
-        self._task_brackets: dict[str, _Bracket] = {}
+        self.reduction_factor = reduction_factor
+        self.milestones = []
+        t = grace_period
+        while t < max_t:  # no rung at the last epoch: a trial that got there finishes anyway
+            self.milestones.append(t)
+            t = int(np.ceil(t * reduction_factor))
+        self.recorded: dict[tuple[str, int], dict[str, float]] = {}
 
-    def on_trial_add(self, tune_controller, trial) -> None:
-        super().on_trial_add(tune_controller, trial)  # checks metric and mode
-        task = trial.config.get("task")
-        if task not in self._task_brackets:
-            self._task_brackets[task] = _Bracket(self._grace_period, self._max_t, self._reduction_factor, 0,
-                                                 stop_last_trials=self._stop_last_trials)
-        self._trial_info[trial.trial_id] = self._task_brackets[task]
+    def should_continue(self, task: str, trial_id: str, epoch: int, score: float) -> bool:
+        """Record a score at a rung; go on only if it is in the top 1/reduction_factor so far."""
+        if epoch not in self.milestones:
+            return True
+        scores = self.recorded.setdefault((task, epoch), {})
+        scores[trial_id] = score  # idempotent: DDP ranks and a restarted trial ask again
+        if len(scores) < 2:
+            return True
+        cutoff = np.percentile(list(scores.values()), (1 - 1 / self.reduction_factor) * 100)
+        return score >= cutoff

@@ -25,6 +25,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from sweep.config import Settings
+from sweep.schedulers import EarlyStop
 
 # Reported every epoch; the checkpoint manager keeps the best by it (plus the latest, for a
 # restart). Among equal scores the EARLIER epoch ranks higher, as in finetune's own choice.
@@ -76,14 +77,19 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         }
         if rank != 0:  # every worker reports; only rank 0 writes the model
             ray.train.report(metrics)
-            return
-        folder = Path(tempfile.mkdtemp(prefix="sweep-ckpt-"))
-        try:
-            save(folder)
-            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(folder))
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            folder = Path(tempfile.mkdtemp(prefix="sweep-ckpt-"))
+            try:
+                save(folder)
+                ray.train.report(metrics, checkpoint=Checkpoint.from_directory(folder))
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+        if board is not None and not ray.get(
+            board.should_continue.remote(spec.name, config["trial_id"], epoch.epoch, epoch.score)
+        ):
+            raise EarlyStop  # cut by ASHA: every rank gets the same answer and stops here
 
+    board = ray.get_actor(config["asha_board"], namespace="sweep") if config.get("asha_board") else None
     wrap = ray.train.torch.prepare_model if world > 1 else None
     try:
         finetune(
@@ -92,6 +98,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             dist=Distributed(rank=rank, world_size=world, wrap_model=wrap),
             device=_device(),
         )
+    except EarlyStop:
+        pass  # a finished trial with fewer epochs; its best checkpoint is already reported
     finally:
         if resume_dir is not None:
             shutil.rmtree(resume_dir, ignore_errors=True)
@@ -106,7 +114,7 @@ def _device():
 
 
 def run_trial(config: dict[str, Any], settings: Settings, storage_path: str, workers: int,
-              gpus_per_worker: float, launch_id: str) -> None:
+              gpus_per_worker: float, launch_id: str, asha_board: str | None = None) -> None:
     """The Tune trainable: one TorchTrainer run for this (task, seed, hparams).
 
     ``launch_id`` names the driver invocation that ran the trial (a resumed sweep has a new one).
@@ -115,7 +123,8 @@ def run_trial(config: dict[str, Any], settings: Settings, storage_path: str, wor
     trial_id = tune.get_context().get_trial_id()
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={**config, "settings": settings, "launch_id": launch_id, "driver_started": started},
+        train_loop_config={**config, "settings": settings, "launch_id": launch_id, "driver_started": started,
+                           "trial_id": trial_id, "asha_board": asha_board},
         # One worker needs no collectives: gloo works on any node; NCCL only for multi-GPU DDP.
         torch_config=TorchConfig(backend="nccl" if workers > 1 and gpus_per_worker > 0 else "gloo"),
         scaling_config=ScalingConfig(

@@ -196,12 +196,24 @@ def alive_nodes() -> list[dict[str, float]]:
     return [n["Resources"] for n in ray.nodes() if n.get("Alive")]
 
 
-def build_scheduler(settings: Settings):
-    if settings.sweep.scheduler == "asha":
-        from sweep.schedulers import PerTaskASHA
+ASHA_NAMESPACE = "sweep"
 
-        return PerTaskASHA(max_t=max(v for v in [settings.train.epochs, *settings.sweep.grid.get("epochs", [])]))
-    return None
+
+def start_asha_board(settings: Settings, launch_id: str):
+    """The named actor that holds the ASHA rungs (sweep.scheduler=asha); trials ask it each epoch.
+
+    Returns (name, handle); the caller keeps the handle for the sweep's duration (it owns the actor).
+    """
+    if settings.sweep.scheduler != "asha":
+        return None, None
+    import ray
+
+    from sweep.schedulers import AshaRungs
+
+    name = f"sweep-asha-{launch_id}"
+    max_t = max([settings.train.epochs, *settings.sweep.grid.get("epochs", [])])
+    handle = ray.remote(num_cpus=0)(AshaRungs).options(name=name, namespace=ASHA_NAMESPACE).remote(max_t=max_t)
+    return name, handle
 
 
 def run_tune(settings: Settings, out_dir: Path) -> tuple[list[TrialRecord], Path | None]:
@@ -225,9 +237,11 @@ def run_tune(settings: Settings, out_dir: Path) -> tuple[list[TrialRecord], Path
     storage = storage_path(settings, out_dir, len(nodes))
     remote = "://" in storage
     train_storage = f"{storage}/train" if remote else str(Path(storage) / "train")
+    launch_id = uuid.uuid4().hex[:8]
+    asha_board, _board_handle = start_asha_board(settings, launch_id)  # the handle keeps the board alive
     trainable = tune.with_parameters(
-        run_trial, settings=settings, storage_path=train_storage,
-        workers=plan.workers, gpus_per_worker=plan.gpus_per_worker, launch_id=uuid.uuid4().hex[:8],
+        run_trial, settings=settings, storage_path=train_storage, workers=plan.workers,
+        gpus_per_worker=plan.gpus_per_worker, launch_id=launch_id, asha_board=asha_board,
     )
     # The trial's driver holds no CPU (its workers do); Ray refuses an empty request, so it asks
     # for 1 MiB of logical memory: the 2-CPU deadlock of DESIGN §5 cannot happen.
@@ -251,10 +265,8 @@ def run_tune(settings: Settings, out_dir: Path) -> tuple[list[TrialRecord], Path
             param_space=param_space(settings),
             tune_config=tune.TuneConfig(
                 num_samples=settings.sweep.num_samples, max_concurrent_trials=concurrency,
-                reuse_actors=True,  # a trial's driver process serves the next trial: no new process, no re-import
-                scheduler=build_scheduler(settings),
-                metric="score" if settings.sweep.scheduler == "asha" else None,
-                mode="max" if settings.sweep.scheduler == "asha" else None,
+                # A trial's driver process serves the next trial: no new process, no re-import.
+                reuse_actors=True,
             ),
             run_config=tune.RunConfig(
                 name=EXPERIMENT, storage_path=storage, verbose=0, callbacks=[progress],

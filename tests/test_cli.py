@@ -136,3 +136,16 @@ def test_resume_after_the_driver_is_killed_skips_finished_trials(tmp_path):
     rerun = {t for t, ids in after.items() if ids - {launch_1}}
     assert len(rerun) <= 4 - done_before_kill, (after, done_before_kill)  # finished trials did not run again
     assert rerun, "the unfinished trials ran after the resume"
+
+
+@pytest.mark.slow
+def test_multirun_runs_one_sweep_per_model_and_compares_them(tmp_path):
+    sweep_dir = tmp_path / "multi"
+    r = sweep_cmd("-m", "+experiment=demo", "model=tiny-roberta,tiny-gpt2", "sweep.seeds=[38]", "train.epochs=1",
+                  f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path, cache=tmp_path / "cache", timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for job in ("0", "1"):
+        assert (sweep_dir / job / "summary.csv").exists() and (sweep_dir / job / "best" / "WNLI").is_dir()
+    rows = list(csv.DictReader((sweep_dir / "comparison.csv").open()))
+    assert [(row["job"], row["task"]) for row in rows] == [("0", "WNLI"), ("1", "WNLI")]
+    assert "model=tiny-roberta" in r.stdout and "model=tiny-gpt2" in r.stdout

@@ -1,0 +1,64 @@
+"""A picture of a sweep: every seed's score per task over a box plot, the best seed starred.
+
+Built on matplotlib's object API with the Agg canvas, never pyplot: no global backend or figure
+state, so it is safe in a driver that also runs Ray and in headless CI.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from sweep.results import TrialRecord, best_per_task
+from sweep.tasks import TaskSpec
+
+JITTER = 0.12  # half-width of the horizontal scatter, so equal scores stay visible
+
+
+def _draw_task(ax: Axes, spec: TaskSpec, records: list[TrialRecord], rng: np.random.Generator) -> None:
+    mine = [r for r in records if r.task == spec.name]
+    done = [r for r in mine if r.ok]
+    failed = len(mine) - len(done)
+    ax.set_title(f"{spec.name} (n={len(done)}" + (f", {failed} failed)" if failed else ")"))
+    ax.set_ylabel(spec.metric + (" (lower is better)" if spec.mode == "min" else ""))
+    ax.set_xticks([])
+    ax.set_xlim(-0.6, 0.6)
+    if not done:
+        ax.set_yticks([])
+        ax.text(0.5, 0.5, "no finished trials", transform=ax.transAxes, ha="center", va="center", color="gray")
+        return
+    scores = [r.score for r in done]
+    # manage_ticks=False keeps the x axis bare; fliers off because every point is drawn below anyway.
+    ax.boxplot([scores], positions=[0], widths=0.5, showfliers=False, manage_ticks=False)
+    ax.margins(y=0.12)  # room for the "seed N" label above the top score
+    xs = rng.uniform(-JITTER, JITTER, len(done))
+    ax.scatter(xs, scores, s=25, alpha=0.7, zorder=3)
+    best = best_per_task(done, [spec])[spec.name]
+    x = xs[done.index(best)]
+    ax.scatter([x], [best.score], marker="*", s=260, color="gold", edgecolors="black", zorder=4)
+    ax.annotate(f"seed {best.seed}", (x, best.score), xytext=(8, 6), textcoords="offset points")
+
+
+def plot_seed_scores(records: list[TrialRecord], specs: list[TaskSpec], path: Path) -> Path:
+    """Write a PNG with one panel per task and return its path."""
+    path = Path(path)
+    fig = Figure(figsize=(3.2 * max(1, len(specs)), 4.2), layout="constrained")
+    rng = np.random.default_rng(0)  # fixed jitter: the same results draw the same picture
+    for ax, spec in zip(fig.subplots(1, max(1, len(specs)), squeeze=False)[0], specs):
+        _draw_task(ax, spec, records, rng)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Write beside the target, then rename: a reader never sees half a PNG.
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png", dpi=120)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return path

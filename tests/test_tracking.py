@@ -1,0 +1,297 @@
+"""Tracking against real MLflow stores: a sqlite file, and a real ``mlflow server`` over HTTP."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow import MlflowClient
+from mlflow_fixtures import free_port, log_trial_in_process, mlflow_server  # noqa: F401 (fixture)
+
+from sweep.config import ClusterConfig, ModelConfig, ResourcesConfig, Settings, StorageConfig, SweepConfig, TrackingConfig, TrainConfig
+from sweep.report import plot_seed_scores
+from sweep.results import TrialRecord, summarize, write_results
+from sweep.tasks import load_task
+from sweep.tracking import (
+    FALLBACK_URI, SweepTracker, TrackingError, TrialLogger, check_reachable, register_best, scrub, secret_values,
+)
+
+WNLI = load_task("WNLI")
+SECRET = "s3cr3t-value-123"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@dataclass(frozen=True)
+class Store:
+    uri: str
+    root: Path  # every file the store wrote lies under here
+
+
+@pytest.fixture(params=["sqlite", "server"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    if request.param == "sqlite":
+        return Store(f"sqlite:///{tmp_path}/store/mlflow.db", tmp_path / "store")
+    server = request.getfixturevalue("mlflow_server")
+    return Store(server.url, server.root)
+
+
+def _unique(prefix: str) -> str:
+    # The server is shared by the whole session: each test gets its own experiment and model names.
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def _settings_dict(**storage: str) -> dict:
+    """A resolved config as the driver has it: ``asdict`` of a real Settings."""
+    settings = Settings(
+        tasks=[WNLI], model=ModelConfig(name="tiny-roberta"), train=TrainConfig(epochs=3),
+        sweep=SweepConfig(seeds=[38, 39]), resources=ResourcesConfig(), storage=StorageConfig(),
+        tracking=TrackingConfig(kind="mlflow"), cluster=ClusterConfig(),
+    )
+    config = asdict(settings)
+    config["storage"].update(storage)
+    return config
+
+
+def _trial(tracker: SweepTracker, seed: int, **params: object) -> TrialLogger:
+    return TrialLogger(
+        tracker.uri, tracker.experiment_id, tracker.run_id, f"WNLI-seed{seed}",
+        {"task": "WNLI", "seed": seed, "lr": 2e-5, "batch_size": 8, "epochs": 3, **params},
+        tags={"device": "cpu"},
+    )
+
+
+def _children(client: MlflowClient, tracker: SweepTracker) -> list:
+    return client.search_runs([tracker.experiment_id], f"tags.mlflow.parentRunId = '{tracker.run_id}'")
+
+
+def _steps(client: MlflowClient, run_id: str, key: str) -> list[int]:
+    return sorted(m.step for m in client.get_metric_history(run_id, key))
+
+
+def test_sweep_has_a_parent_run_with_nested_trials_and_results(store: Store, tmp_path: Path) -> None:
+    tracker = SweepTracker(store.uri, _unique("glue-tiny-roberta"))
+    parent = tracker.start(_settings_dict())
+    ok, bad = _trial(tracker, 38), _trial(tracker, 39)
+    ok.start()
+    for epoch in (1, 2, 3):
+        ok.log_epoch(epoch, {"eval_acc": 0.4 + epoch / 10, "train_loss": 1.0 / epoch})
+    ok.end("FINISHED")
+    bad.start()
+    bad.log_epoch(1, {"eval_acc": 0.5})
+    bad.end("FAILED", "Traceback ...\nRuntimeError: CUDA out of memory")
+
+    records = [
+        TrialRecord("WNLI", 38, score=0.7, best_epoch=3, epochs_done=3),
+        TrialRecord("WNLI", 39, status="ERROR", error="CUDA out of memory"),
+    ]
+    summaries = summarize(records, [WNLI])
+    out = tmp_path / "out"
+    write_results(out, records, summaries)
+    plot = plot_seed_scores(records, [WNLI], out / "seeds.png")
+    tracker.finish(records, summaries, out, plot)
+
+    client = MlflowClient(store.uri)
+    assert {r.info.run_id for r in _children(client, tracker)} == {ok.run_id, bad.run_id}
+    assert _steps(client, ok.run_id, "eval_acc") == [1, 2, 3]
+    assert _steps(client, ok.run_id, "train_loss") == [1, 2, 3]
+    good = client.get_run(ok.run_id)
+    assert good.info.status == "FINISHED"
+    assert good.data.params["lr"] == "2e-05" and good.data.params["seed"] == "38"
+    assert {good.data.tags[k] for k in ("sweep.task", "sweep.seed", "device")} == {"WNLI", "38", "cpu"}
+    assert good.data.tags["host"] and good.data.tags["node"]
+    failed = client.get_run(bad.run_id)
+    assert failed.info.status == "FAILED"
+    assert "CUDA out of memory" in failed.data.tags["error"]
+
+    top = client.get_run(parent)
+    assert top.info.status == "FINISHED"
+    assert top.data.tags["sweep.tasks"] == "WNLI" and top.data.tags["sweep.seeds"] == "38,39"
+    assert top.data.tags["sweep.model"] == "tiny-roberta" and "sweep.command" in top.data.tags
+    assert top.data.params["train.epochs"] == "3" and top.data.params["model.name"] == "tiny-roberta"
+    assert top.data.metrics["WNLI.mean"] == pytest.approx(0.7) and top.data.metrics["WNLI.best"] == pytest.approx(0.7)
+    assert top.data.metrics["trials.failed"] == 1
+    artifacts = {a.path for a in client.list_artifacts(parent)}
+    assert artifacts == {"config.yaml", "results.csv", "results.json", "summary.csv", "seeds.png"}
+    config = yaml.safe_load(Path(client.download_artifacts(parent, "config.yaml", str(tmp_path))).read_text())
+    assert config["model"]["name"] == "tiny-roberta" and config["tasks"][0]["name"] == "WNLI"
+
+
+def test_a_retried_trial_resumes_its_own_run(store: Store) -> None:
+    tracker = SweepTracker(store.uri, _unique("resume"))
+    tracker.start({"model": {"name": "m"}})
+    first = _trial(tracker, 38)
+    run_id = first.start()
+    first.log_epoch(1, {"eval_acc": 0.5})
+    first.end("FAILED", "worker died")
+
+    again = _trial(tracker, 38)  # same run name under the same parent: Ray retried the trial
+    assert again.start() == run_id
+    client = MlflowClient(store.uri)
+    assert client.get_run(run_id).info.status == "RUNNING"
+    again.log_epoch(2, {"eval_acc": 0.6})
+    again.end("FINISHED")
+
+    explicit = TrialLogger(store.uri, tracker.experiment_id, tracker.run_id, "ignored", {"task": "WNLI"}, run_id=run_id)
+    assert explicit.start() == run_id
+    explicit.end("FINISHED")
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert _steps(client, run_id, "eval_acc") == [1, 2]
+    assert len(_children(client, tracker)) == 1
+
+
+def _model_dir(path: Path, marker: str) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(f'{{"marker": "{marker}"}}')
+    (path / "model.safetensors").write_bytes(b"\0" * 64)
+    return path
+
+
+def _finished_run(client: MlflowClient, experiment_id: str) -> str:
+    run = client.create_run(experiment_id)
+    client.set_terminated(run.info.run_id, "FINISHED")  # registration happens after the trial ended
+    return run.info.run_id
+
+
+def test_champion_alias_moves_only_on_a_better_score(store: Store, tmp_path: Path) -> None:
+    client = MlflowClient(store.uri, registry_uri=store.uri)
+    tracker = SweepTracker(store.uri, _unique("registry"))
+    tracker.start({"model": {"name": "m"}})
+    model = _unique("roberta-base")
+
+    def register(score: float, mode: str = "max", task: str = "WNLI"):
+        run_id = _finished_run(client, tracker.experiment_id)
+        folder = _model_dir(tmp_path / uuid.uuid4().hex, str(score))
+        return run_id, register_best(store.uri, model, task, run_id, folder, score, mode, "acc")
+
+    run_id, first = register(0.5)
+    assert (first.name, first.version, first.promoted, first.previous_champion_score) == (f"{model}-WNLI", "1", True, None)
+    assert {a.path for a in client.list_artifacts(run_id, "model")} == {"model/config.json", "model/model.safetensors"}
+    version = client.get_model_version(first.name, "1")
+    assert version.run_id == run_id and version.tags == {"score": "0.5", "metric": "acc", "mode": "max"}
+
+    _, better = register(0.7)
+    assert (better.version, better.promoted, better.previous_champion_score) == ("2", True, 0.5)
+    _, worse = register(0.6)
+    assert (worse.version, worse.promoted, worse.previous_champion_score) == ("3", False, 0.7)
+    assert str(client.get_model_version_by_alias(first.name, "champion").version) == "2"
+
+    _, low = register(1.0, mode="min", task="STS-B")
+    _, higher = register(2.0, mode="min", task="STS-B")
+    assert low.promoted and not higher.promoted and higher.previous_champion_score == 1.0
+    assert str(client.get_model_version_by_alias(low.name, "champion").version) == low.version
+
+
+def test_unreachable_server_is_an_error_when_required() -> None:
+    uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    started = time.monotonic()
+    with pytest.raises(TrackingError, match=f"cannot reach the MLflow tracking server at {uri}.*tracking.required=false"):
+        check_reachable(uri, required=True)
+    assert time.monotonic() - started < 5
+
+
+def test_unreachable_server_falls_back_to_sqlite_when_not_required(caplog: pytest.LogCaptureFixture) -> None:
+    assert check_reachable(f"http://127.0.0.1:{free_port()}", required=False) == FALLBACK_URI
+    assert "cannot reach" in caplog.text
+
+
+def test_reachable_stores_are_used_as_given(mlflow_server, tmp_path: Path) -> None:  # noqa: F811 (fixture)
+    assert check_reachable(mlflow_server.url, required=True) == mlflow_server.url
+    uri = f"sqlite:///{tmp_path}/a/b/mlflow.db"
+    assert check_reachable(uri, required=True) == uri
+    assert (tmp_path / "a" / "b").is_dir()
+
+
+def _everything_stored(store: Store) -> bytes:
+    """Every param, tag and metric key of every run, and the bytes of every file the store wrote."""
+    client = MlflowClient(store.uri)
+    seen = []
+    for experiment in client.search_experiments():
+        for run in client.search_runs([experiment.experiment_id], max_results=1000):
+            seen += [*run.data.params.items(), *run.data.tags.items(), *run.data.metrics]
+    files = [p.read_bytes() for p in sorted(store.root.rglob("*")) if p.is_file()]
+    return repr(seen).encode() + b"".join(files)
+
+
+def test_secrets_never_reach_the_store(store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.setattr(sys, "argv", ["sweep", f"storage.endpoint=https://user:{SECRET}@s3.local", "task=WNLI"])
+    tracker = SweepTracker(store.uri, _unique("secrets"))
+    settings = _settings_dict(endpoint=f"https://s3.local/?sig={SECRET}", aws_secret_access_key=SECRET)
+    parent = tracker.start(settings, tags={"note": f"run by {SECRET}"})
+    trial = _trial(tracker, 38, comment=f"creds {SECRET}", hf_token=SECRET, tokenizer="bpe")
+    trial.tags["note"] = SECRET
+    trial.start()
+    trial.end("FAILED", f"botocore.exceptions.ClientError: bad key {SECRET}")
+    records = [TrialRecord("WNLI", 38, status="ERROR", error=f"bad key {SECRET}")]
+    write_results(tmp_path / "out", records, summarize(records, [WNLI]))
+    tracker.finish(records, summarize(records, [WNLI]), tmp_path / "out", status="FAILED")
+
+    assert SECRET.encode() not in _everything_stored(store)
+    client = MlflowClient(store.uri)
+    top, child = client.get_run(parent), client.get_run(trial.run_id)
+    assert top.data.params["storage.endpoint"] == "https://s3.local/?sig=***"
+    assert "storage.aws_secret_access_key" not in top.data.params and "hf_token" not in child.data.params
+    assert child.data.params["comment"] == "creds ***" and child.data.tags["note"] == "***"
+    assert child.data.params["tokenizer"] == "bpe"  # a credential's key is a whole word, not a prefix
+    assert child.data.tags["error"].endswith("bad key ***")
+
+
+def test_secret_values_and_scrub(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_abcdef")
+    monkeypatch.setenv("MY_API_KEY", "abc")  # too short to scrub safely: it would mangle ordinary text
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLE")
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")  # a flag, not a credential
+    assert {"hf_abcdef", "AKIAEXAMPLE"} <= secret_values() and not {"abc", "false"} & secret_values()
+    assert scrub("token hf_abcdef, id AKIAEXAMPLE, abc, false") == "token ***, id ***, abc, false"
+    assert scrub("http://alice:pa55@host:5000/x") == "http://alice:***@host:5000/x"
+
+
+def test_eight_concurrent_trials_share_one_sqlite_store(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracker = SweepTracker(uri, "concurrent")
+    tracker.start({"model": {"name": "m"}})
+    # Separate processes with their own connections, as Ray workers; the fork server imports
+    # mlflow once instead of eight times, which on two cores saves most of this test's time.
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["sweep.tracking"])
+    barrier = ctx.Barrier(8)
+    procs = [
+        ctx.Process(
+            target=log_trial_in_process,
+            args=(dict(uri=uri, experiment_id=tracker.experiment_id, parent_run_id=tracker.run_id,
+                       run_name=f"trial-{i}", params={"task": "WNLI", "seed": i}), barrier, 5),
+        )
+        for i in range(8)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0] * 8
+
+    client = MlflowClient(uri)
+    children = _children(client, tracker)
+    assert len(children) == 8 and {r.info.status for r in children} == {"FINISHED"}
+    for run in children:
+        assert _steps(client, run.info.run_id, "loss") == [1, 2, 3, 4, 5]
+        assert _steps(client, run.info.run_id, "acc") == [1, 2, 3, 4, 5]
+
+
+def test_plot_of_seed_scores_is_a_png(tmp_path: Path) -> None:
+    specs = [WNLI, load_task("STS-B"), load_task("CoLA")]
+    records = [
+        TrialRecord("WNLI", 38, score=0.56), TrialRecord("WNLI", 39, score=0.44),
+        TrialRecord("WNLI", 40, score=0.56), TrialRecord("WNLI", 41, status="ERROR", error="oom"),
+        TrialRecord("STS-B", 38, score=0.81), TrialRecord("STS-B", 39, score=0.85),
+        TrialRecord("CoLA", 38, status="ERROR", error="oom"),  # no finished trial at all
+    ]
+    path = plot_seed_scores(records, specs, tmp_path / "plots" / "seeds.png")
+    assert path == tmp_path / "plots" / "seeds.png"
+    assert path.read_bytes().startswith(PNG_MAGIC) and path.stat().st_size > 5000
+    assert [p.name for p in path.parent.iterdir()] == ["seeds.png"]  # no temporary file left behind
