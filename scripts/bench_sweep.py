@@ -45,7 +45,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
     data = write_synthetic_glue(work / "data", ["SST-2"], n_train=args.train_rows, n_dev=256)
     overrides = [
-        "+experiment=demo", "task=SST-2", f"model={args.model}", f"storage.data_dir={data}",
+        "+experiment=demo", "tracking=none", "task=SST-2", f"model={args.model}", f"storage.data_dir={data}",
         f"sweep.seeds=[{','.join(str(38 + i) for i in range(args.trials))}]", f"train.epochs={args.epochs}",
         "train.max_train_samples=null", "train.max_eval_samples=null", "cluster.num_cpus=" + str(os.cpu_count()),
     ]

@@ -17,11 +17,13 @@ def main(cfg: DictConfig) -> None:
     from sweep.data import DataFormatError
     from sweep.models import ModelSourceError
     from sweep.staging import StagingError
+    from sweep.tracking import TrackingError
+    from sweep.tuner import ResourceError
 
     out_dir = Path(cfg.out_dir or HydraConfig.get().runtime.output_dir).resolve()
     try:
         run(cfg, out_dir)
-    except (ConfigError, DataFormatError, ModelSourceError, StagingError) as e:
+    except (ConfigError, DataFormatError, ModelSourceError, StagingError, TrackingError, ResourceError) as e:
         # A user's mistake: one clear line, no traceback.
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -1,12 +1,13 @@
-"""A sweep from a composed config: validate, stage, run the trials, keep the best, report."""
+"""A sweep from a composed config: validate, preflight, run the trials, keep the best, report."""
 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from sweep.config import Settings, validate
 from sweep.data import check_task_data
@@ -18,14 +19,57 @@ from sweep.staging import ensure_local
 log = logging.getLogger(__name__)
 
 
-def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkpoint_root: Path | None) -> list:
+def absolute_store(uri: str) -> str:
+    """sqlite:///mlflow.db is relative to the working directory; trials run elsewhere (Ray workers'
+    own folders), so every process gets the same absolute path."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
+        return prefix + os.path.abspath(uri[len(prefix):])
+    return uri
+
+
+def start_tracking(settings: Settings, cfg: DictConfig):
+    """The parent MLflow run (or None with tracking=none); an unreachable store fails here, first."""
+    if settings.tracking.kind != "mlflow":
+        return None, None
+    from sweep.tracking import SweepTracker, TrialTracking, check_reachable
+
+    uri = absolute_store(check_reachable(settings.tracking.uri, settings.tracking.required))
+    tracker = SweepTracker(uri, settings.tracking.experiment or f"glue-{settings.model.name}")
+    parent = tracker.start(OmegaConf.to_container(cfg, resolve=True))
+    print(f"tracking: MLflow run {parent} in experiment {tracker.experiment_name!r} at {uri}")
+    return tracker, TrialTracking(uri, tracker.experiment_id, parent)
+
+
+def register(settings: Settings, tracker, best: dict[str, TrialRecord], out_dir: Path) -> None:
+    """The best model per task into the registry as <model>-<task>; alias champion only on improvement."""
+    from sweep.tracking import register_best
+
+    spec = {t.name: t for t in settings.tasks}
+    for task, record in best.items():
+        if not record.run_id:
+            print(f"registry: {task}: the best trial has no MLflow run; not registered")
+            continue
+        result = register_best(tracker.uri, settings.model.name, task, record.run_id, out_dir / "best" / task,
+                               record.score, spec[task].mode, spec[task].metric)
+        before = f"{result.previous_champion_score:.4f}" if result.previous_champion_score is not None else "none"
+        verdict = ("now champion" if result.promoted
+                   else f"not promoted: the champion scores {before}, this {record.score:.4f}")
+        print(f"registry: {result.name} version {result.version}, {verdict} (previous champion: {before})")
+
+
+def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkpoint_root: Path | None,
+           tracker=None) -> list:
     """Export the best model per task, prune the other checkpoints, write and print results.
 
     ``checkpoint_root`` holds every trial's checkpoints; with keep_checkpoints=best it goes once
     the best models are exported.
     """
+    from sweep.report import plot_seed_scores
+
     metric = {spec.name: spec.metric for spec in settings.tasks}
-    for task, record in best_per_task(records, settings.tasks).items():
+    best = best_per_task(records, settings.tasks)
+    for task, record in best.items():
         exported = export_best(record, out_dir / "best" / task, settings.model.name)
         print(f"best {task}: seed {record.seed}, {metric[task]} {record.score:.4f} -> {exported}")
     if settings.sweep.keep_checkpoints == "best" and checkpoint_root is not None:
@@ -34,8 +78,12 @@ def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkp
             r.checkpoint = None
     summaries = summarize(records, settings.tasks)
     write_results(out_dir, records, summaries)
+    plot = plot_seed_scores(records, settings.tasks, out_dir / "seed_scores.png")
     print(format_summary(summaries))
-    print(f"results: {out_dir / 'results.csv'}  summary: {out_dir / 'summary.csv'}")
+    print(f"results: {out_dir / 'results.csv'}  summary: {out_dir / 'summary.csv'}  plot: {plot}")
+    if tracker is not None:
+        register(settings, tracker, best, out_dir)
+        tracker.finish(records, summaries, out_dir, plot)
     return summaries
 
 
@@ -44,7 +92,13 @@ def run(cfg: DictConfig, out_dir: Path) -> list:
     sources = ensure_local(settings)
     for spec in settings.tasks:  # every missing task folder or file before any trial starts
         check_task_data(spec, sources.data_dir)
+    tracker, tracking = start_tracking(settings, cfg)  # an unreachable store before any trial
     from sweep.tuner import run_tune
 
-    records, checkpoint_root = run_tune(settings, Path(out_dir))
-    return finish(settings, records, out_dir, checkpoint_root)
+    try:
+        records, checkpoint_root = run_tune(settings, Path(out_dir), tracking)
+        return finish(settings, records, Path(out_dir), checkpoint_root, tracker)
+    except BaseException:
+        if tracker is not None and tracker.run_id is not None:
+            tracker.client.set_terminated(tracker.run_id, "FAILED")
+        raise

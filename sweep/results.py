@@ -40,6 +40,7 @@ class TrialRecord:
     error: str | None = None
     checkpoint: str | None = None  # folder of the best checkpoint (None once pruned)
     trial_id: str = ""
+    run_id: str = ""  # the trial's MLflow run (tracking=mlflow)
 
     @property
     def ok(self) -> bool:

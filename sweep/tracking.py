@@ -262,6 +262,15 @@ def _sweep_tags(config: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class TrialTracking:
+    """What a trial needs to log its nested run, as plain data (it travels to Ray workers)."""
+
+    uri: str
+    experiment_id: str
+    parent_run_id: str
+
+
 class SweepTracker:
     """The driver's side: one parent run for the whole sweep, its config, its results and summary."""
 

@@ -12,7 +12,8 @@ import platform
 import shutil
 import tempfile
 import time
-from dataclasses import replace
+import traceback
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +64,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     if checkpoint is not None:  # a restart after a crash: go on from the latest epoch
         resume_dir = Path(checkpoint.to_directory(tempfile.mkdtemp(prefix="sweep-resume-")))
 
+    mlflow_run = _start_trial_run(config, spec.name, train) if rank == 0 else None
+
     def on_epoch(epoch, save) -> None:
+        if mlflow_run is not None:
+            mlflow_run.log_epoch(epoch.epoch, {"train_loss": epoch.train_loss, "score": epoch.score, **epoch.metrics})
         metrics = {
+            "mlflow_run_id": mlflow_run.run_id if mlflow_run is not None else "",
             "epoch": epoch.epoch, "train_loss": epoch.train_loss, "score": epoch.score,
             CHECKPOINT_RANK: checkpoint_rank(epoch.score, epoch.epoch),
             "train_seconds": epoch.train_seconds, "eval_seconds": epoch.eval_seconds,
@@ -100,9 +106,36 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         )
     except EarlyStop:
         pass  # a finished trial with fewer epochs; its best checkpoint is already reported
+    except BaseException:
+        if mlflow_run is not None:
+            mlflow_run.end("FAILED", traceback.format_exc())
+        raise
+    else:
+        if mlflow_run is not None:
+            mlflow_run.end("FINISHED")
     finally:
         if resume_dir is not None:
             shutil.rmtree(resume_dir, ignore_errors=True)
+
+
+def _start_trial_run(config: dict[str, Any], task: str, train):
+    """The trial's nested MLflow run, logged straight to the store from this worker (None: no tracking).
+
+    A restarted trial finds its run again by name and goes on logging into it.
+    """
+    tracking = config.get("tracking")
+    if tracking is None:
+        return None
+    from sweep.tracking import TrialLogger
+
+    params = {"task": task, "seed": config["seed"], **asdict(train)}
+    logger = TrialLogger(
+        tracking.uri, tracking.experiment_id, tracking.parent_run_id,
+        run_name=f"{task}-seed{config['seed']}-{config['trial_id']}", params=params,
+        tags={"sweep.trial_id": config["trial_id"], "sweep.hparams": str(config.get("hparams") or {})},
+    )
+    logger.start()
+    return logger
 
 
 def _device():
@@ -114,7 +147,7 @@ def _device():
 
 
 def run_trial(config: dict[str, Any], settings: Settings, storage_path: str, workers: int,
-              gpus_per_worker: float, launch_id: str, asha_board: str | None = None) -> None:
+              gpus_per_worker: float, launch_id: str, asha_board: str | None = None, tracking=None) -> None:
     """The Tune trainable: one TorchTrainer run for this (task, seed, hparams).
 
     ``launch_id`` names the driver invocation that ran the trial (a resumed sweep has a new one).
@@ -124,7 +157,7 @@ def run_trial(config: dict[str, Any], settings: Settings, storage_path: str, wor
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={**config, "settings": settings, "launch_id": launch_id, "driver_started": started,
-                           "trial_id": trial_id, "asha_board": asha_board},
+                           "trial_id": trial_id, "asha_board": asha_board, "tracking": tracking},
         # One worker needs no collectives: gloo works on any node; NCCL only for multi-GPU DDP.
         torch_config=TorchConfig(backend="nccl" if workers > 1 and gpus_per_worker > 0 else "gloo"),
         scaling_config=ScalingConfig(

@@ -132,6 +132,8 @@ def records_from_results(grid, settings: Settings, plan: TrialPlan) -> list[Tria
             first_batch = first["reported_at"] - first["train_seconds"] - first["eval_seconds"]
             record.startup_seconds = float(first_batch - first["driver_started"])
             record.node = str(best.get("node", ""))
+            run_id = best.get("mlflow_run_id")
+            record.run_id = run_id if isinstance(run_id, str) else ""
             record.checkpoint = _local_path(best.get("checkpoint_path"))
         if result.error is not None or record.score is None:
             record.status = "ERROR"
@@ -216,7 +218,7 @@ def start_asha_board(settings: Settings, launch_id: str):
     return name, handle
 
 
-def run_tune(settings: Settings, out_dir: Path) -> tuple[list[TrialRecord], Path | None]:
+def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[TrialRecord], Path | None]:
     """Run every trial of the sweep in one Tune run (or resume it).
 
     Returns the records and the local folder of the trials' checkpoints (None on remote storage).
@@ -241,7 +243,7 @@ def run_tune(settings: Settings, out_dir: Path) -> tuple[list[TrialRecord], Path
     asha_board, _board_handle = start_asha_board(settings, launch_id)  # the handle keeps the board alive
     trainable = tune.with_parameters(
         run_trial, settings=settings, storage_path=train_storage, workers=plan.workers,
-        gpus_per_worker=plan.gpus_per_worker, launch_id=launch_id, asha_board=asha_board,
+        gpus_per_worker=plan.gpus_per_worker, launch_id=launch_id, asha_board=asha_board, tracking=tracking,
     )
     # The trial's driver holds no CPU (its workers do); Ray refuses an empty request, so it asks
     # for 1 MiB of logical memory: the 2-CPU deadlock of DESIGN §5 cannot happen.

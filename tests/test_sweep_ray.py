@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 
 def compose_cfg(*overrides: str):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("config", overrides=["+experiment=demo", *overrides])
+        return compose("config", overrides=["+experiment=demo", "tracking=none", *overrides])
 
 
 @pytest.fixture

@@ -1,0 +1,90 @@
+"""A whole sweep tracked in MLflow: parent and nested runs from the Ray workers, the registry, secrets."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import ray
+from hydra import compose, initialize_config_dir
+from mlflow import MlflowClient
+from mlflow_fixtures import mlflow_server  # noqa: F401 (fixture)
+
+from sweep.app import run
+from sweep.tasks import CONF_DIR
+
+SECRET = "s3cr3t-sweep-value-789"
+
+
+def compose_cfg(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("config", overrides=["+experiment=demo", *overrides])
+
+
+@pytest.fixture
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def children(client: MlflowClient, parent) -> list:
+    return client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("store", ["sqlite", "server"])
+def test_sweep_logs_parent_nested_runs_and_registers_the_best(store, request, local_ray, cache_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SWEEP_CACHE_DIR", str(cache_dir))
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    uri = f"sqlite:///{tmp_path}/mlflow.db" if store == "sqlite" else request.getfixturevalue("mlflow_server").url
+    experiment = f"exp-{store}-{tmp_path.name}"
+    args = ["sweep.seeds=[38,39]", "train.epochs=2", f"tracking.uri={uri}", f"tracking.experiment={experiment}"]
+    run(compose_cfg(*args, f"out_dir={tmp_path / 'one'}"), tmp_path / "one")
+    first = capsys.readouterr().out
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    (parent,) = client.search_runs([exp.experiment_id], "tags.sweep.model = 'tiny-roberta'")
+    assert parent.info.status == "FINISHED" and parent.data.params["train.lr"] == "0.005"
+    trials = children(client, parent)
+    assert sorted(r.data.params["seed"] for r in trials) == ["38", "39"]
+    for t in trials:
+        assert t.info.status == "FINISHED" and t.data.tags["sweep.task"] == "WNLI"
+        assert [m.step for m in client.get_metric_history(t.info.run_id, "acc")] == [1, 2]
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"config.yaml", "results.csv", "summary.csv", "seed_scores.png"} <= artifacts
+
+    version = client.get_model_version_by_alias("tiny-roberta-WNLI", "champion")
+    assert version.run_id in {t.info.run_id for t in trials}
+    assert "now champion" in first
+
+    # the same sweep again scores the same: the alias stays and the summary says so
+    run(compose_cfg(*args, f"out_dir={tmp_path / 'two'}"), tmp_path / "two")
+    second = capsys.readouterr().out
+    assert "not promoted" in second
+    assert client.get_model_version_by_alias("tiny-roberta-WNLI", "champion").version == version.version
+
+    # the secret is in the environment of every process, and nowhere in the store
+    for run_ in client.search_runs([exp.experiment_id]):
+        blob = str(run_.data.params) + str(run_.data.tags)
+        assert SECRET not in blob
+    if store == "sqlite":
+        for path in tmp_path.rglob("*"):
+            if path.is_file() and "mlartifacts" in str(path) or path.name == "mlflow.db":
+                assert SECRET.encode() not in path.read_bytes(), path
+
+
+def test_unreachable_tracking_server_stops_before_any_trial(tmp_path):
+    env = {**os.environ, "SWEEP_CACHE_DIR": str(tmp_path / "cache")}
+    t0 = time.time()
+    r = subprocess.run([sys.executable, "-m", "sweep", "+experiment=demo", "tracking.uri=http://127.0.0.1:9",
+                        f"out_dir={tmp_path / 'out'}"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "cannot reach the MLflow tracking server at http://127.0.0.1:9" in r.stderr
+    assert "sweep:" not in r.stdout  # no Tune run was started
+    assert time.time() - t0 < 60
