@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import os
 import signal
 import statistics
@@ -139,7 +140,9 @@ def test_a_killed_worker_is_retried_from_its_checkpoint(local_ray, cache_dir, tm
     def kill_after_first_checkpoint():
         deadline = time.time() + 240
         while time.time() < deadline and not killed:
-            if list((tmp_path / "out" / "ray" / "train").glob("trial-*/checkpoint_*")):
+            # after Tune has the first epoch's report: its checkpoint is registered, not half-written
+            reported = [p for p in (tmp_path / "out" / "ray" / "tune").glob("*/progress.csv") if len(p.read_text().splitlines()) >= 2]
+            if reported:
                 for actor in alive_train_workers():
                     os.kill(actor["Pid"], signal.SIGKILL)
                     killed.append(actor["Pid"])
@@ -152,8 +155,10 @@ def test_a_killed_worker_is_retried_from_its_checkpoint(local_ray, cache_dir, tm
     assert killed, "no worker was killed"
     (record,) = records
     assert record.status == "TERMINATED" and record.epochs_done == 4
-    progress = next((tmp_path / "out" / "ray" / "tune").glob("*/progress.csv")).read_text()
-    assert "True" in progress.split("\n", 1)[1], "no epoch was reported by a resumed worker"
+    progress = next((tmp_path / "out" / "ray" / "tune").glob("*/progress.csv"))
+    rows = list(csv.DictReader(progress.open()))
+    assert [r["epoch"] for r in rows] == ["1", "2", "3", "4"]
+    assert "True" in {r["resumed"] for r in rows}, "no epoch was reported by a resumed worker"
 
 
 def test_a_trial_that_keeps_failing_is_recorded_and_the_others_finish(local_ray, cache_dir, tmp_path, monkeypatch):
