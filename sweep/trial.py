@@ -8,6 +8,8 @@ the workers' reports on to Tune (DESIGN §5). Everything below the worker loop i
 
 from __future__ import annotations
 
+import json
+import os
 import platform
 import shutil
 import tempfile
@@ -31,6 +33,7 @@ from sweep.schedulers import EarlyStop
 # Reported every epoch; the checkpoint manager keeps the best by it (plus the latest, for a
 # restart). Among equal scores the EARLIER epoch ranks higher, as in finetune's own choice.
 CHECKPOINT_RANK = "checkpoint_rank"
+CHECKPOINT_EPOCH = "sweep_epoch.json"  # in each checkpoint folder: which epoch it holds
 PROCESS_STARTED = psutil.Process().create_time()  # this worker process's start (before its imports)
 
 
@@ -65,6 +68,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         resume_dir = Path(checkpoint.to_directory(tempfile.mkdtemp(prefix="sweep-resume-")))
 
     mlflow_run = _start_trial_run(config, spec.name, train) if rank == 0 else None
+    history_file = Path(config["history_dir"]) / f"{config['trial_id']}.json" if config.get("history_dir") else None
+    history = json.loads(history_file.read_text()) if resume_dir is not None and history_file and history_file.exists() else []
 
     def on_epoch(epoch, save) -> None:
         if mlflow_run is not None:
@@ -87,9 +92,15 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             folder = Path(tempfile.mkdtemp(prefix="sweep-ckpt-"))
             try:
                 save(folder)
+                _write_json(folder / CHECKPOINT_EPOCH, {"epoch": epoch.epoch})  # found again without Tune's log
                 ray.train.report(metrics, checkpoint=Checkpoint.from_directory(folder))
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
+        if rank == 0 and history_file is not None:
+            # The trial's own durable record of its epochs: Tune's progress.csv of a driver that
+            # was killed may miss the last rows, and resume reads this instead.
+            history.append({k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool))})
+            _write_json(history_file, history)
         if board is not None and not ray.get(
             board.should_continue.remote(spec.name, config["trial_id"], epoch.epoch, epoch.score)
         ):
@@ -116,6 +127,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     finally:
         if resume_dir is not None:
             shutil.rmtree(resume_dir, ignore_errors=True)
+
+
+def _write_json(path: Path, payload: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(payload))
+    os.replace(tmp, path)
 
 
 def _start_trial_run(config: dict[str, Any], task: str, train):
@@ -157,7 +175,8 @@ def run_trial(config: dict[str, Any], settings: Settings, storage_path: str, wor
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={**config, "settings": settings, "launch_id": launch_id, "driver_started": started,
-                           "trial_id": trial_id, "asha_board": asha_board, "tracking": tracking},
+                           "trial_id": trial_id, "asha_board": asha_board, "tracking": tracking,
+                           "history_dir": None if "://" in storage_path else str(Path(storage_path).parent / "history")},
         # One worker needs no collectives: gloo works on any node; NCCL only for multi-GPU DDP.
         torch_config=TorchConfig(backend="nccl" if workers > 1 and gpus_per_worker > 0 else "gloo"),
         scaling_config=ScalingConfig(

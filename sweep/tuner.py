@@ -6,9 +6,11 @@ the cluster's node resources, so it is unit-tested without Ray; ``run_tune`` is 
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
+import re
 import uuid
 import warnings
 from dataclasses import dataclass
@@ -107,14 +109,16 @@ def storage_path(settings: Settings, out_dir: Path, node_count: int) -> str:
     return str(Path(out_dir) / "ray")
 
 
-def records_from_results(grid, settings: Settings, plan: TrialPlan) -> list[TrialRecord]:
+def records_from_results(grid, settings: Settings, plan: TrialPlan, history_dir: Path | None = None,
+                         train_dir: Path | None = None) -> list[TrialRecord]:
     """One TrialRecord per Tune trial, with the best epoch's metrics and checkpoint."""
     from sweep.trial import CHECKPOINT_RANK
 
     records = []
     for result in grid:
         cfg = result.config or {}
-        df = _history(result)
+        trial_id = _trial_id(result)
+        df = _history(result, history_dir)
         record = TrialRecord(
             task=cfg.get("task", "?"), seed=int(cfg.get("seed", -1)), hparams=dict(cfg.get("hparams") or {}),
             gpus=plan.gpus_per_worker * plan.workers, trial_id=result.path.rsplit("/", 1)[-1] if result.path else "",
@@ -126,7 +130,7 @@ def records_from_results(grid, settings: Settings, plan: TrialPlan) -> list[Tria
             record.score = record.metrics.get(spec.metric)
             record.best_epoch = int(best["epoch"])
             record.epochs_done = int(df["epoch"].max())
-            record.wall_seconds = float(df["time_total_s"].max())
+            record.wall_seconds = float(df["reported_at"].max() - df["driver_started"].min())
             record.loop_seconds = float((df["train_seconds"] + df["eval_seconds"]).sum())
             first = df.iloc[0]
             first_batch = first["reported_at"] - first["train_seconds"] - first["eval_seconds"]
@@ -134,7 +138,7 @@ def records_from_results(grid, settings: Settings, plan: TrialPlan) -> list[Tria
             record.node = str(best.get("node", ""))
             run_id = best.get("mlflow_run_id")
             record.run_id = run_id if isinstance(run_id, str) else ""
-            record.checkpoint = _local_path(best.get("checkpoint_path"))
+            record.checkpoint = _best_checkpoint(best, train_dir / f"trial-{trial_id}" if train_dir and trial_id else None)
         if result.error is not None or record.score is None:
             record.status = "ERROR"
             record.error = _error_text(result.error) if result.error is not None else "trial reported no result"
@@ -142,17 +146,40 @@ def records_from_results(grid, settings: Settings, plan: TrialPlan) -> list[Tria
     return records
 
 
-def _history(result):
-    """Every epoch a trial reported. A trial that finished before a resume has no history in
-    memory after ``Tuner.restore``: read it from the trial's progress.csv."""
+TRIAL_ID = re.compile(r"_([0-9a-f]{5}_\d{5})_")  # in Tune's trial folder name: run_trial_<id>_<n>_...
+
+
+def _trial_id(result) -> str | None:
+    match = TRIAL_ID.search(Path(_local_path(result.path) or "").name)
+    return match.group(1) if match else None
+
+
+def _best_checkpoint(best_row, run_dir: Path | None) -> str | None:
+    """The best epoch's checkpoint folder: from Tune's report, else found by the epoch marker."""
+    from sweep.trial import CHECKPOINT_EPOCH
+
+    path = _local_path(best_row.get("checkpoint_path"))
+    if path and Path(path).is_dir():
+        return path
+    if run_dir is not None:
+        for marker in run_dir.glob(f"checkpoint_*/{CHECKPOINT_EPOCH}"):
+            if json.loads(marker.read_text())["epoch"] == int(best_row["epoch"]):
+                return str(marker.parent)
+    return None
+
+
+def _history(result, history_dir: Path | None):
+    """Every epoch a trial reported. The trial's own history file comes first: a driver killed
+    mid-sweep loses Tune's last unflushed rows, and after ``Tuner.restore`` a finished trial's
+    history is not in memory."""
     import pandas as pd
 
-    df = result.metrics_dataframe
-    if (df is None or not len(df)) and result.path:
-        progress = Path(_local_path(result.path)) / "progress.csv"
-        if progress.is_file() and progress.stat().st_size:
-            df = pd.read_csv(progress)
-    return df
+    trial_id = _trial_id(result)
+    if history_dir is not None and trial_id:
+        own = history_dir / f"{trial_id}.json"
+        if own.is_file():
+            return pd.DataFrame(json.loads(own.read_text()))
+    return result.metrics_dataframe
 
 
 def _local_path(path: Any) -> str | None:
@@ -277,4 +304,6 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
         )
     grid = tuner.fit()
     progress.close()
-    return records_from_results(grid, settings, plan), None if remote else Path(train_storage)
+    history_dir = None if remote else Path(storage) / "history"
+    train_dir = None if remote else Path(train_storage)
+    return records_from_results(grid, settings, plan, history_dir, train_dir), train_dir
