@@ -5,18 +5,22 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from sweep.config import Settings, validate
 from sweep.data import check_task_data
+from sweep.lm_data import check_block_size
 from sweep.results import (
     TrialRecord, best_per_task, export_best, format_summary, summarize, write_results,
 )
-from sweep.staging import ensure_local
+from sweep.staging import ensure_local, preflight
 
 log = logging.getLogger(__name__)
+
+RESULT_FILES = ("results.json", "results.csv", "summary.csv", "seed_scores.png")
 
 
 def absolute_store(uri: str) -> str:
@@ -87,17 +91,57 @@ def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkp
     return summaries
 
 
-def run(cfg: DictConfig, out_dir: Path) -> list:
-    settings = validate(cfg)  # every config error before any data is read
+def check_sources(settings: Settings) -> Settings:
+    """Every missing source before any trial or GPU is asked for.
+
+    Local storage: the folders here, each task's files read. S3: credentials, endpoint, bucket and
+    every key checked, their versions pinned (the nodes stage them; the driver downloads nothing).
+    """
+    if settings.storage.kind == "s3":
+        pins = preflight(settings)
+        for source in (pins.model, pins.data):
+            if source is not None:
+                print(f"storage: {source.uri} ({source.form}, {source.size / 2**20:.1f} MiB, ETag {source.etag[:12]})")
+        return replace(settings, pins=pins)
     sources = ensure_local(settings)
     for spec in settings.tasks:  # every missing task folder or file before any trial starts
         check_task_data(spec, sources.data_dir)
+        check_block_size(spec, settings.train.block_size, sources.model_dir, settings.model.name)
+    if settings.storage.output_prefix:
+        from sweep.s3 import check_bucket, check_credentials, make_client, parse_uri
+
+        check_credentials()
+        check_bucket(make_client(settings.storage.endpoint, settings.storage.region, attempts=2, connect_timeout=3),
+                     parse_uri(settings.storage.output_prefix)[0])
+    return settings
+
+
+def upload_outputs(settings: Settings, out_dir: Path) -> None:
+    """storage.output_prefix: each task's best model and the result files, for a serving runtime."""
+    from sweep.s3 import make_client, upload_tree
+
+    prefix = settings.storage.output_prefix.rstrip("/")
+    client = make_client(settings.storage.endpoint, settings.storage.region)
+    keys = upload_tree(client, out_dir / "best", f"{prefix}/best")
+    results = [out_dir / name for name in RESULT_FILES if (out_dir / name).is_file()]
+    keys += upload_tree(client, out_dir, prefix, files=results)
+    for task in sorted(p.name for p in (out_dir / "best").iterdir() if p.is_dir()):
+        print(f"uploaded: best {task} -> {prefix}/best/{task}/")
+    print(f"uploaded: {len(keys)} files to {prefix}/")
+
+
+def run(cfg: DictConfig, out_dir: Path) -> list:
+    settings = validate(cfg)  # every config error before any data is read
+    settings = check_sources(settings)
     tracker, tracking = start_tracking(settings, cfg)  # an unreachable store before any trial
     from sweep.tuner import run_tune
 
     try:
         records, checkpoint_root = run_tune(settings, Path(out_dir), tracking)
-        return finish(settings, records, Path(out_dir), checkpoint_root, tracker)
+        summaries = finish(settings, records, Path(out_dir), checkpoint_root, tracker)
+        if settings.storage.output_prefix:
+            upload_outputs(settings, Path(out_dir))
+        return summaries
     except BaseException:
         if tracker is not None and tracker.run_id is not None:
             tracker.client.set_terminated(tracker.run_id, "FAILED")

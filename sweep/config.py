@@ -81,6 +81,14 @@ class StorageConfig:
     data_dir: Optional[str] = None
     model_dir: Optional[str] = None
     cache_dir: str = "~/.cache/sweep"
+    # storage=s3 (credentials only from the AWS chain: never fields here)
+    bucket: Optional[str] = None
+    endpoint: Optional[str] = None  # null: AWS_ENDPOINT_URL / ENDPOINT_URL, else AWS
+    region: Optional[str] = None
+    model_key: Optional[str] = None  # null: the model's name, as in the original workflow
+    data_key: str = "glue_data"
+    max_unpack_gb: float = 64.0
+    output_prefix: Optional[str] = None  # s3://bucket/prefix: best models + results go there after the sweep
 
 
 @dataclass
@@ -113,6 +121,7 @@ class Settings:
     cluster: ClusterConfig
     out_dir: Optional[str] = None
     resume: bool = False
+    pins: Optional[Any] = None  # storage=s3: object versions pinned by the driver's preflight
 
 
 CHOICES = {
@@ -121,7 +130,7 @@ CHOICES = {
     "sweep.keep_checkpoints": ("best", "all"),
     "sweep.scheduler": ("fifo", "asha"),
     "sweep.search.dist": ("loguniform", "uniform", "choice"),
-    "storage.kind": ("local",),
+    "storage.kind": ("local", "s3"),
     "tracking.kind": ("none", "mlflow"),
     "model.builder.arch": ("roberta", "bert", "gpt2"),
 }
@@ -185,10 +194,38 @@ def _check_ranges(s: Settings) -> None:
     )
     _check(r.cpus_per_trial > 0, "resources.cpus_per_trial", f"must be > 0, got {r.cpus_per_trial}")
 
-    _check_choice("storage.kind", s.storage.kind)
+    _check_storage(s.storage)
     _check_choice("tracking.kind", s.tracking.kind)
     if s.model.builder is not None:
         _check_choice("model.builder.arch", s.model.builder.arch)
+
+
+CREDENTIAL_WORDS = ("secret", "access_key", "password", "token", "credential")
+
+
+def _check_no_credentials(storage: Any) -> None:
+    """Keys never belong in the config (it is logged and saved): refuse them, without echoing the value."""
+    for key in (storage or {}):
+        if any(word in str(key).lower() for word in CREDENTIAL_WORDS):
+            raise ConfigError(
+                f"storage.{key}: credentials are never read from the config; set AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) in the environment instead"
+            )
+
+
+def _check_storage(st: StorageConfig) -> None:
+    _check_choice("storage.kind", st.kind)
+    _check(st.max_unpack_gb > 0, "storage.max_unpack_gb", f"must be > 0, got {st.max_unpack_gb}")
+    if st.kind == "s3":
+        _check(bool(st.bucket), "storage.bucket", "is required with storage=s3, e.g. storage.bucket=my-bucket")
+        _check(bool(st.data_key and st.data_key.strip("/")), "storage.data_key", "must name an object or prefix")
+        if st.endpoint:
+            _check(st.endpoint.startswith(("http://", "https://")), "storage.endpoint",
+                   f"must be an http(s) URL, got {st.endpoint!r}")
+    if st.output_prefix is not None:
+        rest = st.output_prefix[5:] if st.output_prefix.startswith("s3://") else ""
+        _check(bool(rest.split("/", 1)[0]) and "/" in rest.strip("/"), "storage.output_prefix",
+               f"must look like s3://BUCKET/PREFIX, got {st.output_prefix!r}")
 
 
 TUNABLE = tuple(k for k in TrainConfig.__dataclass_fields__ if k not in ("num_workers",))
@@ -223,6 +260,11 @@ def _check_ranges_of(s: Settings, key: str, value: Any, where: str) -> None:
         raise ConfigError(f"{where}: value {value!r}: {e}") from None
 
 
+def _no_credentials(storage: Any) -> Any:
+    _check_no_credentials(storage)
+    return storage
+
+
 def validate(cfg: DictConfig) -> Settings:
     """Validate a composed config and return it typed; raises ConfigError naming the bad key."""
     missing = [k for k in ("task", "model", "train", "sweep") if k not in cfg]
@@ -237,7 +279,7 @@ def validate(cfg: DictConfig) -> Settings:
         train=_typed("train", TrainConfig, cfg.train),
         sweep=_typed("sweep", SweepConfig, cfg.sweep),
         resources=_typed("resources", ResourcesConfig, cfg.get("resources", {})),
-        storage=_typed("storage", StorageConfig, cfg.get("storage", {})),
+        storage=_typed("storage", StorageConfig, _no_credentials(cfg.get("storage", {}))),
         tracking=_typed("tracking", TrackingConfig, cfg.get("tracking", {})),
         cluster=_typed("cluster", ClusterConfig, cfg.get("cluster", {})),
         out_dir=cfg.get("out_dir"),

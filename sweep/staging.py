@@ -3,6 +3,12 @@
 ``storage=local``: the data is a folder (``storage.data_dir``) or, when none is given, synthetic
 data in the GLUE layout generated once into the cache; the model is ``model.path``, a staged
 folder under ``storage.model_dir``, a tiny model built offline, or a model shipped in a package.
+
+``storage=s3``: the model (``storage.model_key``, default the model's name) and the data
+(``storage.data_key``, default ``glue_data``) are objects in ``storage.bucket``. The driver's
+``preflight`` checks them and pins their versions (ETags) before any trial; each node then stages
+each pinned object once into its cache (``sweep.node_cache``), and a trial's ``ensure_local`` is a
+no-op that makes no request when its node already holds them.
 """
 
 from __future__ import annotations
@@ -16,23 +22,37 @@ from pathlib import Path
 from filelock import FileLock
 
 from sweep.config import Settings, StorageConfig
-from sweep.models import resolve_model_dir
+from sweep.errors import StagingError
+
+__all__ = ["StagingError", "LocalSources", "SourcePins", "ensure_local", "preflight", "cache_root"]
 
 SYNTHETIC_VERSION = "v1"  # bump when the generator changes, so old caches are not reused
-
-
-class StagingError(ValueError):
-    """A model or data source is missing or unusable; the message says which and what to do."""
+NODE_CACHE_ENV = "SWEEP_NODE_CACHE_DIR"  # set on a node (pod spec, raylet env): its own cache folder
+GiB = 2**30
 
 
 @dataclass(frozen=True)
 class LocalSources:
     model_dir: Path
     data_dir: Path
+    downloaded: int = 0  # bytes this call fetched from S3
+
+
+@dataclass(frozen=True)
+class SourcePins:
+    """The S3 object versions the driver saw; every node stages exactly these."""
+
+    model: object | None  # sweep.s3.RemoteSource (None: the model comes from model.path)
+    data: object
 
 
 def cache_root(storage: StorageConfig) -> Path:
-    return Path(os.path.expanduser(storage.cache_dir))
+    """This node's cache: ``$SWEEP_NODE_CACHE_DIR`` when the node sets it, else ``storage.cache_dir``.
+
+    The override is for nodes that share one filesystem (an NFS home, or several raylets on one
+    machine) but should each keep their own copy on a local disk.
+    """
+    return Path(os.path.expanduser(os.environ.get(NODE_CACHE_ENV) or storage.cache_dir))
 
 
 def synthetic_data_dir(cache_dir: Path) -> Path:
@@ -68,8 +88,91 @@ def local_data_dir(storage: StorageConfig) -> Path:
     return path
 
 
+# --- S3 ----------------------------------------------------------------------------------------
+
+
+def s3_keys(settings: Settings) -> tuple[str | None, str]:
+    """(model key or None when model.path is set, data key)."""
+    storage = settings.storage
+    model_key = None if settings.model.path else (storage.model_key or settings.model.name)
+    return model_key, storage.data_key
+
+
+def preflight(settings: Settings) -> SourcePins:
+    """On the driver, before any trial or GPU: credentials, endpoint, bucket, every key — pinned."""
+    from sweep.s3 import check_bucket, check_credentials, describe, make_client, parse_uri
+
+    storage = settings.storage
+    check_credentials()
+    # Few, short attempts: a wrong endpoint should fail in seconds, not after minutes of backoff.
+    client = make_client(storage.endpoint, storage.region, attempts=2, connect_timeout=3)
+    check_bucket(client, storage.bucket)
+    model_key, data_key = s3_keys(settings)
+    pins = SourcePins(
+        model=describe(client, storage.bucket, model_key) if model_key else None,
+        data=describe(client, storage.bucket, data_key),
+    )
+    if storage.output_prefix:  # outputs go there after the sweep: a missing bucket fails now, not then
+        check_bucket(client, parse_uri(storage.output_prefix)[0])
+    return pins
+
+
+def staged_target(cache: Path, source) -> Path:
+    return cache / "s3" / source.bucket / source.key.replace("/", "__")
+
+
+def model_folder_in(folder: Path, label: str) -> Path:
+    """The unpacked model: the folder itself, or its single sub-folder holding config.json."""
+    if (folder / "config.json").is_file():
+        return folder
+    found = sorted(p.parent for p in folder.glob("*/config.json"))
+    if len(found) == 1:
+        return found[0]
+    raise StagingError(
+        f"{label}: holds no model folder (no config.json at its top or in one sub-folder); upload the "
+        "folder written by save_pretrained with `python -m sweep.upload MODEL_DIR`"
+    )
+
+
+def _stage_s3(settings: Settings) -> LocalSources:
+    from sweep.node_cache import stage
+    from sweep.s3 import fetch, make_client
+
+    storage = settings.storage
+    pins = settings.pins or preflight(settings)
+    cache = cache_root(storage)
+    limit = int(storage.max_unpack_gb * GiB)
+    clients: list = []  # made on the first download: a node that holds everything makes no request
+
+    def fetch_into(source):
+        def run(tmp: Path) -> int:
+            if not clients:
+                clients.append(make_client(storage.endpoint, storage.region))
+            return fetch(clients[0], source, tmp, limit)
+        return run
+
+    downloaded = 0
+    staged = {}
+    for role, source in (("model", pins.model), ("data", pins.data)):
+        if source is not None:
+            result = stage(staged_target(cache, source), source, fetch_into(source))
+            downloaded += result.downloaded
+            staged[role] = result.path
+    if "model" in staged:
+        model_dir = model_folder_in(staged["model"], pins.model.uri)
+    else:  # model.path set: the model is local, only the data comes from S3
+        from sweep.models import resolve_model_dir
+
+        model_dir = resolve_model_dir(asdict(settings.model), cache)
+    return LocalSources(model_dir=model_dir, data_dir=staged["data"], downloaded=downloaded)
+
+
 def ensure_local(settings: Settings) -> LocalSources:
     """The model and data folders on this machine (a no-op when they are already there)."""
+    if settings.storage.kind == "s3":
+        return _stage_s3(settings)
+    from sweep.models import resolve_model_dir  # transformers: only where a model is resolved
+
     cache = cache_root(settings.storage)
     staged = Path(os.path.expanduser(settings.storage.model_dir)) if settings.storage.model_dir else None
     model_dir = resolve_model_dir(asdict(settings.model), cache, staged)

@@ -32,6 +32,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 
 from sweep.results import TaskSummary, TrialRecord
+from sweep.secrets import scrub, secret_values  # noqa: F401  (secret_values: re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +41,6 @@ PARAM_LIMIT = 6000  # MLflow's longest param value
 TAG_LIMIT = 5000  # the longest tag value every MLflow 2.x/3.x server accepts
 BATCH = 100  # MLflow's most params or tags per log_batch
 CHAMPION = "champion"
-SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN")
-SECRET_NAME_PARTS = ("SECRET", "TOKEN", "PASSWORD", "KEY")
-NOT_SECRET = {"true", "false", "none", "null"}
 SECRET_KEY_WORDS = {"secret", "secrets", "token", "password", "passwd", "key", "apikey", "credential", "credentials"}
 RETRY_ATTEMPTS = 10
 TRANSIENT = re.compile(r"database is locked|database table is locked|database is busy|SQLITE_BUSY", re.I)
@@ -56,29 +54,6 @@ class TrackingError(RuntimeError):
 
 
 # --- secrets -------------------------------------------------------------------------------------
-
-
-def _could_be_secret(value: str) -> bool:
-    # Flags and numbers (TOKENIZERS_PARALLELISM=false, KEY_TIMEOUT=3000) are settings, not
-    # credentials; scrubbing them would mangle every "false" or "3000" in the logs.
-    return len(value) >= 4 and value.lower() not in NOT_SECRET and not re.fullmatch(r"[\d.]+", value)
-
-
-def secret_values() -> set[str]:
-    """Values of the environment's credentials: AWS keys and any variable named like a secret."""
-    return {
-        value
-        for name, value in os.environ.items()
-        if (name in SECRET_ENV or any(part in name.upper() for part in SECRET_NAME_PARTS)) and _could_be_secret(value)
-    }
-
-
-def scrub(text: str) -> str:
-    """``text`` with every secret value and the password of any ``scheme://user:pass@`` replaced by ***."""
-    # Longest first: a secret that contains another must not leave its tail behind.
-    for value in sorted(secret_values(), key=len, reverse=True):
-        text = text.replace(value, "***")
-    return re.sub(r"(\w+://[^/@\s:]+):[^/@\s]+@", r"\1:***@", text)
 
 
 def _secret_key(key: str) -> bool:

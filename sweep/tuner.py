@@ -255,6 +255,7 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
     from ray import tune
 
     from sweep.progress import SweepProgress
+    from sweep.stage_nodes import StageOnNodes
     from sweep.trial import run_trial
 
     connect(settings)
@@ -298,7 +299,9 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
                 reuse_actors=True,
             ),
             run_config=tune.RunConfig(
-                name=EXPERIMENT, storage_path=storage, verbose=0, callbacks=[progress],
+                name=EXPERIMENT, storage_path=storage, verbose=0,
+                # staging on every node first (before the first trial), then the progress lines
+                callbacks=[StageOnNodes(settings), progress],
                 failure_config=tune.FailureConfig(max_failures=0),  # retries happen in Train, from checkpoints
             ),
         )

@@ -1,0 +1,36 @@
+"""Credential values from the environment, and scrubbing them out of any text we log or raise.
+
+Kept free of heavy imports: the S3 layer and the tracker both scrub what they print.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN")
+SECRET_NAME_PARTS = ("SECRET", "TOKEN", "PASSWORD", "KEY")
+NOT_SECRET = {"true", "false", "none", "null"}
+
+
+def _could_be_secret(value: str) -> bool:
+    # Flags and numbers (TOKENIZERS_PARALLELISM=false, KEY_TIMEOUT=3000) are settings, not
+    # credentials; scrubbing them would mangle every "false" or "3000" in the logs.
+    return len(value) >= 4 and value.lower() not in NOT_SECRET and not re.fullmatch(r"[\d.]+", value)
+
+
+def secret_values() -> set[str]:
+    """Values of the environment's credentials: AWS keys and any variable named like a secret."""
+    return {
+        value
+        for name, value in os.environ.items()
+        if (name in SECRET_ENV or any(part in name.upper() for part in SECRET_NAME_PARTS)) and _could_be_secret(value)
+    }
+
+
+def scrub(text: str) -> str:
+    """``text`` with every secret value and the password of any ``scheme://user:pass@`` replaced by ***."""
+    # Longest first: a secret that contains another must not leave its tail behind.
+    for value in sorted(secret_values(), key=len, reverse=True):
+        text = text.replace(value, "***")
+    return re.sub(r"(\w+://[^/@\s:]+):[^/@\s]+@", r"\1:***@", text)

@@ -1,0 +1,67 @@
+"""Staging on every node at sweep start: one task pinned to each alive node, all in parallel.
+
+A Ray Tune callback runs it in ``setup``, before the first trial; each trial still calls the same
+``ensure_local`` (a no-op on a staged node), so a node that joins later stages on first use.
+Each node also checks every task's data files, so a missing file fails the sweep before any
+trial asks for a GPU.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass
+
+import ray
+from ray import tune
+from ray.exceptions import RayTaskError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from sweep.config import Settings
+
+
+@dataclass(frozen=True)
+class NodeStaging:
+    node_id: str
+    host: str
+    downloaded: int  # bytes fetched from S3 on this node by this staging
+    seconds: float
+
+
+def stage_this_node(settings: Settings) -> NodeStaging:
+    from sweep.data import check_task_data
+    from sweep.staging import ensure_local
+
+    started = time.monotonic()
+    sources = ensure_local(settings)
+    for spec in settings.tasks:
+        check_task_data(spec, sources.data_dir)
+    return NodeStaging(ray.get_runtime_context().get_node_id(), socket.gethostname(), sources.downloaded,
+                       time.monotonic() - started)
+
+
+def stage_all_nodes(settings: Settings) -> list[NodeStaging]:
+    """Stage on every alive node at once; the first node's error is raised as itself."""
+    task = ray.remote(num_cpus=0, max_retries=0)(stage_this_node)
+    nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+    refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(settings)
+            for node in nodes]
+    try:
+        results = ray.get(refs)
+    except RayTaskError as e:  # the user needs the cause (a missing key, an unsafe archive), not Ray's wrapper
+        raise e.cause from None
+    for r in results:
+        moved = f"{r.downloaded / 2**20:.1f} MiB downloaded" if r.downloaded else "already staged"
+        print(f"staging: node {r.node_id[:8]} ({r.host}): {moved} in {r.seconds:.1f} s")
+    return results
+
+
+class StageOnNodes(tune.Callback):
+    """Stages the sweep's model and data on every node before Tune starts the first trial."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.report: list[NodeStaging] = []
+
+    def setup(self, **info) -> None:
+        self.report = stage_all_nodes(self.settings)

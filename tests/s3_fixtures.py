@@ -1,0 +1,85 @@
+"""A real S3 endpoint over HTTP: ``moto_server`` on a free port, with its request log for counting GETs."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from mlflow_fixtures import free_port
+
+ACCESS_KEY = "AKIAMOTOTESTKEY01"
+SECRET_KEY = "moto-test-secret-value-0123456789"  # searched for in logs and errors: must never appear
+
+
+@dataclass(frozen=True)
+class MotoServer:
+    endpoint: str
+    log: Path
+
+    def requests(self, method: str, path_re: str) -> list[str]:
+        """The request lines for ``method`` on paths matching ``path_re`` (e.g. ``/bkt/glue_data$``)."""
+        pattern = re.compile(rf'"{method} ({path_re}) HTTP/1\.1')
+        return [m.group(1) for line in self.log.read_text().splitlines() if (m := pattern.search(line))]
+
+    def gets(self, bucket: str, key: str) -> int:
+        """GETs of one object, or of every object below ``key/`` for a prefix (listings excluded)."""
+        return len(self.requests("GET", rf"/{bucket}/{re.escape(key)}(?:/[^ ?]+)?"))
+
+
+def s3_env(monkeypatch: pytest.MonkeyPatch, server: MotoServer) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", server.endpoint)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+
+
+@pytest.fixture
+def moto_server(tmp_path: Path):
+    port = free_port()
+    log = tmp_path / "moto.log"
+    entry = Path(sys.executable).with_name("moto_server")
+    with open(log, "w") as out:
+        proc = subprocess.Popen([str(entry), "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=subprocess.STDOUT)
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(endpoint + "/moto-api/", timeout=1)
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"moto_server did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.2)
+    yield MotoServer(endpoint, log)
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def compose_settings(*overrides: str):
+    """A validated sweep config (the demo's) with ``overrides``."""
+    from hydra import compose, initialize_config_dir
+
+    from sweep.config import validate
+    from sweep.tasks import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return validate(compose("config", overrides=["+experiment=demo", "tracking=none", *overrides]))
+
+
+def stage_in_process(overrides: list[str], barrier) -> tuple[str, str, int]:
+    """``ensure_local`` in a spawned process, all peers released at once: (model dir, data dir, bytes)."""
+    from sweep.staging import ensure_local
+
+    settings = compose_settings(*overrides)
+    barrier.wait(timeout=60)
+    sources = ensure_local(settings)
+    return str(sources.model_dir), str(sources.data_dir), sources.downloaded
