@@ -1,0 +1,103 @@
+"""A sweep staged from S3 on a 3-node Ray cluster: each object reaches each node exactly once."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import boto3
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+from s3_fixtures import SECRET_KEY, compose_settings, moto_server, s3_env  # noqa: F401
+
+from sweep.app import run
+from sweep.node_cache import MARKER
+from sweep.results import load_records
+from sweep.synthetic import write_synthetic_glue
+
+pytestmark = pytest.mark.slow
+
+BUCKET = "sweep-nodes"
+
+
+@pytest.fixture
+def three_nodes(moto_server, monkeypatch, tmp_path, tiny_roberta_dir):  # noqa: F811
+    """Three raylets with one CPU each and their own cache folder, sharing one S3 endpoint."""
+    s3_env(monkeypatch, moto_server)  # before the raylets start: their workers inherit it
+    boto3.client("s3").create_bucket(Bucket=BUCKET)
+    data = write_synthetic_glue(tmp_path / "src", ["WNLI"])
+    for folder, key in ((tiny_roberta_dir, "tiny-roberta"), (data / "glue_data", "glue_data")):
+        subprocess.run([sys.executable, "-m", "sweep.upload", str(folder), "--bucket", BUCKET, "--key", key],
+                       check=True, capture_output=True, timeout=120)
+    caches = [tmp_path / f"node{i}" for i in range(3)]
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={"num_cpus": 1, "env_vars": {"SWEEP_NODE_CACHE_DIR": str(caches[0])}})
+    for cache in caches[1:]:
+        cluster.add_node(num_cpus=1, env_vars={"SWEEP_NODE_CACHE_DIR": str(cache)})
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    yield moto_server, caches
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def sweep(tmp_path, name: str, seeds: str, *extra: str):
+    from hydra import compose, initialize_config_dir
+
+    from sweep.tasks import CONF_DIR
+
+    out = tmp_path / name
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[
+            "+experiment=demo", "tracking=none", "storage=s3", f"storage.bucket={BUCKET}",
+            f"storage.cache_dir={tmp_path / 'driver-cache'}", f"sweep.seeds={seeds}", "train.epochs=1",
+            "train.max_train_samples=32", f"cluster.storage_path={tmp_path / 'storage' / name}", f"out_dir={out}", *extra,
+        ])
+    run(cfg, out)
+    return out
+
+
+def test_each_object_is_staged_once_per_node_across_sweeps(three_nodes, tmp_path, capsys):
+    server, caches = three_nodes
+    out = sweep(tmp_path, "first", "[1,2,3,4,5,6,7,8,9]", f"storage.output_prefix=s3://{BUCKET}/runs/first")
+    records = load_records(out / "results.json")
+    assert len(records) == 9 and all(r.status == "TERMINATED" for r in records)
+    assert len({r.node for r in records}) == 3, "the trials did not spread over the three nodes"
+    # Exactly one GET per object per node: 9 trials, 3 nodes.
+    assert (server.gets(BUCKET, "tiny-roberta"), server.gets(BUCKET, "glue_data")) == (3, 3)
+    for cache in caches:
+        assert (cache / "s3" / BUCKET / "glue_data" / MARKER).is_file()
+        assert (cache / "s3" / BUCKET / "tiny-roberta" / MARKER).is_file()
+    assert not (tmp_path / "driver-cache").exists(), "the driver downloaded what only the nodes need"
+    printed = capsys.readouterr().out
+    assert printed.count("MiB downloaded in") == 3
+    # The best model and the results went to the output prefix.
+    keys = {o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=BUCKET, Prefix="runs/first/")["Contents"]}
+    assert {"runs/first/best/WNLI/config.json", "runs/first/results.csv", "runs/first/summary.csv"} <= keys
+
+    sweep(tmp_path, "second", "[1,2,3]")  # the same objects: nothing downloaded anywhere
+    assert (server.gets(BUCKET, "tiny-roberta"), server.gets(BUCKET, "glue_data")) == (3, 3)
+    assert capsys.readouterr().out.count("already staged") == 3
+
+    new = write_synthetic_glue(tmp_path / "src2", ["WNLI", "RTE"])  # a new version of the data
+    subprocess.run([sys.executable, "-m", "sweep.upload", str(new / "glue_data"), "--bucket", BUCKET],
+                   check=True, capture_output=True, timeout=120)
+    sweep(tmp_path, "third", "[1]")
+    assert (server.gets(BUCKET, "tiny-roberta"), server.gets(BUCKET, "glue_data")) == (3, 6)
+    for cache in caches:
+        assert (cache / "s3" / BUCKET / "glue_data" / "glue_data" / "RTE" / "train.tsv").is_file()
+    assert SECRET_KEY not in server.log.read_text() + (out / "results.json").read_text()
+
+
+def test_a_missing_key_fails_the_cli_before_any_trial(moto_server, monkeypatch, tmp_path):  # noqa: F811
+    s3_env(monkeypatch, moto_server)
+    boto3.client("s3").create_bucket(Bucket=BUCKET)
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "sweep", "+experiment=demo", "tracking=none", "storage=s3",
+                        f"storage.bucket={BUCKET}", f"out_dir={out}"],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 2
+    assert f"error: s3://{BUCKET}/tiny-roberta not found" in r.stderr and "Traceback" not in r.stderr
+    assert not out.exists() or not any(out.iterdir())
+    assert "sweep:" not in r.stdout  # Ray and Tune never started
