@@ -17,6 +17,10 @@ def _compose(*overrides: str):
         return compose("config", overrides=list(overrides))
 
 
+# Options that cannot run without one value of the user's (each is an error without it, tested below).
+NEEDS = {"storage=s3": ["storage.bucket=my-bucket"]}
+
+
 def _options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
@@ -24,7 +28,7 @@ def _options(group: str) -> list[str]:
 @pytest.mark.parametrize("group", ["task", "model", "train", "sweep", "resources", "storage", "tracking", "cluster"])
 def test_every_shipped_option_composes_and_validates(group):
     for option in _options(group):
-        settings = validate(_compose(f"{group}={option}"))
+        settings = validate(_compose(f"{group}={option}", *NEEDS.get(f"{group}={option}", ())))
         assert settings.tasks, f"{group}={option} selects no task"
 
 
@@ -80,6 +84,12 @@ def test_unknown_task_lists_the_tasks():
         ("resources.gpus_per_trial=1.5", "resources.gpus_per_trial: above 1 must be a whole number"),
         ("train.warmup_ratio=1.5", "train.warmup_ratio: must be in [0, 1)"),
         ("sweep.keep_checkpoints=some", "sweep.keep_checkpoints: got 'some', allowed: best, all"),
+        ("storage.kind=ftp", "storage.kind: got 'ftp', allowed: local, s3"),
+        ("storage=s3", "storage.bucket: is required with storage=s3"),
+        ("storage.output_prefix=/tmp/out", "storage.output_prefix: must look like s3://BUCKET/PREFIX"),
+        ("+storage.max_unpack_gb=0", "storage.max_unpack_gb: must be > 0"),
+        ("+storage.aws_secret_access_key=hunter2-secret", "storage.aws_secret_access_key: credentials are never read"),
+        ("+storage.access_key=hunter2-secret", "storage.access_key: credentials are never read"),
     ],
 )
 def test_bad_values_are_one_line_errors_naming_the_key(override, expected):
@@ -87,7 +97,7 @@ def test_bad_values_are_one_line_errors_naming_the_key(override, expected):
         validate(_compose(override))
     message = str(e.value)
     assert message.startswith(expected), message
-    assert "\n" not in message
+    assert "\n" not in message and "hunter2" not in message  # a credential's value is never echoed
 
 
 def test_malformed_task_config_names_the_key():
