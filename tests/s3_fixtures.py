@@ -83,3 +83,59 @@ def stage_in_process(overrides: list[str], barrier) -> tuple[str, str, int]:
     barrier.wait(timeout=60)
     sources = ensure_local(settings)
     return str(sources.model_dir), str(sources.data_dir), sources.downloaded
+
+
+class FaultyProxy:
+    """An HTTP proxy in front of the S3 endpoint that answers the first ``fail`` GETs of a key with
+    ``status`` (503: transient, 403: permanent) and forwards everything else unchanged."""
+
+    def __init__(self, upstream: str, key_path: str, status: int, fail: int):
+        import http.server
+        import threading
+        import urllib.request
+
+        proxy = self
+        self.failed = 0
+        self.seen = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _forward(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                if self.command == "GET" and self.path.split("?")[0] == key_path:
+                    proxy.seen += 1
+                    if proxy.failed < fail:
+                        proxy.failed += 1
+                        payload = f"<Error><Code>{'SlowDown' if status == 503 else 'AccessDenied'}</Code></Error>".encode()
+                        self.send_response(status)
+                        self.send_header("Content-Length", str(len(payload)))
+                        self.end_headers()
+                        self.wfile.write(payload)
+                        return
+                request = urllib.request.Request(upstream + self.path, data=body, method=self.command,
+                                                 headers={k: v for k, v in self.headers.items() if k.lower() != "host"})
+                try:
+                    response = urllib.request.urlopen(request, timeout=30)
+                except urllib.error.HTTPError as e:
+                    response = e
+                data = response.read()
+                self.send_response(response.status if hasattr(response, "status") else response.code)
+                for k, v in response.headers.items():
+                    if k.lower() not in ("content-length", "transfer-encoding", "connection"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
+            do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _forward
+
+            def log_message(self, *args):  # quiet
+                return
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()

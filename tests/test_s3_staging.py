@@ -192,3 +192,22 @@ def test_upload_helper_refuses_what_it_cannot_upload(s3, tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "bucket 'nope' does not exist" in r.stderr
     assert SECRET_KEY not in r.stderr + r.stdout
+
+
+@pytest.mark.parametrize("status, fail, staged", [(503, 2, True), (403, 1, False)])
+def test_transient_errors_are_retried_and_permanent_ones_are_not(s3, tmp_path, status, fail, staged):
+    from s3_fixtures import FaultyProxy
+
+    proxy = FaultyProxy(s3.endpoint, f"/{BUCKET}/glue_data", status, fail)
+    try:
+        settings = settings_for(tmp_path / "node", f"storage.endpoint={proxy.endpoint}")
+        if staged:  # 503 SlowDown twice: botocore backs off and retries, the third GET succeeds
+            assert (ensure_local(settings).data_dir / "glue_data" / "WNLI" / "train.tsv").is_file()
+            assert (proxy.failed, proxy.seen) == (2, 3)
+        else:  # 403: no retry, one clear line
+            with pytest.raises(S3Error, match=r"s3://sweep-test/glue_data: access denied \(AccessDenied\)"):
+                ensure_local(settings)
+            assert (proxy.failed, proxy.seen) == (1, 1)
+            assert not (tmp_path / "node" / "s3" / BUCKET / "glue_data").exists()
+    finally:
+        proxy.close()
