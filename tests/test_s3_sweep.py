@@ -90,14 +90,24 @@ def test_each_object_is_staged_once_per_node_across_sweeps(three_nodes, tmp_path
     assert SECRET_KEY not in server.log.read_text() + (out / "results.json").read_text()
 
 
-def test_a_missing_key_fails_the_cli_before_any_trial(moto_server, monkeypatch, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("task, message", [
+    ("WNLI", f"error: s3://{BUCKET}/tiny-roberta not found"),  # the driver's preflight, Ray not even started
+    ("CoLA", "error: no data for task CoLA: looked in"),  # the nodes' check of the staged data, before any trial
+])
+def test_what_is_missing_fails_the_cli_before_any_trial(moto_server, monkeypatch, tmp_path, tiny_roberta_dir,  # noqa: F811
+                                                         task, message):
     s3_env(monkeypatch, moto_server)
     boto3.client("s3").create_bucket(Bucket=BUCKET)
+    if task == "CoLA":  # the model is there, the data holds WNLI only
+        data = write_synthetic_glue(tmp_path / "src", ["WNLI"])
+        for folder, key in ((tiny_roberta_dir, "tiny-roberta"), (data / "glue_data", "glue_data")):
+            subprocess.run([sys.executable, "-m", "sweep.upload", str(folder), "--bucket", BUCKET, "--key", key],
+                           check=True, capture_output=True, timeout=120)
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-m", "sweep", "+experiment=demo", "tracking=none", "storage=s3",
-                        f"storage.bucket={BUCKET}", f"out_dir={out}"],
-                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert r.returncode == 2
-    assert f"error: s3://{BUCKET}/tiny-roberta not found" in r.stderr and "Traceback" not in r.stderr
-    assert not out.exists() or not any(out.iterdir())
-    assert "sweep:" not in r.stdout  # Ray and Tune never started
+    r = subprocess.run([sys.executable, "-m", "sweep", "+experiment=demo", "tracking=none", "storage=s3", f"task={task}",
+                        f"storage.bucket={BUCKET}", f"storage.cache_dir={tmp_path / 'cache'}", f"out_dir={out}"],
+                       capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert "epoch" not in r.stdout and not (out / "results.csv").exists() and not (out / "best").exists()
+    assert SECRET_KEY not in r.stdout + r.stderr
