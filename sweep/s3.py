@@ -263,12 +263,14 @@ def upload_tree(client, folder: Path, uri: str, files: list[Path] | None = None)
 
 
 def download_prefix(uri: str, dest: Path, endpoint: str | None = None, max_unpack_gb: float = 64) -> Path:
-    """Stage ``s3://bucket/key`` (an archive or a prefix) into ``dest`` (via the node cache); the folder."""
-    from sweep.node_cache import stage
+    """Stage ``s3://bucket/key`` (an archive or a prefix) into ``dest``, once per version; the folder it
+    holds (its single top folder, e.g. ``dest/<key name>``, else ``dest`` itself)."""
+    from sweep.node_cache import MARKER, stage
 
     check_credentials()
     bucket, key = parse_uri(uri)
     client = make_client(endpoint)
     source = describe(client, bucket, key)
-    target = stage(Path(dest), source, lambda tmp: fetch(client, source, tmp, int(max_unpack_gb * GiB)))
-    return target.path
+    root = stage(Path(dest), source, lambda tmp: fetch(client, source, tmp, int(max_unpack_gb * GiB))).path
+    entries = [p for p in root.iterdir() if p.name != MARKER]
+    return entries[0] if len(entries) == 1 and entries[0].is_dir() else root

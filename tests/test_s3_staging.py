@@ -84,7 +84,7 @@ def test_a_prefix_of_plain_objects_is_staged_like_an_archive(s3, tmp_path, tiny_
     assert s3.gets(BUCKET, "models/tiny-plain") == len(list(tiny_roberta_dir.iterdir()))
     # The serving side stages a URI the same way.
     served = download_prefix(f"s3://{BUCKET}/models/tiny-plain", tmp_path / "serve")
-    assert (served / "tiny-plain" / "config.json").is_file()
+    assert served == tmp_path / "serve" / "tiny-plain" and (served / "config.json").is_file()
 
 
 def test_eight_processes_at_once_on_one_node_make_one_download(s3, tmp_path):
