@@ -8,7 +8,8 @@ Three on-disk layouts are understood, tried in this order:
 3. the hub's ``nyu-mll/glue`` parquet files: ``<data_dir>/<hf config>/train-00000-of-00001.parquet``.
 
 Every layout is normalized to the columns ``text_a``, ``text_b`` (pair tasks only) and ``label``
-(an index into ``spec.labels``, or a float score in [0, 5] for STS-B).
+(an index into ``spec.labels``, or a float score in [0, 5] for STS-B). Causal-LM corpora (WikiText,
+folders of .txt files) are read by ``sweep.lm_data``.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def load_task_data(spec: TaskSpec, data_dir: str | Path, skip_malformed: bool = 
     readers do for QQP's broken train rows; by default such a row is an error.
     """
     if spec.kind == "causal_lm":
-        raise ValueError(f"task {spec.name}: load_task_data reads GLUE-style tasks, not a causal_lm corpus")
+        raise ValueError(f"task {spec.name}: a causal_lm corpus is read by sweep.lm_data.lm_blocks, not load_task_data")
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise DataFormatError(f"{data_dir}: data directory does not exist")
@@ -81,6 +82,10 @@ def load_task_data(spec: TaskSpec, data_dir: str | Path, skip_malformed: bool = 
 
 def check_task_data(spec: TaskSpec, data_dir: str | Path) -> Path:
     """Cheap preflight before any trial starts: the task's folder and every split file exist."""
+    if spec.kind == "causal_lm":
+        from sweep.lm_data import check_corpus  # it builds on this module
+
+        return check_corpus(spec, data_dir)
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise DataFormatError(f"{data_dir}: data directory does not exist")

@@ -23,6 +23,7 @@ from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from sweep.config import TrainConfig
 from sweep.data import load_task_data, make_collator, tokenize_task
+from sweep.lm_data import check_block_fits, lm_blocks, make_lm_collator, max_positions
 from sweep.metrics import merge_splits, perplexity, selection_score, task_metrics
 from sweep.models import load_for_task
 from sweep.tasks import TaskSpec
@@ -126,12 +127,29 @@ def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch
 
 
 def prepare_data(spec: TaskSpec, tokenizer, data_dir: Path, train: TrainConfig, cache_dir: Path | None):
-    """Read, subsample and tokenize a task's splits (the tokenized form is cached per machine)."""
-    raw = load_task_data(spec, data_dir)
-    raw["train"] = _subsample(raw["train"], train.max_train_samples)
-    for split in spec.eval_files:
-        raw[split] = _subsample(raw[split], train.max_eval_samples)
+    """Read, subsample and tokenize a task's splits (the tokenized form is cached per machine).
+
+    A causal-LM corpus becomes blocks of ``train.block_size`` tokens; max_train_samples and
+    max_eval_samples then count blocks.
+    """
+    if spec.kind == "causal_lm":
+        data = lm_blocks(spec, tokenizer, data_dir, train.block_size, cache_dir)
+        return _subsample_splits(data, spec, train)
+    raw = _subsample_splits(load_task_data(spec, data_dir), spec, train)
     return tokenize_task(raw, spec, tokenizer, train.max_seq_length, cache_dir)
+
+
+def _subsample_splits(data, spec: TaskSpec, train: TrainConfig):
+    data["train"] = _subsample(data["train"], train.max_train_samples)
+    for split in spec.eval_files:
+        data[split] = _subsample(data[split], train.max_eval_samples)
+    return data
+
+
+def _collator(spec: TaskSpec, tokenizer, train: TrainConfig):
+    if spec.kind == "causal_lm":
+        return make_lm_collator(tokenizer)
+    return make_collator(tokenizer, train.padding, train.max_seq_length)
 
 
 def _train_sampler(ds, train: TrainConfig, seed: int, generator: torch.Generator, dist: Distributed):
@@ -155,7 +173,9 @@ def evaluate(model, loader, spec: TaskSpec, device, amp_dtype) -> dict[str, floa
         with _autocast(device, amp_dtype):
             out = model(**batch)
         if spec.kind == "causal_lm":
-            n = int(batch["attention_mask"].sum())
+            # out.loss is the mean over predicted tokens (each but a block's first, padding excluded):
+            # weight it by their count for the mean over the whole split
+            n = int((batch["labels"][:, 1:] != -100).sum())
             loss_sum += float(out.loss) * n
             loss_tokens += n
         else:
@@ -200,11 +220,13 @@ def finetune(
     device = device or pick_device()
     set_seed(seed)  # before the model is built: the seed fixes the new head's weights
     tokenizer, model = load_for_task(Path(resume_from or model_dir), spec)
+    if spec.kind == "causal_lm":  # before any data work: a block the model cannot hold
+        check_block_fits(train.block_size, max_positions(model.config), Path(model_dir).name)
     model.to(device)
     if dist.wrap_model is not None:
         model = dist.wrap_model(model)
     data = prepare_data(spec, tokenizer, Path(data_dir), train, cache_dir)
-    collate = make_collator(tokenizer, train.padding, train.max_seq_length)
+    collate = _collator(spec, tokenizer, train)
 
     generator = torch.Generator().manual_seed(seed)  # the seed fixes the data order too
     sampler = _train_sampler(data["train"], train, seed, generator, dist)

@@ -199,15 +199,25 @@ WIKI_TEMPLATES = (
 
 
 def write_synthetic_wikitext(root: Path, n_lines: int = 400, seed: int = 0) -> Path:
-    """Write ``root/wikitext-2/wiki.{train,valid,test}.tokens``; returns ``root``."""
-    folder = Path(root) / "wikitext-2"
-    folder.mkdir(parents=True, exist_ok=True)
+    """Write ``root/wikitext-2/wiki.{train,valid,test}.tokens`` and the same text untokenized as
+    ``root/wikitext-2-raw/wiki.{train,valid,test}.raw``; returns ``root``."""
+    tokens, raw = Path(root) / "wikitext-2", Path(root) / "wikitext-2-raw"
+    tokens.mkdir(parents=True, exist_ok=True)
+    raw.mkdir(parents=True, exist_ok=True)
     sizes = {"train": n_lines, "valid": max(n_lines // 10, 20), "test": max(n_lines // 10, 20)}
     for split, n in sizes.items():
         lines = _wiki_lines(random.Random(f"{seed}/wikitext/{split}"), n)
         text = "".join(f" {line} \n" if line else " \n" for line in lines)
-        (folder / f"wiki.{split}.tokens").write_text(text, encoding="utf-8")
+        (tokens / f"wiki.{split}.tokens").write_text(text, encoding="utf-8")
+        (raw / f"wiki.{split}.raw").write_text(_untokenize(text), encoding="utf-8")
     return Path(root)
+
+
+def _untokenize(text: str) -> str:
+    """WikiText's raw form: number separators joined again (the synthetic text keeps its <unk>)."""
+    for marked, plain in ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", ".")):
+        text = text.replace(marked, plain)
+    return text
 
 
 def _wiki_lines(rng: random.Random, n: int) -> list[str]:

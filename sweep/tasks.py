@@ -6,7 +6,7 @@ carries them; this module turns one such mapping into a validated, typed ``TaskS
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,9 @@ CONF_DIR = Path(__file__).resolve().parent / "conf"
 GLUE_TASKS = ("CoLA", "SST-2", "MRPC", "STS-B", "QQP", "MNLI", "QNLI", "RTE", "WNLI")
 KINDS = ("classification", "regression", "causal_lm")
 MODES = ("max", "min")
+# Keys of the task group itself (not of one task): ``task.path`` is the text task's corpus folder.
+GROUP_SETTINGS = ("path",)
+SPLIT_PLACEHOLDER = "{split}"
 
 
 class TaskConfigError(ValueError):
@@ -36,9 +39,9 @@ class HFLayout:
 class TaskSpec:
     name: str
     kind: str  # classification | regression | causal_lm
-    folder: str  # folder under glue_data/ (or under the data dir for LM corpora)
-    train_file: str
-    eval_files: Mapping[str, str]  # split name -> file; the first is the primary split
+    folder: str | None  # folder under glue_data/ (or under the data dir for LM corpora); None: ``path`` only
+    train_file: str  # a file name, or a glob (causal LM: "*.txt" reads every match, in name order)
+    eval_files: Mapping[str, str | None]  # split name -> file; the first is the primary split
     header: bool = True
     columns: tuple[str, ...] | None = None  # names for a header-less file (CoLA)
     text_columns: tuple[str, ...] = ()
@@ -47,6 +50,9 @@ class TaskSpec:
     metric: str = "acc"
     mode: str = "max"
     hf: HFLayout | None = None
+    path: str | None = None  # causal LM: the corpus folder itself (absolute), instead of data_dir/folder
+    holdout_fraction: float = 0.0  # causal LM: the share of the train text an eval split of file None gets
+    split_file: str | None = None  # causal LM: the files' pattern (wiki.{split}.tokens) when splits are chosen by name
 
     @property
     def num_labels(self) -> int:
@@ -77,12 +83,16 @@ def task_from_config(cfg: Mapping[str, Any] | Any) -> TaskSpec:
     kind = d.get("kind", "classification")
     if kind not in KINDS:
         raise bad("kind", f"got {kind!r}, allowed: {', '.join(KINDS)}")
-    mode = d.get("mode", "max")
+    lm = kind == "causal_lm"
+    mode = d.get("mode", "min" if lm else "max")
     if mode not in MODES:
         raise bad("mode", f"got {mode!r}, allowed: max, min")
+    if d.get("split_file") is not None:
+        d = {**d, **_files_of_splits(d, bad)}
     eval_files = d.get("eval_files") or {}
     if not isinstance(eval_files, Mapping) or not eval_files:
         raise bad("eval_files", "needs at least one split name -> file, e.g. {dev: dev.tsv}")
+    holdout = _holdout_fraction(d, lm, eval_files, bad)
     text_columns = tuple(d.get("text_columns") or ())
     labels = d.get("labels")
     if kind == "classification":
@@ -124,24 +134,93 @@ def task_from_config(cfg: Mapping[str, Any] | Any) -> TaskSpec:
         text_columns=text_columns,
         label_column=d.get("label_column"),
         labels=labels,
-        metric=d.get("metric", "acc"),
+        metric=d.get("metric", "perplexity" if lm else "acc"),
         mode=mode,
         hf=hf_layout,
+        path=_absolute(d.get("path")),
+        holdout_fraction=holdout,
+        split_file=d.get("split_file"),
     )
 
 
-def load_task(name: str) -> TaskSpec:
-    """The shipped spec of one task by name (reads the YAML without composing Hydra)."""
+def _files_of_splits(d: dict[str, Any], bad: Callable[[str, str], TaskConfigError]) -> dict[str, Any]:
+    """``split_file`` + ``train_split`` + ``eval_splits`` -> ``train_file`` and ``eval_files``.
+
+    Lists replace each other whole in Hydra overrides (dicts merge), so choosing splits reads
+    naturally on the command line: ``task.wikitext-2.train_split=valid task.wikitext-2.eval_splits=[test]``.
+    """
+    pattern = d["split_file"]
+    if not isinstance(pattern, str) or SPLIT_PLACEHOLDER not in pattern:
+        raise bad("split_file", f"needs a file name holding {SPLIT_PLACEHOLDER}, e.g. wiki.{{split}}.tokens; got {pattern!r}")
+    if "train_file" in d or "eval_files" in d:
+        raise bad("split_file", "names the files of train_split and eval_splits; drop train_file and eval_files")
+    train = d.get("train_split")
+    evals = d.get("eval_splits")
+    if not train or not isinstance(train, str):
+        raise bad("train_split", f"needs a split name, e.g. train; got {train!r}")
+    if not isinstance(evals, list) or not evals or not all(isinstance(s, str) and s for s in evals):
+        raise bad("eval_splits", f"needs a non-empty list of split names, e.g. [valid, test]; got {evals!r}")
+    if len(set(evals)) != len(evals):
+        raise bad("eval_splits", f"has duplicates: {evals}")
+    if train in evals:
+        others = [s for s in evals if s != train] or ["<another split>"]
+        raise bad("eval_splits", f"{train!r} is also the train split: scoring on the training text says nothing; "
+                                 f"e.g. task.{d['name']}.eval_splits=[{','.join(others)}]")
+    return {
+        "train_file": pattern.replace(SPLIT_PLACEHOLDER, train),
+        "eval_files": {s: pattern.replace(SPLIT_PLACEHOLDER, s) for s in evals},
+    }
+
+
+def _holdout_fraction(d: dict[str, Any], lm: bool, eval_files: Mapping[str, Any],
+                      bad: Callable[[str, str], TaskConfigError]) -> float:
+    """An eval split with file null is cut from the end of the train text (causal LM only)."""
+    held_out = [split for split, file in eval_files.items() if file is None]
+    if not held_out:
+        return 0.0
+    if not lm:
+        raise bad(f"eval_files.{held_out[0]}", "needs a file name; only a causal_lm task can hold out a split")
+    if len(held_out) > 1:
+        raise bad("eval_files", f"at most one split can be held out (file null), got {held_out}")
+    fraction = d.get("holdout_fraction", 0.1)
+    if not isinstance(fraction, (int, float)) or not 0 < fraction <= 0.5:
+        raise bad("holdout_fraction", f"must be in (0, 0.5], got {fraction!r}")
+    return float(fraction)
+
+
+def _absolute(path: str | None) -> str | None:
+    # Trials run in Ray workers' own folders: a relative path must mean the user's folder.
+    return str(Path(path).expanduser().resolve()) if path else None
+
+
+def load_task(name: str, **group_settings: Any) -> TaskSpec:
+    """The shipped spec of one task by name (reads the YAML without composing Hydra).
+
+    ``group_settings`` are keys of the task group, as on the command line: ``load_task("text", path=DIR)``.
+    """
     path = CONF_DIR / "task" / f"{name}.yaml"
     if not path.is_file() or name == "glue":
         known = sorted(p.stem for p in (CONF_DIR / "task").glob("*.yaml") if p.stem != "glue")
         raise TaskConfigError(f"unknown task {name!r}; known tasks: {', '.join(known)}")
-    return task_from_config(OmegaConf.load(path))
+    node = OmegaConf.load(path)
+    if "name" in node:  # packaged as task.<NAME>
+        return task_from_config(node)
+    # packaged as the whole task group (text.yaml: task.path and task.text): resolve as composed
+    root = OmegaConf.create({"task": node})
+    root.task.merge_with(group_settings)
+    return task_from_config(root.task[name])
 
 
 def tasks_from_config(task_node: Mapping[str, Any] | Any) -> list[TaskSpec]:
     """All tasks selected in a composed config (``cfg.task`` maps task name -> spec)."""
-    specs = [task_from_config(node) for node in task_node.values()]
+    unknown = [k for k, v in task_node.items() if not _is_mapping(v) and k not in GROUP_SETTINGS]
+    if unknown:
+        raise TaskConfigError(f"task.{unknown[0]}: not a task; tasks are configured as task.<NAME>.<key>")
+    specs = [task_from_config(node) for node in task_node.values() if _is_mapping(node)]
     if not specs:
         raise TaskConfigError("task: no task selected; e.g. task=WNLI, task=[WNLI,RTE] or task=glue")
     return specs
+
+
+def _is_mapping(node: Any) -> bool:
+    return isinstance(node, Mapping) or OmegaConf.is_dict(node)

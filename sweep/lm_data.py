@@ -1,0 +1,285 @@
+"""Causal language modelling data: text files -> token ids -> fixed-size blocks (cached per node).
+
+A corpus is a folder: ``<data_dir>/<spec.folder>`` (WikiText-2: ``wiki.{train,valid,test}.tokens``)
+or ``spec.path`` (the ``text`` task: any folder of ``.txt`` files). Each split's files are read
+in name order, each file one document; lines are tokenized one by one (as HF's ``run_clm`` does
+with WikiText's rows) and concatenated, with the eos token between documents. The train split
+is cut into blocks of ``train.block_size`` tokens (the remainder dropped); an eval split keeps
+its tail as a last, shorter block, so perplexity covers every token. An eval split whose file is
+null is held out: the last ``spec.holdout_fraction`` of the train blocks, tail included.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+from datasets import Dataset, DatasetDict, DatasetInfo, Features, Sequence, Value, load_from_disk
+from datasets.table import InMemoryTable
+from filelock import FileLock
+from transformers import PreTrainedTokenizerBase
+
+from sweep.config import ConfigError
+from sweep.data import DataFormatError, _sha256, _write_atomically, cache_stats, tokenizer_identity
+from sweep.tasks import TaskSpec
+
+log = logging.getLogger(__name__)
+
+# Bump when the block format changes, so that old caches are not reused.
+LM_FORMAT_VERSION = 1
+GLOB_CHARS = "*?["
+IGNORE_INDEX = -100  # labels the loss skips (padding of a short last block)
+LINES_PER_CALL = 2048  # lines handed to the fast tokenizer at once
+
+
+class BlockSizeError(ConfigError):
+    """train.block_size does not fit the model; the message says what to set."""
+
+
+# --------------------------------------------------------------------------------------------
+# Finding the files
+# --------------------------------------------------------------------------------------------
+
+
+def corpus_folder(spec: TaskSpec, data_dir: str | Path) -> Path:
+    """The folder holding the task's text files."""
+    if spec.path is not None:
+        folder = Path(spec.path)
+        if not folder.is_dir():
+            what = "a file, not a folder" if folder.is_file() else "does not exist"
+            raise DataFormatError(f"task.{spec.name}.path: {folder} {what}; give a folder of text files")
+        return folder
+    if spec.folder is None:
+        raise DataFormatError(
+            f"task.{spec.name}.path: not set; give the folder of .txt files, e.g. task={spec.name} task.path=DIR"
+        )
+    data_dir = Path(data_dir)
+    candidates = [data_dir / spec.folder] + ([data_dir] if data_dir.name == spec.folder else [])
+    for folder in candidates:
+        if folder.is_dir():
+            return folder
+    files = ", ".join(f for f in (spec.train_file, *spec.eval_files.values()) if f)
+    raise DataFormatError(f"no data for task {spec.name}: {candidates[0]} does not exist; expected {files} there")
+
+
+def split_files(spec: TaskSpec, data_dir: str | Path) -> dict[str, list[Path]]:
+    """Split name -> its files, in name order; a held-out split (file null) has none."""
+    folder = corpus_folder(spec, data_dir)
+    patterns = {"train": spec.train_file, **spec.eval_files}
+    return {split: _matching(spec, folder, pattern) if pattern else [] for split, pattern in patterns.items()}
+
+
+def _matching(spec: TaskSpec, folder: Path, pattern: str) -> list[Path]:
+    present = sorted(p.name for p in folder.iterdir())
+    shown = ", ".join(present[:10]) + (" ..." if len(present) > 10 else "") if present else "none"
+    if any(c in pattern for c in GLOB_CHARS):
+        files = sorted(p for p in folder.glob(pattern) if p.is_file())
+        if not files:
+            raise DataFormatError(f"{folder}: no {pattern} files for task {spec.name} (files there: {shown})")
+        return files
+    path = folder / pattern
+    if not path.is_file():
+        hint = (f"; choose the splits with task.{spec.name}.train_split=NAME task.{spec.name}.eval_splits=[NAME,...]"
+                if spec.split_file else "")
+        raise DataFormatError(f"{path}: missing file of task {spec.name} (files in {folder}: {shown}){hint}")
+    return [path]
+
+
+def check_corpus(spec: TaskSpec, data_dir: str | Path) -> Path:
+    """Cheap preflight: the folder and every split's files exist, and no split is all empty files."""
+    for split, files in split_files(spec, data_dir).items():
+        if files and all(p.stat().st_size == 0 for p in files):
+            raise _empty(spec, split, files)
+    return corpus_folder(spec, data_dir)
+
+
+def _empty(spec: TaskSpec, split: str, files: list[Path]) -> DataFormatError:
+    where = str(files[0]) if len(files) == 1 else f"{files[0].parent} ({len(files)} files)"
+    return DataFormatError(f"{where}: empty corpus: split {split!r} of task {spec.name} holds no text")
+
+
+def check_block_size(spec: TaskSpec, block_size: int, model_dir: str | Path, model_name: str | None = None) -> None:
+    """Preflight: a block longer than the model's position table cannot run; say what to set instead."""
+    if spec.kind != "causal_lm":
+        return
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    check_block_fits(block_size, max_positions(config), model_name or Path(model_dir).name)
+
+
+def max_positions(config: dict[str, Any] | Any) -> int | None:
+    """Positions a model can attend over, from its config (GPT-2: n_positions; others: max_position_embeddings)."""
+    get = config.get if isinstance(config, dict) else lambda k: getattr(config, k, None)
+    return get("n_positions") or get("max_position_embeddings")
+
+
+def check_block_fits(block_size: int, positions: int | None, model: str) -> None:
+    if positions is not None and block_size > positions:
+        raise BlockSizeError(
+            f"train.block_size: {block_size} tokens is more than the {positions} positions of model {model}; "
+            f"set train.block_size={positions} or lower"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Reading, tokenizing, cutting into blocks
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SplitText:
+    documents: list[str]  # one per file
+    digest: str  # sha256 over the files' names and bytes
+
+
+def read_split(spec: TaskSpec, split: str, files: list[Path]) -> SplitText:
+    h = hashlib.sha256()
+    documents = []
+    for path in files:
+        raw = path.read_bytes()
+        h.update(path.name.encode() + b"\0" + hashlib.sha256(raw).digest())
+        try:
+            text = raw.decode("utf-8").removeprefix("\ufeff")
+        except UnicodeDecodeError as e:
+            raise DataFormatError(f"{path}: not UTF-8 text ({e}); save it as UTF-8") from e
+        if text.strip():
+            documents.append(text)
+    if not documents:
+        raise _empty(spec, split, files)
+    return SplitText(documents, h.hexdigest())
+
+
+def token_ids(documents: list[str], tokenizer: PreTrainedTokenizerBase) -> np.ndarray:
+    """All documents as one id sequence: lines tokenized one by one, eos between documents."""
+    chunks: list[np.ndarray] = []
+    eos = tokenizer.eos_token_id
+    for i, doc in enumerate(documents):
+        if i and eos is not None:
+            chunks.append(np.asarray([eos], dtype=np.int32))
+        lines = doc.splitlines(keepends=True)
+        for start in range(0, len(lines), LINES_PER_CALL):
+            # no special tokens per line; verbose=False: a line longer than the model is fine here
+            enc = tokenizer(lines[start:start + LINES_PER_CALL], add_special_tokens=False, verbose=False)
+            chunks.append(np.fromiter(itertools.chain.from_iterable(enc["input_ids"]), dtype=np.int32))
+    return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int32)
+
+
+def cut_blocks(ids: np.ndarray, block_size: int, keep_tail: bool) -> list[np.ndarray]:
+    """Consecutive blocks of block_size ids; the shorter tail is kept only when asked (eval)."""
+    n_full = len(ids) // block_size
+    blocks = list(ids[: n_full * block_size].reshape(n_full, block_size))
+    tail = ids[n_full * block_size:]
+    if keep_tail and len(tail) >= 2:  # a block of one token predicts nothing
+        blocks.append(tail)
+    return blocks
+
+
+def lm_blocks(
+    spec: TaskSpec,
+    tokenizer: PreTrainedTokenizerBase,
+    data_dir: str | Path,
+    block_size: int,
+    cache_dir: str | Path | None,
+) -> DatasetDict:
+    """Every split as a Dataset of ``input_ids`` blocks; cached under ``cache_dir/tokenized/<key>``,
+    the key made of the files' contents, the tokenizer, block_size and the hold-out."""
+    if block_size < 2:
+        raise ValueError(f"block_size must be at least 2 tokens, got {block_size}")
+    files = split_files(spec, data_dir)
+    texts = {split: read_split(spec, split, paths) for split, paths in files.items() if paths}
+    if cache_dir is None:
+        cache_stats.misses += 1
+        return _blocks(spec, texts, tokenizer, block_size)
+    key = _sha256(
+        LM_FORMAT_VERSION, spec.name, json.dumps({s: t.digest for s, t in sorted(texts.items())}),
+        json.dumps({s: f for s, f in spec.eval_files.items()}), spec.holdout_fraction,
+        tokenizer_identity(tokenizer), block_size,
+    )
+    root = Path(cache_dir) / "tokenized"
+    target = root / key
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root / f"{key}.lock")):
+        if target.is_dir():
+            cache_stats.hits += 1
+            log.info("blocks of %s: cache hit %s", spec.name, target)
+            return load_from_disk(str(target))
+        cache_stats.misses += 1
+        log.info("tokenizing %s into blocks of %d in %s", spec.name, block_size, target)
+        _write_atomically(_blocks(spec, texts, tokenizer, block_size), root, target)
+    return load_from_disk(str(target))
+
+
+def _blocks(
+    spec: TaskSpec, texts: dict[str, SplitText], tokenizer: PreTrainedTokenizerBase, block_size: int
+) -> DatasetDict:
+    ids = {split: token_ids(text.documents, tokenizer) for split, text in texts.items()}
+    blocks = {split: cut_blocks(seq, block_size, keep_tail=split != "train") for split, seq in ids.items()}
+    held_out = [split for split, file in spec.eval_files.items() if file is None]
+    if held_out:
+        blocks["train"], blocks[held_out[0]] = _hold_out(spec, ids["train"], block_size)
+    for split, rows in blocks.items():
+        if not rows:
+            raise DataFormatError(
+                f"task {spec.name}: split {split!r} has {len(ids.get(split, ids['train']))} tokens, fewer than one "
+                f"block of train.block_size={block_size}; add text or lower train.block_size"
+            )
+    return DatasetDict({split: _to_dataset(rows) for split, rows in blocks.items()})
+
+
+def _to_dataset(blocks: list[np.ndarray]) -> Dataset:
+    """One arrow list column, built from the flat ids and block offsets (no Python int per token)."""
+    offsets = np.zeros(len(blocks) + 1, dtype=np.int64)
+    np.cumsum([len(b) for b in blocks], out=offsets[1:])
+    column = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(blocks), type=pa.int32()))
+    features = Features({"input_ids": Sequence(Value("int32"))})
+    table = pa.table({"input_ids": column.cast(features.arrow_schema.field("input_ids").type)})
+    return Dataset(InMemoryTable(table), info=DatasetInfo(features=features))
+
+
+def _hold_out(spec: TaskSpec, ids: np.ndarray, block_size: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Train blocks and the held-out blocks: the corpus's last holdout_fraction, tail included."""
+    full = cut_blocks(ids, block_size, keep_tail=False)
+    if len(full) < 2:
+        raise DataFormatError(
+            f"task {spec.name}: the corpus has {len(ids)} tokens, fewer than two blocks of "
+            f"train.block_size={block_size} (one to train on, one held out); add text or lower train.block_size"
+        )
+    n_held = min(len(full) - 1, max(1, round(spec.holdout_fraction * len(full))))
+    cut = (len(full) - n_held) * block_size
+    return full[: len(full) - n_held], cut_blocks(ids[cut:], block_size, keep_tail=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Collation
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LMCollator:
+    """Blocks -> input_ids, attention_mask and labels (= input_ids; padding of a short block is
+    masked out of attention and loss). A class so DataLoader workers can pickle it."""
+
+    pad_token_id: int
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        longest = max(len(row["input_ids"]) for row in rows)
+        input_ids = torch.full((len(rows), longest), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), longest), dtype=torch.long)
+        for i, row in enumerate(rows):
+            n = len(row["input_ids"])
+            input_ids[i, :n] = torch.as_tensor(row["input_ids"], dtype=torch.long)
+            attention_mask[i, :n] = 1
+        labels = input_ids.masked_fill(attention_mask == 0, IGNORE_INDEX)
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def make_lm_collator(tokenizer: PreTrainedTokenizerBase) -> LMCollator:
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return LMCollator(pad if pad is not None else 0)
