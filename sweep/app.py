@@ -32,6 +32,12 @@ def absolute_store(uri: str) -> str:
     return uri
 
 
+def default_experiment(settings: Settings) -> str:
+    """glue-<model>, or wikitext-<model> / lm-<model> when every task is language modelling."""
+    kinds = {spec.kind for spec in settings.tasks}
+    return f"{'lm' if kinds == {'causal_lm'} else 'glue'}-{settings.model.name}"
+
+
 def start_tracking(settings: Settings, cfg: DictConfig):
     """The parent MLflow run (or None with tracking=none); an unreachable store fails here, first."""
     if settings.tracking.kind != "mlflow":
@@ -39,7 +45,7 @@ def start_tracking(settings: Settings, cfg: DictConfig):
     from sweep.tracking import SweepTracker, TrialTracking, check_reachable
 
     uri = absolute_store(check_reachable(settings.tracking.uri, settings.tracking.required))
-    tracker = SweepTracker(uri, settings.tracking.experiment or f"glue-{settings.model.name}")
+    tracker = SweepTracker(uri, settings.tracking.experiment or default_experiment(settings))
     parent = tracker.start(OmegaConf.to_container(cfg, resolve=True))
     print(f"tracking: MLflow run {parent} in experiment {tracker.experiment_name!r} at {uri}")
     return tracker, TrialTracking(uri, tracker.experiment_id, parent)
