@@ -1,0 +1,168 @@
+"""A fine-tuned model loaded for serving, and one batched forward pass of it.
+
+The folder's ``config.json`` says what it is: a ``*ForSequenceClassification`` (a GLUE task;
+``num_labels == 1`` is a regression head) or a causal LM (``*ForCausalLM`` / ``*LMHeadModel``).
+The methods here run on the batcher's single worker thread; only ``count_tokens`` runs on the
+event loop, with its own tokenizer (a fast tokenizer is not safe to share across threads).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Hashable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
+
+from sweep.models import _quiet_transformers, load_tokenizer
+from sweep.serving.generation import finish_completion
+from sweep.serving.protocol import Classification, Completion, GenerationParams
+
+CLASSIFIER = "classification"
+CAUSAL_LM = "causal_lm"
+# A tokenizer without a real limit reports a huge sentinel as model_max_length.
+_NO_LIMIT = 1_000_000
+
+
+class ModelKindError(ValueError):
+    """The folder holds neither a sequence classifier nor a causal LM."""
+
+
+def model_kind(model_dir: Path) -> str:
+    config_file = Path(model_dir) / "config.json"
+    try:
+        architectures = json.loads(config_file.read_text()).get("architectures") or []
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelKindError(f"{config_file}: cannot read the model config ({e})") from None
+    for arch in architectures:
+        if arch.endswith("ForSequenceClassification"):
+            return CLASSIFIER
+        if arch.endswith(("ForCausalLM", "LMHeadModel")):
+            return CAUSAL_LM
+    raise ModelKindError(
+        f"{config_file}: architectures {architectures} is neither a sequence classifier nor a causal LM; "
+        "serve a folder exported by a sweep (best/<TASK>/)"
+    )
+
+
+def pick_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def context_length(model: PreTrainedModel, tokenizer_limit: int) -> int:
+    """Tokens the model can attend to: the position table, less RoBERTa's padding offset."""
+    config = model.config
+    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if positions is None:
+        raise ModelKindError(f"{type(model).__name__}: config has no max_position_embeddings")
+    if config.model_type in ("roberta", "xlm-roberta", "camembert"):
+        positions -= (config.pad_token_id or 0) + 1  # positions start after padding_idx
+    return min(positions, tokenizer_limit) if tokenizer_limit < _NO_LIMIT else positions
+
+
+class Classifier:
+    kind = CLASSIFIER
+
+    def __init__(self, model_dir: Path, device: str = "auto") -> None:
+        self.device = pick_device(device)
+        self.tokenizer = load_tokenizer(model_dir)
+        with _quiet_transformers():
+            self.model = AutoModelForSequenceClassification.from_pretrained(model_dir, local_files_only=True)
+        self.model.to(self.device).eval()
+        self.max_length = context_length(self.model, self.tokenizer.model_max_length)
+        self.regression = self.model.config.num_labels == 1
+        self.labels = [self.model.config.id2label[i] for i in range(self.model.config.num_labels)]
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "labels": None if self.regression else self.labels, "max_length": self.max_length}
+
+    def classify(self, _key: Hashable | None, items: Sequence[tuple[str, str | None]]) -> list[Classification]:
+        """One forward pass; inputs longer than the context are truncated, as in fine-tuning."""
+        texts = [text for text, _ in items]
+        pairs = [pair for _, pair in items]
+        encoded = self.tokenizer(
+            texts, pairs if pairs[0] is not None else None,
+            padding=True, truncation=True, max_length=self.max_length, return_tensors="pt",
+        ).to(self.device)
+        with torch.inference_mode():
+            logits = self.model(**encoded).logits.float()
+        if self.regression:
+            return [Classification(None, float(v)) for v in logits[:, 0].tolist()]
+        probs = torch.softmax(logits, dim=-1)
+        scores, indices = probs.max(dim=-1)
+        return [Classification(self.labels[i], float(s)) for i, s in zip(indices.tolist(), scores.tolist())]
+
+
+class StopOnText(StoppingCriteria):
+    """Ends a row once its generated text holds a stop sequence.
+
+    Not ``generate(stop_strings=...)``: that matches the end of prompt + completion, so a stop
+    sequence straddling the prompt's end would stop a row whose completion does not contain it.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stops: Sequence[str], prompt_width: int) -> None:
+        self.tokenizer = tokenizer
+        self.stops = tuple(stops)
+        self.prompt_width = prompt_width
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
+        generated = self.tokenizer.batch_decode(input_ids[:, self.prompt_width:], skip_special_tokens=True)
+        hits = [any(stop in text for stop in self.stops) for text in generated]
+        return torch.tensor(hits, dtype=torch.bool, device=input_ids.device)
+
+
+class Generator:
+    kind = CAUSAL_LM
+
+    def __init__(self, model_dir: Path, device: str = "auto") -> None:
+        self.device = pick_device(device)
+        self.tokenizer = load_tokenizer(model_dir)
+        self.tokenizer.padding_side = "left"  # new tokens follow every prompt directly
+        self._counting_tokenizer = load_tokenizer(model_dir)
+        with _quiet_transformers():
+            self.model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
+        self.model.to(self.device).eval()
+        self.context_length = context_length(self.model, self.tokenizer.model_max_length)
+        self.eos_token_id = self.tokenizer.eos_token_id
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "context_length": self.context_length}
+
+    def count_tokens(self, prompts: Sequence[str]) -> list[int]:
+        return [len(ids) for ids in self._counting_tokenizer(list(prompts))["input_ids"]]
+
+    def generate(self, params: GenerationParams, prompts: Sequence[str]) -> list[Completion]:
+        """One ``generate`` call for prompts that share ``params`` (the batch key carries them)."""
+        encoded = self.tokenizer(list(prompts), padding=True, return_tensors="pt").to(self.device)
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": params.max_new_tokens,
+            "pad_token_id": self.tokenizer.pad_token_id,
+            "eos_token_id": self.eos_token_id,
+            "do_sample": params.sampling,
+        }
+        if params.sampling:
+            kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=0)
+        prompt_width = encoded["input_ids"].shape[1]
+        if params.stop:  # stop a row early; its text is cut at the stop sequence below
+            kwargs["stopping_criteria"] = StoppingCriteriaList([StopOnText(self.tokenizer, params.stop, prompt_width)])
+        if params.seed is not None:
+            torch.manual_seed(params.seed)  # safe: forward passes run one at a time
+        with torch.inference_mode(), _quiet_transformers():
+            output = self.model.generate(**encoded, **kwargs)
+        prompt_tokens = encoded["attention_mask"].sum(dim=1).tolist()
+        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        return [
+            finish_completion(row[prompt_width:].tolist(), n, decode, self.eos_token_id, params.stop, params.max_new_tokens)
+            for row, n in zip(output, prompt_tokens)
+        ]

@@ -1,0 +1,197 @@
+"""The KServe side of ``python -m sweep.serve``: the ``kserve.Model`` subclasses and the ModelServer.
+
+Imported only once the command line is valid: kserve takes seconds to import, and it parses
+``sys.argv`` when imported.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import uuid
+from collections.abc import Hashable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from sweep.serving.engines import CLASSIFIER, Classifier, Generator, model_kind
+
+
+def _import_kserve() -> Any:
+    """Import kserve without letting it read our argv: it parses sys.argv when imported."""
+    saved = sys.argv
+    sys.argv = saved[:1]
+    try:
+        import kserve
+        import kserve.model_server
+    finally:
+        sys.argv = saved
+    return kserve
+
+
+kserve = _import_kserve()
+from fastapi import Request  # noqa: E402 - after kserve, which builds the app
+from fastapi.exceptions import RequestValidationError  # noqa: E402
+from fastapi.responses import JSONResponse  # noqa: E402
+from kserve.errors import InvalidInput  # noqa: E402
+from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse  # noqa: E402
+
+from sweep.serving.batcher import MicroBatcher  # noqa: E402
+from sweep.serving.protocol import (  # noqa: E402
+    STOP,
+    TEXT,
+    TEXT_PAIR,
+    RequestError,
+    Tensor,
+    check_context,
+    classification_outputs,
+    generation_outputs,
+    parse_classify,
+    parse_generate,
+)
+
+
+def _tensor(infer_input: Any) -> Tensor:
+    """Our view of a request input; binary-encoded tensors (the v2 binary extension) are decoded."""
+    data = infer_input.data
+    if data is None:
+        try:
+            data = infer_input.as_numpy().tolist()
+        except Exception as e:  # noqa: BLE001 - any decoding failure is the client's payload
+            raise InvalidInput(f"input {infer_input.name!r}: cannot decode its binary data: {e}") from None
+    return Tensor(infer_input.name, list(infer_input.shape or []), infer_input.datatype, data)
+
+
+def _io_spec(name: str, datatype: str, shape: Sequence[int]) -> dict[str, Any]:
+    return {"name": name, "datatype": datatype, "shape": list(shape)}
+
+
+class _BatchedTextModel(kserve.Model):
+    """A KServe model whose predict decodes the request, batches it with others, encodes the answer."""
+
+    def __init__(self, name: str, batcher: MicroBatcher[Any, Any]) -> None:
+        super().__init__(name)
+        self.batcher = batcher
+
+    def load(self) -> bool:  # the engine is loaded before the server starts
+        self.ready = True
+        return self.ready
+
+    def stop(self) -> None:
+        self.batcher.close()
+        super().stop()
+
+    def parse(self, inputs: list[Tensor], parameters: Mapping[str, Any] | None) -> tuple[Hashable | None, list[Any]]:
+        raise NotImplementedError
+
+    def encode(self, results: list[Any]) -> list[Tensor]:
+        raise NotImplementedError
+
+    async def predict(self, payload: InferRequest, headers: dict[str, str] | None = None) -> InferResponse:
+        if not isinstance(payload, InferRequest):  # a v1 body: this server speaks v2
+            raise InvalidInput(f"use the v2 protocol: POST /v2/models/{self.name}/infer")
+        try:
+            key, items = self.parse([_tensor(i) for i in payload.inputs], payload.parameters)
+        except RequestError as e:
+            raise InvalidInput(str(e)) from None
+        batched = await self.batcher.submit(key, items)
+        outputs = [InferOutput(t.name, t.shape, t.datatype, t.data) for t in self.encode(batched.results)]
+        return InferResponse(
+            response_id=payload.id or str(uuid.uuid4()),
+            model_name=self.name,
+            infer_outputs=outputs,
+            parameters={"batch_size": batched.batch_size},  # texts that shared the forward pass
+            use_binary_outputs=payload.use_binary_outputs,
+        )
+
+
+class ClassifierModel(_BatchedTextModel):
+    def __init__(self, name: str, engine: Classifier, batcher_options: Mapping[str, Any]) -> None:
+        super().__init__(name, MicroBatcher(engine.classify, **batcher_options))
+        self.engine = engine
+
+    def parse(self, inputs: list[Tensor], parameters: Mapping[str, Any] | None) -> tuple[Hashable | None, list[Any]]:
+        request = parse_classify(inputs, parameters)
+        return request.batch_key, request.items
+
+    def encode(self, results: list[Any]) -> list[Tensor]:
+        return classification_outputs(results)
+
+    def get_input_types(self) -> list[dict[str, Any]]:
+        return [_io_spec(TEXT, "BYTES", [-1]), _io_spec(TEXT_PAIR, "BYTES", [-1])]
+
+    def get_output_types(self) -> list[dict[str, Any]]:
+        outputs = [_io_spec("score", "FP32", [-1])]
+        if not self.engine.regression:
+            outputs.insert(0, _io_spec("label", "BYTES", [-1]))
+        return outputs
+
+
+class GeneratorModel(_BatchedTextModel):
+    def __init__(self, name: str, engine: Generator, batcher_options: Mapping[str, Any]) -> None:
+        def run_batch(_key: Hashable | None, items: list[tuple[str, Any]]) -> list[Any]:
+            return engine.generate(items[0][1], [prompt for prompt, _ in items])  # one key: one params
+
+        super().__init__(name, MicroBatcher(run_batch, **batcher_options))
+        self.engine = engine
+
+    def parse(self, inputs: list[Tensor], parameters: Mapping[str, Any] | None) -> tuple[Hashable | None, list[Any]]:
+        request = parse_generate(inputs, parameters, self.engine.context_length)
+        check_context(self.engine.count_tokens(request.prompts), request.params.max_new_tokens, self.engine.context_length)
+        return request.params.batch_key, [(prompt, request.params) for prompt in request.prompts]
+
+    def encode(self, results: list[Any]) -> list[Tensor]:
+        return generation_outputs(results)
+
+    def get_input_types(self) -> list[dict[str, Any]]:
+        return [_io_spec(TEXT, "BYTES", [-1]), _io_spec(STOP, "BYTES", [-1])]
+
+    def get_output_types(self) -> list[dict[str, Any]]:
+        return [
+            _io_spec("text", "BYTES", [-1]),
+            _io_spec("prompt_tokens", "INT32", [-1]),
+            _io_spec("completion_tokens", "INT32", [-1]),
+            _io_spec("finish_reason", "BYTES", [-1]),
+        ]
+
+
+async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    """FastAPI answers a body that is not JSON, or not a v2 request, with 422 and a list; v2 says 400 + error."""
+    problems = []
+    for err in exc.errors():
+        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+        if loc and loc[0] == "bytes":  # the raw-bytes branch of the endpoint's body type: not what was meant
+            continue
+        if err.get("type") == "json_invalid":
+            where = f"; character {loc[-1]}" if loc else ""
+            problems.append(f"the body is not valid JSON ({err.get('ctx', {}).get('error', 'decode error')}{where})")
+            continue
+        where = ".".join(loc[1:] if loc and loc[0] == "InferenceRequest" else loc) or "the body"
+        problems.append(f"{where}: {err.get('msg', 'invalid')}")
+    message = "; ".join(problems) or "not a v2 inference request"
+    return JSONResponse(status_code=400, content={"error": f"malformed request: {message}"})
+
+
+def build_model(model_dir: Path, name: str, options: Mapping[str, Any]) -> _BatchedTextModel:
+    if options["threads"]:
+        import torch
+
+        torch.set_num_threads(options["threads"])
+    batcher_options = {
+        "enabled": options["batching"],
+        "max_batch_size": options["max_batch_size"],
+        "max_latency_ms": options["max_latency_ms"],
+    }
+    if model_kind(model_dir) == CLASSIFIER:
+        return ClassifierModel(name, Classifier(model_dir, options["device"]), batcher_options)
+    return GeneratorModel(name, Generator(model_dir, options["device"]), batcher_options)
+
+
+def serve(model: _BatchedTextModel, port: int, log_requests: bool) -> None:
+    """Run KServe's ModelServer with ``model`` until SIGINT/SIGTERM."""
+    server = kserve.ModelServer(http_port=port, enable_grpc=False, enable_latency_logging=log_requests, workers=1)
+    if not log_requests:
+        for logger_name in ("uvicorn.access", "kserve.trace"):
+            logging.getLogger(logger_name).setLevel(logging.WARNING)
+    kserve.model_server.app.add_exception_handler(RequestValidationError, _validation_error)
+    model.load()
+    server.start([model])

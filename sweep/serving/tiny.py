@@ -1,0 +1,49 @@
+"""Tiny servable models, built offline, in the layout a sweep exports (for tests, the benchmark, a demo).
+
+``best/<TASK>/`` of a sweep holds a ``save_pretrained`` model with its tokenizer and
+``sweep_made_by.json``; these are the same, untrained: a RoBERTa classifier with RTE's head and a
+GPT-2 language model.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from sweep.models import _quiet_transformers, load_for_task, resolve_model_dir
+from sweep.results import MADE_BY
+from sweep.tasks import load_task
+
+TINY_ROBERTA = {
+    "name": "tiny-roberta",
+    "builder": {"arch": "roberta", "vocab_size": 2000, "hidden_size": 32, "num_layers": 2, "num_heads": 2, "max_positions": 514},
+}
+TINY_GPT2 = {
+    "name": "tiny-gpt2",
+    "builder": {"arch": "gpt2", "vocab_size": 2000, "hidden_size": 32, "num_layers": 2, "num_heads": 2, "max_positions": 256},
+}
+CLASSIFIER_TASK = "RTE"
+LM_TASK = "wikitext-2"
+
+
+def _made_by(model: str, task: str) -> str:
+    return json.dumps({"task": task, "seed": 0, "model": model, "hparams": {}, "score": None, "note": "untrained tiny model"})
+
+
+def export_tiny_classifier(dest: Path, cache_dir: Path) -> Path:
+    """``dest`` = an RTE classifier on the tiny RoBERTa, published as ``tiny-roberta-RTE``."""
+    tokenizer, model = load_for_task(resolve_model_dir(TINY_ROBERTA, cache_dir), load_task(CLASSIFIER_TASK))
+    dest.mkdir(parents=True, exist_ok=True)
+    with _quiet_transformers():
+        model.save_pretrained(dest)
+        tokenizer.save_pretrained(dest)
+    (dest / MADE_BY).write_text(_made_by(TINY_ROBERTA["name"], CLASSIFIER_TASK))
+    return dest
+
+
+def export_tiny_lm(dest: Path, cache_dir: Path) -> Path:
+    """``dest`` = the tiny GPT-2 language model, published as ``tiny-gpt2-wikitext-2``."""
+    shutil.copytree(resolve_model_dir(TINY_GPT2, cache_dir), dest, dirs_exist_ok=True)
+    (dest / MADE_BY).write_text(_made_by(TINY_GPT2["name"], LM_TASK))
+    return dest

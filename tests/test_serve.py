@@ -1,0 +1,621 @@
+"""The model server: plain logic (requests, batcher, generation, sources) and the real server over HTTP.
+
+Two real ``python -m sweep.serve`` processes run for the module, on free ports: a tiny RoBERTa RTE
+classifier and a tiny GPT-2 language model, each saved as a sweep exports its best model
+(save_pretrained + tokenizer + ``sweep_made_by.json``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from sweep.results import MADE_BY
+from sweep.serving.batcher import MicroBatcher
+from sweep.serving.cli_args import UsageError, parse_key_values
+from sweep.serving.generation import finish_completion
+from sweep.serving.protocol import (
+    GenerationParams,
+    RequestError,
+    Tensor,
+    check_context,
+    parse_classify,
+    parse_generate,
+)
+from sweep.serving.source import ModelSourceError, published_name, resolve_model_source
+from sweep.serving.tiny import export_tiny_classifier, export_tiny_lm
+
+REPO = Path(__file__).resolve().parents[1]
+DEPLOY = REPO / "deploy" / "kserve"
+SERVER_START_TIMEOUT = 120.0
+CLASSIFIER_NAME = "tiny-roberta-RTE"
+LM_NAME = "tiny-gpt2-wikitext-2"
+LM_CONTEXT = 256
+
+
+def texts(name: str, values: list[Any], shape: list[int] | None = None, datatype: str = "BYTES") -> dict[str, Any]:
+    return {"name": name, "shape": shape if shape is not None else [len(values)], "datatype": datatype, "data": values}
+
+
+def tensor(name: str, values: list[Any], shape: list[int] | None = None, datatype: str = "BYTES") -> Tensor:
+    return Tensor(**texts(name, values, shape, datatype))
+
+
+def output(body: dict[str, Any], name: str) -> list[Any]:
+    return next(o["data"] for o in body["outputs"] if o["name"] == name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests.
+
+def test_classify_request_singles_and_pairs() -> None:
+    single = parse_classify([tensor("text", ["a cat", "a dog"])], None)
+    assert single.items == [("a cat", None), ("a dog", None)] and single.batch_key is False
+    pairs = parse_classify([tensor("text", [["a"], ["b"]], [2, 1]), tensor("text_pair", ["x", "y"])], {})
+    assert pairs.items == [("a", "x"), ("b", "y")] and pairs.batch_key is True
+
+
+@pytest.mark.parametrize(
+    ("inputs", "parameters", "message"),
+    [
+        ([], None, "missing input 'text'"),
+        ([tensor("text", [])], None, "is empty"),
+        ([tensor("text", ["a", ""])], None, "'text'[1] is an empty string"),
+        ([tensor("text", ["a"], [2])], None, "shape [2] says 2 element(s), data has 1"),
+        ([tensor("text", ["a", "b"], [1, 2])], None, "shape must be [n] or [n, 1]"),
+        ([tensor("text", [1.5], datatype="FP32")], None, "datatype must be BYTES"),
+        ([tensor("text", [3])], None, "expected a string, got int"),
+        ([tensor("txt", ["a"])], None, "unknown input 'txt'"),
+        ([tensor("text", ["a"]), tensor("text", ["b"])], None, "given twice"),
+        ([tensor("text", ["a", "b"]), tensor("text_pair", ["x"])], None, "one pair each"),
+        ([tensor("text", ["a"])], {"temperature": 1.0}, "unknown parameter(s) temperature"),
+    ],
+)
+def test_classify_request_errors(inputs: list[Tensor], parameters: dict[str, Any] | None, message: str) -> None:
+    with pytest.raises(RequestError) as err:
+        parse_classify(inputs, parameters)
+    assert message in str(err.value)
+
+
+def test_generate_request_defaults_and_settings() -> None:
+    default = parse_generate([tensor("text", ["hello"])], None, context_length=256)
+    assert default.prompts == ("hello",)
+    assert default.params == GenerationParams(max_new_tokens=32, temperature=0.0, top_p=1.0, stop=(), seed=None)
+    request = parse_generate(
+        [tensor("text", ["a", "b"]), tensor("stop", ["\n", "."])],
+        {"max_new_tokens": 5, "temperature": 1, "top_p": 0.9, "seed": 7, "stop": "!"},
+        context_length=256,
+    )
+    assert request.params == GenerationParams(5, 1.0, 0.9, ("!", "\n", "."), 7)
+
+
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        ({"max_new_tokens": 0}, "max_new_tokens: must be in [1, 255]"),
+        ({"max_new_tokens": 2.5}, "max_new_tokens: must be an integer"),
+        ({"max_new_tokens": True}, "max_new_tokens: must be an integer"),
+        ({"temperature": "hot"}, "temperature: must be a number"),
+        ({"temperature": -1}, "temperature: must be in [0.0, 100.0]"),
+        ({"top_p": 0}, "top_p: must be in (0.0, 1.0]"),
+        ({"seed": -3}, "seed: must be in [0,"),
+        ({"stop": ""}, "stop: must be a non-empty string"),
+        ({"max_tokens": 5}, "unknown parameter(s) max_tokens; allowed: max_new_tokens, seed, stop, temperature, top_p"),
+    ],
+)
+def test_generate_request_errors(parameters: dict[str, Any], message: str) -> None:
+    with pytest.raises(RequestError) as err:
+        parse_generate([tensor("text", ["hello"])], parameters, context_length=256)
+    assert message in str(err.value)
+
+
+def test_prompt_longer_than_context_names_the_limit() -> None:
+    check_context([10, 200], max_new_tokens=56, context_length=256)  # exactly fits
+    with pytest.raises(RequestError, match=r"prompt 1 is 201 tokens; with max_new_tokens=56 .* context of 256 tokens"):
+        check_context([10, 201], max_new_tokens=56, context_length=256)
+
+
+def test_batch_keys_merge_only_what_can_share_a_generate_call() -> None:
+    greedy = GenerationParams(max_new_tokens=8)
+    # Greedy decoding ignores temperature-only settings: the same key, so these share a batch.
+    assert greedy.batch_key == GenerationParams(max_new_tokens=8, top_p=0.5, seed=3).batch_key
+    assert greedy.batch_key != GenerationParams(max_new_tokens=9).batch_key
+    assert greedy.batch_key != GenerationParams(max_new_tokens=8, stop=("\n",)).batch_key
+    sampled = GenerationParams(temperature=0.7)
+    assert sampled.batch_key == GenerationParams(temperature=0.7).batch_key != GenerationParams(temperature=0.8).batch_key
+    assert GenerationParams(temperature=0.7, seed=1).batch_key is None  # a seeded request runs alone
+
+
+# ---------------------------------------------------------------------------------------------
+# Batcher.
+
+@dataclass
+class RecordingModel:
+    """A stand-in forward pass that records each batch and answers item * 10."""
+
+    delay_s: float = 0.02
+    fail_on: int | None = None
+
+    def __post_init__(self) -> None:
+        self.calls: list[tuple[Any, list[int]]] = []
+
+    def __call__(self, key: Any, items: list[int]) -> list[int]:
+        self.calls.append((key, list(items)))
+        time.sleep(self.delay_s)
+        if self.fail_on is not None and self.fail_on in items:
+            raise RuntimeError(f"boom on {self.fail_on}")
+        return [i * 10 for i in items]
+
+
+async def _submit_all(batcher: MicroBatcher[int, int], requests: list[tuple[Any, list[int]]]) -> list[Any]:
+    return await asyncio.gather(*(batcher.submit(k, items) for k, items in requests), return_exceptions=True)
+
+
+def test_batcher_merges_concurrent_requests_and_keeps_results_aligned() -> None:
+    model = RecordingModel()
+    batcher = MicroBatcher(model, max_batch_size=8, max_latency_ms=50)
+    requests = [("k", [i, i + 100]) for i in range(6)]  # 12 items: a batch of 8, then one of 4
+    answers = asyncio.run(_submit_all(batcher, requests))
+    assert [a.results for a in answers] == [[i * 10, (i + 100) * 10] for i in range(6)]
+    assert [len(items) for _, items in model.calls] == [8, 4]
+    assert [a.batch_size for a in answers] == [8, 8, 8, 8, 4, 4]
+    batcher.close()
+
+
+def test_batcher_never_merges_different_keys_or_none() -> None:
+    model = RecordingModel()
+    batcher = MicroBatcher(model, max_batch_size=32, max_latency_ms=50)
+    requests = [("a", [1]), ("b", [2]), ("a", [3]), (None, [4]), (None, [5]), ("b", [6])]
+    answers = asyncio.run(_submit_all(batcher, requests))
+    assert [a.results for a in answers] == [[10], [20], [30], [40], [50], [60]]
+    assert sorted((str(k), items) for k, items in model.calls) == [
+        ("None", [4]), ("None", [5]), ("a", [1, 3]), ("b", [2, 6])
+    ]
+    batcher.close()
+
+
+def test_batcher_off_runs_every_request_alone() -> None:
+    model = RecordingModel()
+    batcher = MicroBatcher(model, enabled=False)
+    answers = asyncio.run(_submit_all(batcher, [("k", [i]) for i in range(5)]))
+    assert [a.results for a in answers] == [[i * 10] for i in range(5)]
+    assert len(model.calls) == 5 and all(a.batch_size == 1 for a in answers)
+    batcher.close()
+
+
+def test_batcher_failure_reaches_every_request_of_the_batch_and_it_keeps_working() -> None:
+    model = RecordingModel(fail_on=2)
+    batcher = MicroBatcher(model, max_batch_size=8, max_latency_ms=50)
+
+    async def scenario() -> tuple[list[Any], Any]:
+        failed = await _submit_all(batcher, [("k", [1]), ("k", [2])])
+        return failed, await batcher.submit("k", [3])
+
+    failed, later = asyncio.run(scenario())
+    assert all(isinstance(f, RuntimeError) and "boom on 2" in str(f) for f in failed)
+    assert later.results == [30]
+    batcher.close()
+
+
+def test_batcher_rejects_bad_limits() -> None:
+    with pytest.raises(ValueError, match="max_batch_size"):
+        MicroBatcher(RecordingModel(), max_batch_size=0)
+    with pytest.raises(ValueError, match="max_latency_ms"):
+        MicroBatcher(RecordingModel(), max_latency_ms=-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Generation post-processing (one "token" per character here, to make the counts visible).
+
+def _decode(ids: list[int]) -> str:
+    return "".join(chr(i) for i in ids)
+
+
+def test_completion_is_cut_at_the_earliest_stop_sequence() -> None:
+    ids = [ord(c) for c in "Hello. World\nmore"]
+    done = finish_completion(ids, 4, _decode, eos_token_id=0, stops=["\n", "."], max_new_tokens=20)
+    assert (done.text, done.prompt_tokens, done.completion_tokens, done.finish_reason) == ("Hello", 4, 6, "stop")
+
+
+def test_completion_ends_at_eos_or_length() -> None:
+    eos = 0
+    by_eos = finish_completion([ord("a"), ord("b"), eos, eos, eos], 2, _decode, eos, [], max_new_tokens=5)
+    assert (by_eos.text, by_eos.completion_tokens, by_eos.finish_reason) == ("ab", 3, "stop")
+    by_length = finish_completion([ord("a")] * 5, 2, _decode, eos, ["zz"], max_new_tokens=5)
+    assert (by_length.text, by_length.completion_tokens, by_length.finish_reason) == ("aaaaa", 5, "length")
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line and model sources.
+
+def test_key_value_arguments() -> None:
+    from sweep.serve import DEFAULT_PORT, OPTIONS
+
+    options = parse_key_values(["model=/m", "port=9000", "batching=false", "max_latency_ms=2.5"], OPTIONS)
+    assert options["model"] == "/m" and options["port"] == 9000 and options["batching"] is False
+    assert options["max_latency_ms"] == 2.5 and options["max_batch_size"] == 32
+    assert parse_key_values(["model=/m"], OPTIONS)["port"] == DEFAULT_PORT == 8080
+    for argv, message in [
+        (["model=/m", "prot=1"], "prot: unknown option"),
+        (["model=/m", "--port", "1"], "arguments are key=value"),
+        (["model=/m", "port=http"], "port: invalid literal"),
+        (["model=/m", "port=70000"], "port: must be a port in 1..65535"),
+        (["model=/m", "batching=maybe"], "batching: expected true or false"),
+        (["model=/m", "model=/n"], "model: given twice"),
+        (["port=1"], "model: required"),
+    ]:
+        with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            parse_key_values(argv, OPTIONS)
+
+
+def test_serve_cli_bad_arguments_exit_2_with_one_line(tmp_path: Path) -> None:
+    encoder_only = tmp_path / "encoder"
+    encoder_only.mkdir()
+    (encoder_only / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
+    for argv, message in [
+        (["prot=1", "model=x"], "error: prot: unknown option"),
+        (["model=x", "port=0"], "error: port: must be a port in 1..65535, got 0"),
+        ([f"model={tmp_path / 'missing'}"], "is not a folder"),
+        ([f"model={tmp_path}"], "has no config.json"),
+        ([f"model={encoder_only}"], "is neither a sequence classifier nor a causal LM"),
+    ]:
+        done = subprocess.run([sys.executable, "-m", "sweep.serve", *argv], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0], done.stderr
+
+
+def test_published_name_is_the_registered_name(tmp_path: Path) -> None:
+    folder = tmp_path / "best" / "RTE"
+    folder.mkdir(parents=True)
+    assert published_name(folder, str(folder)) == "RTE"  # no sweep_made_by.json: the folder's name
+    (folder / MADE_BY).write_text(json.dumps({"model": "org/roberta-base", "task": "RTE"}))
+    assert published_name(folder, str(folder)) == "org-roberta-base-RTE"  # as tracking.register_best names it
+    assert published_name(folder, "models:/roberta-base-WNLI@champion") == "roberta-base-WNLI"
+
+
+def test_model_source_errors(tmp_path: Path) -> None:
+    with pytest.raises(ModelSourceError, match="is not a folder"):
+        resolve_model_source(str(tmp_path / "nope"), tmp_path)
+    with pytest.raises(ModelSourceError, match="unknown scheme"):
+        resolve_model_source("gs://bucket/model", tmp_path)
+    with pytest.raises(ModelSourceError, match=r"expected models:/<name>@<alias>"):
+        resolve_model_source("models:/a/b/c", tmp_path, tracking_uri=f"sqlite:///{tmp_path}/m.db")
+
+
+@pytest.mark.slow
+def test_registered_champion_is_downloaded_and_named(tmp_path: Path, cache_dir: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from sweep.tracking import register_best
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    model_dir = export_tiny_classifier(tmp_path / "best" / "RTE", cache_dir)
+    client = MlflowClient(tracking_uri=uri)
+    run = client.create_run(client.create_experiment("serve-test", artifact_location=str(tmp_path / "artifacts")))
+    register_best(uri, "tiny-roberta", "RTE", run.info.run_id, model_dir, 0.5, "max", "acc")
+    source = "models:/tiny-roberta-RTE@champion"
+    local = resolve_model_source(source, tmp_path / "cache", tracking_uri=uri)
+    assert (local / "config.json").is_file() and (local / "model.safetensors").is_file()
+    assert local.name == "tiny-roberta-RTE-v1" and published_name(local, source) == "tiny-roberta-RTE"
+    assert resolve_model_source(source, tmp_path / "cache", tracking_uri=uri) == local  # cached copy reused
+    with pytest.raises(ModelSourceError, match="not found in the registry"):
+        resolve_model_source("models:/tiny-roberta-RTE@nope", tmp_path / "cache", tracking_uri=uri)
+
+
+# ---------------------------------------------------------------------------------------------
+# Deploy files.
+
+def test_inferenceservice_runs_the_same_server_command_and_port() -> None:
+    from sweep.serve import DEFAULT_PORT, OPTIONS
+
+    isvc = yaml.safe_load((DEPLOY / "inferenceservice.yaml").read_text())
+    assert (isvc["apiVersion"], isvc["kind"]) == ("serving.kserve.io/v1beta1", "InferenceService")
+    predictor = isvc["spec"]["predictor"]
+    (container,) = predictor["containers"]
+    assert container["name"] == "kserve-container"
+    assert container["command"] == ["python", "-m", "sweep.serve"]
+    options = parse_key_values(container["args"], OPTIONS)  # the server itself accepts these arguments
+    assert options["model"] == "/mnt/models" and options["port"] == DEFAULT_PORT
+    assert [p["containerPort"] for p in container["ports"]] == [DEFAULT_PORT]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": DEFAULT_PORT}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": DEFAULT_PORT}
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["STORAGE_URI"].startswith("s3://")
+
+    secret, account = yaml.safe_load_all((DEPLOY / "s3-secret.yaml").read_text())
+    assert (account["kind"], account["metadata"]["name"]) == ("ServiceAccount", predictor["serviceAccountName"])
+    assert account["secrets"] == [{"name": secret["metadata"]["name"]}]
+    assert secret["kind"] == "Secret" and "serving.kserve.io/s3-endpoint" in secret["metadata"]["annotations"]
+    assert set(secret["stringData"]) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+
+
+def test_containerfile_entrypoint_matches_the_server() -> None:
+    from sweep.serve import DEFAULT_PORT, OPTIONS
+
+    lines = (DEPLOY / "Containerfile").read_text().splitlines()
+    instruction = {line.split()[0]: line.split(None, 1)[1] for line in lines if line and not line.startswith(("#", " "))}
+    isvc = yaml.safe_load((DEPLOY / "inferenceservice.yaml").read_text())
+    assert json.loads(instruction["ENTRYPOINT"]) == isvc["spec"]["predictor"]["containers"][0]["command"]
+    options = parse_key_values(json.loads(instruction["CMD"]), OPTIONS)
+    assert options["model"] == "/mnt/models" and options["port"] == DEFAULT_PORT
+    assert instruction["EXPOSE"] == str(DEFAULT_PORT)
+
+
+# ---------------------------------------------------------------------------------------------
+# The real server.
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    name: str
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
+
+
+def _start_server(name: str, model_dir: Path, log: Path, cache: Path, *args: str) -> Server:
+    port = _free_port()
+    env = {**os.environ, "SWEEP_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "sweep.serve", f"model={model_dir}", f"port={port}", "max_latency_ms=10", "threads=1", *args]
+    with log.open("wb") as sink:  # a file, not a pipe: a full pipe would block the server
+        proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    return Server(name, f"http://127.0.0.1:{port}", proc, log)
+
+
+def _wait_ready(server: Server) -> None:
+    deadline = time.monotonic() + SERVER_START_TIMEOUT
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"server exited with {server.proc.returncode}:\n{server.log_tail()}")
+        try:
+            if httpx.get(f"{server.url}/v2/health/ready", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"server not ready after {SERVER_START_TIMEOUT} s:\n{server.log_tail()}")
+
+
+def _stop(server: Server) -> None:
+    server.proc.terminate()
+    try:
+        server.proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+        server.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Iterator[dict[str, Server]]:
+    """Both servers, started together (start-up is mostly imports) and stopped at the end."""
+    root = tmp_path_factory.mktemp("serve")
+    classifier_dir = export_tiny_classifier(root / "best" / "RTE", cache_dir)
+    lm_dir = export_tiny_lm(root / "best" / "wikitext-2", cache_dir)
+    started = {
+        "classifier": _start_server(CLASSIFIER_NAME, classifier_dir, root / "classifier.log", cache_dir),
+        "lm": _start_server(LM_NAME, lm_dir, root / "lm.log", cache_dir),
+    }
+    try:
+        for server in started.values():
+            _wait_ready(server)
+        yield started
+    finally:
+        for server in started.values():
+            _stop(server)
+
+
+def _infer(server: Server, body: Any, name: str | None = None) -> httpx.Response:
+    return httpx.post(f"{server.url}/v2/models/{name or server.name}/infer", json=body, timeout=60)
+
+
+@pytest.mark.slow
+def test_health_and_model_endpoints(servers: dict[str, Server]) -> None:
+    for kind, server in servers.items():
+        assert httpx.get(f"{server.url}/v2/health/live").json() == {"live": True}
+        assert httpx.get(f"{server.url}/v2/health/ready").json() == {"ready": True}
+        assert httpx.get(f"{server.url}/v1/models").json() == {"models": [server.name]}  # the registered name
+        assert httpx.get(f"{server.url}/v2/models/{server.name}/ready").json() == {"name": server.name, "ready": True}
+        metadata = httpx.get(f"{server.url}/v2/models/{server.name}").json()
+        outputs = {o["name"] for o in metadata["outputs"]}
+        assert outputs == ({"label", "score"} if kind == "classifier" else {"text", "prompt_tokens", "completion_tokens", "finish_reason"})
+
+
+@pytest.mark.slow
+def test_classifier_returns_labels_and_scores(servers: dict[str, Server]) -> None:
+    server = servers["classifier"]
+    singles = _infer(server, {"inputs": [texts("text", ["the cat sees a dog", "a quiet river"])]})
+    assert singles.status_code == 200, singles.text
+    body = singles.json()
+    assert set(output(body, "label")) <= {"entailment", "not_entailment"} and len(output(body, "label")) == 2
+    assert all(0.5 <= s <= 1.0 for s in output(body, "score"))  # probability of the predicted of 2 labels
+    pairs = _infer(server, {"inputs": [texts("text", ["the cat sleeps"]), texts("text_pair", ["a cat is asleep"])]})
+    assert pairs.status_code == 200 and len(output(pairs.json(), "label")) == 1
+    assert output(pairs.json(), "score") != output(_infer(server, {"inputs": [texts("text", ["the cat sleeps"])]}).json(), "score")
+
+
+def _generate(server: Server, prompts: list[str], **parameters: Any) -> dict[str, Any]:
+    response = _infer(server, {"inputs": [texts("text", prompts)], "parameters": parameters})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+@pytest.mark.slow
+def test_language_model_generates_with_token_counts(servers: dict[str, Server]) -> None:
+    from sweep.models import load_tokenizer
+
+    server = servers["lm"]
+    prompts = ["The meaning of life is", "the old painter"]
+    body = _generate(server, prompts, max_new_tokens=7)
+    tokenizer = load_tokenizer(Path(servers["lm"].proc.args[3].split("=", 1)[1]))
+    assert output(body, "prompt_tokens") == [len(tokenizer(p)["input_ids"]) for p in prompts]
+    for text, n, reason in zip(output(body, "text"), output(body, "completion_tokens"), output(body, "finish_reason")):
+        assert text and (reason, n) in {("length", 7), ("stop", n)} and 1 <= n <= 7
+    # Greedy decoding is deterministic and does not depend on the batch a prompt shared.
+    alone = _generate(server, prompts[1:], max_new_tokens=7)
+    assert output(alone, "text") == output(body, "text")[1:]
+
+
+@pytest.mark.slow
+def test_seed_makes_sampling_reproducible(servers: dict[str, Server]) -> None:
+    server = servers["lm"]
+    first = output(_generate(server, ["the city"], max_new_tokens=16, temperature=1.0, top_p=0.95, seed=7), "text")
+    again = output(_generate(server, ["the city"], max_new_tokens=16, temperature=1.0, top_p=0.95, seed=7), "text")
+    other = output(_generate(server, ["the city"], max_new_tokens=16, temperature=1.0, top_p=0.95, seed=8), "text")
+    assert first == again and first != other
+
+
+@pytest.mark.slow
+def test_stop_sequence_cuts_the_completion(servers: dict[str, Server]) -> None:
+    server = servers["lm"]
+    full = _generate(server, ["the doctor"], max_new_tokens=16)
+    text = output(full, "text")[0]
+    assert len(text) > 8, text
+    stop = text[5:8]
+    cut = _generate(server, ["the doctor"], max_new_tokens=16, stop=stop)
+    assert output(cut, "text") == [text[: text.find(stop)]]
+    assert output(cut, "finish_reason") == ["stop"] and output(cut, "completion_tokens")[0] < 16
+    several = _infer(server, {"inputs": [texts("text", ["the doctor"]), texts("stop", ["zzzz", stop])], "parameters": {"max_new_tokens": 16}})
+    assert output(several.json(), "text") == [text[: text.find(stop)]]
+
+
+MALFORMED = b'{"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["unterminated'
+BAD_REQUESTS: list[tuple[str, str, Any, int, str]] = [
+    # (id, server, body (bytes: sent as is), status, fragment of the error message)
+    ("malformed-json", "lm", MALFORMED, 400, "not valid JSON"),
+    ("not-a-v2-request", "lm", [1, 2], 400, "malformed request"),
+    ("shape-not-a-list", "lm", {"inputs": [texts("text", ["a"], "x")]}, 400, "inputs.0.shape"),
+    ("shape-mismatch", "classifier", {"inputs": [texts("text", ["a"], [3])]}, 400, "shape [3] says 3 element(s), data has 1"),
+    ("shape-2d", "lm", {"inputs": [texts("text", ["a", "b"], [1, 2])]}, 400, "shape must be [n] or [n, 1]"),
+    ("wrong-datatype", "classifier", {"inputs": [texts("text", [1.0], datatype="FP32")]}, 400, "datatype must be BYTES"),
+    ("number-as-text", "lm", {"inputs": [texts("text", [5])]}, 400, "expected a string"),
+    ("empty-input", "lm", {"inputs": [texts("text", [])]}, 400, "is empty"),
+    ("empty-string", "classifier", {"inputs": [texts("text", [""])]}, 400, "empty string"),
+    ("no-inputs", "classifier", {"inputs": []}, 400, "missing input 'text'"),
+    ("pair-count", "classifier", {"inputs": [texts("text", ["a", "b"]), texts("text_pair", ["c"])]}, 400, "one pair each"),
+    ("prompt-too-long", "lm", {"inputs": [texts("text", ["the cat " * 200])]}, 400, f"context of {LM_CONTEXT} tokens"),
+    ("unknown-parameter", "lm", {"inputs": [texts("text", ["a"])], "parameters": {"max_tokens": 3}}, 400, "unknown parameter(s) max_tokens"),
+    ("bad-parameter", "lm", {"inputs": [texts("text", ["a"])], "parameters": {"temperature": "hot"}}, 400, "temperature: must be a number"),
+    ("unknown-model", "lm", {"inputs": [texts("text", ["a"])]}, 404, "no-such-model"),
+]
+
+
+@pytest.mark.parametrize(("server_kind", "body", "status", "message"), [b[1:] for b in BAD_REQUESTS], ids=[b[0] for b in BAD_REQUESTS])
+@pytest.mark.slow
+def test_bad_request_gets_4xx_json_and_the_server_keeps_serving(
+    servers: dict[str, Server], server_kind: str, body: Any, status: int, message: str
+) -> None:
+    server = servers[server_kind]
+    name = "no-such-model" if status == 404 else server.name
+    url = f"{server.url}/v2/models/{name}/infer"
+    if isinstance(body, bytes):
+        response = httpx.post(url, content=body, headers={"content-type": "application/json"}, timeout=30)
+    else:
+        response = httpx.post(url, json=body, timeout=30)
+    assert response.status_code == status, response.text
+    assert message in response.json()["error"]
+    good = _infer(server, {"inputs": [texts("text", ["still here"])], "parameters": {"max_new_tokens": 2} if server_kind == "lm" else {}})
+    assert good.status_code == 200, good.text
+
+
+async def _concurrent(requests: list[tuple[str, dict[str, Any]]]) -> list[httpx.Response | BaseException]:
+    limits = httpx.Limits(max_connections=len(requests), max_keepalive_connections=len(requests))
+    async with httpx.AsyncClient(limits=limits, timeout=120) as client:
+        return await asyncio.gather(*(client.post(url, json=body) for url, body in requests), return_exceptions=True)
+
+
+@pytest.mark.slow
+def test_200_concurrent_requests_zero_errors_and_batched(servers: dict[str, Server]) -> None:
+    clf, lm = servers["classifier"], servers["lm"]
+    sentences = [f"the {i} cats see {i % 7} dogs near the river" for i in range(100)]
+    prompts = [f"story number {i} begins" for i in range(100)]
+    requests = [(f"{clf.url}/v2/models/{clf.name}/infer", {"inputs": [texts("text", [s])]}) for s in sentences]
+    requests += [
+        (f"{lm.url}/v2/models/{lm.name}/infer", {"inputs": [texts("text", [p])], "parameters": {"max_new_tokens": 4}})
+        for p in prompts
+    ]
+    responses = asyncio.run(_concurrent(requests))
+    errors = [r if isinstance(r, BaseException) else f"{r.status_code} {r.text}" for r in responses
+              if isinstance(r, BaseException) or r.status_code != 200]
+    assert not errors, errors[:3]
+    bodies = [r.json() for r in responses]  # type: ignore[union-attr]
+    assert max(b["parameters"]["batch_size"] for b in bodies[:100]) > 1  # concurrent requests did share passes
+    assert max(b["parameters"]["batch_size"] for b in bodies[100:]) > 1
+    # Each answer is its own request's: the same as asking for all texts in one request.
+    together = _infer(clf, {"inputs": [texts("text", sentences)]}).json()
+    assert [output(b, "score")[0] for b in bodies[:100]] == pytest.approx(output(together, "score"), abs=1e-5)
+    assert [output(b, "label")[0] for b in bodies[:100]] == output(together, "label")
+    alone = _generate(lm, prompts[:10], max_new_tokens=4)
+    assert [output(b, "text")[0] for b in bodies[100:110]] == output(alone, "text")
+
+
+# ---------------------------------------------------------------------------------------------
+# The inference command.
+
+def _infer_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sweep.infer", *args], capture_output=True, text=True, timeout=60, cwd=REPO)
+
+
+@pytest.mark.slow
+def test_infer_cli_prints_the_completion(servers: dict[str, Server]) -> None:
+    lm = servers["lm"]
+    expected = output(_generate(lm, ["The meaning of life is"], max_new_tokens=10), "text")[0]
+    done = _infer_cli("--url", lm.url, "--model", lm.name, "--max-new-tokens", "10", "The meaning of life is")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == expected + "\n"
+    assert "prompt +" in done.stderr and "completion tokens" in done.stderr
+
+
+@pytest.mark.slow
+def test_infer_cli_prints_label_and_score(servers: dict[str, Server]) -> None:
+    clf = servers["classifier"]
+    expected = _infer(clf, {"inputs": [texts("text", ["a cat"]), texts("text_pair", ["an animal"])]}).json()
+    done = _infer_cli("--url", clf.url, "a cat", "--pair", "an animal")  # the server's only model
+    assert done.returncode == 0, done.stderr
+    label, score = done.stdout.strip().split("\t")
+    assert label == output(expected, "label")[0] and float(score) == pytest.approx(output(expected, "score")[0], abs=1e-4)
+
+
+@pytest.mark.slow
+def test_infer_cli_errors_are_one_clear_line(servers: dict[str, Server]) -> None:
+    unknown = _infer_cli("--url", servers["lm"].url, "--model", "no-such-model", "hello")
+    assert unknown.returncode == 1 and unknown.stderr.startswith("error: the server answered 404: Model with name no-such-model")
+    refused = _infer_cli("--url", f"http://127.0.0.1:{_free_port()}", "hello")
+    assert refused.returncode == 1 and "cannot reach the model server" in refused.stderr, shlex.join(refused.args)
+
+
+def test_stop_sequences_match_only_the_generated_text(cache_dir: Path) -> None:
+    import torch
+
+    from sweep.models import load_tokenizer, resolve_model_dir
+    from sweep.serving.engines import StopOnText
+    from sweep.serving.tiny import TINY_GPT2
+
+    tokenizer = load_tokenizer(resolve_model_dir(TINY_GPT2, cache_dir))
+    prompt, completion = tokenizer("the doctor")["input_ids"], tokenizer(" doctor sees")["input_ids"]
+    ids = torch.tensor([prompt + completion])
+    # "or s" is in the completion; "or d" only straddles the prompt's end, which must not stop the row.
+    assert StopOnText(tokenizer, ["or s"], len(prompt))(ids, None).tolist() == [True]
+    assert StopOnText(tokenizer, ["or d"], len(prompt))(ids, None).tolist() == [False]
