@@ -179,13 +179,14 @@ def export_best(record: TrialRecord, target: Path, model_name: str) -> Path:
 
 def format_summary(summaries: list[TaskSummary]) -> str:
     """A fixed-width table: per task n, mean ± std, median, min, max, best seed and score."""
-    head = f"{'task':<8} {'metric':<11} {'n':>3} {'mean ± std':>17} {'median':>8} {'min':>8} {'max':>8} {'best seed':>9} {'best':>8} {'GPU-h':>7}"
+    width = max([8, *(len(s.task) for s in summaries)])  # wikitext-2-raw is longer than any GLUE name
+    head = f"{'task':<{width}} {'metric':<11} {'n':>3} {'mean ± std':>17} {'median':>8} {'min':>8} {'max':>8} {'best seed':>9} {'best':>8} {'GPU-h':>7}"
     lines = [head, "-" * len(head)]
     for s in summaries:
         fails = f" ({s.failed} failed)" if s.failed else ""
         best = f"{s.best_score:8.4f}" if s.best_score is not None else f"{'-':>8}"
         lines.append(
-            f"{s.task:<8} {s.metric:<11} {s.n:>3} {s.mean:8.4f} ± {s.std:6.4f} {s.median:8.4f} {s.min:8.4f} "
+            f"{s.task:<{width}} {s.metric:<11} {s.n:>3} {s.mean:8.4f} ± {s.std:6.4f} {s.median:8.4f} {s.min:8.4f} "
             f"{s.max:8.4f} {s.best_seed if s.best_seed is not None else '-':>9} {best} {s.gpu_hours:7.3f}{fails}"
         )
     return "\n".join(lines)
