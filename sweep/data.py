@@ -373,17 +373,22 @@ def tokenize_task(
         cache_stats.misses += 1
         return _tokenize(dsdict, spec, tokenizer, max_length)
     key = cache_key(dsdict, spec, tokenizer, max_length)
+    return cached_dataset(cache_dir, key, lambda: _tokenize(dsdict, spec, tokenizer, max_length), f"tokenized {spec.name}")
+
+
+def cached_dataset(cache_dir: str | Path, key: str, build: Callable[[], DatasetDict], what: str) -> DatasetDict:
+    """``cache_dir/tokenized/<key>``, built once under a file lock (concurrent trials wait for it)."""
     root = Path(cache_dir) / "tokenized"
     target = root / key
     root.mkdir(parents=True, exist_ok=True)
     with FileLock(str(root / f"{key}.lock")):
         if target.is_dir():
             cache_stats.hits += 1
-            log.info("tokenized %s: cache hit %s", spec.name, target)
+            log.info("%s: cache hit %s", what, target)
             return load_from_disk(str(target))
         cache_stats.misses += 1
-        log.info("tokenizing %s into %s", spec.name, target)
-        _write_atomically(_tokenize(dsdict, spec, tokenizer, max_length), root, target)
+        log.info("%s: building %s", what, target)
+        _write_atomically(build(), root, target)
     return load_from_disk(str(target))
 
 

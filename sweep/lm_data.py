@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,16 +21,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import torch
-from datasets import Dataset, DatasetDict, DatasetInfo, Features, Sequence, Value, load_from_disk
+from datasets import Dataset, DatasetDict, DatasetInfo, Features, Sequence, Value
 from datasets.table import InMemoryTable
-from filelock import FileLock
 from transformers import PreTrainedTokenizerBase
 
 from sweep.config import ConfigError
-from sweep.data import DataFormatError, _sha256, _write_atomically, cache_stats, tokenizer_identity
+from sweep.data import DataFormatError, _sha256, cache_stats, cached_dataset, tokenizer_identity
 from sweep.tasks import TaskSpec
 
-log = logging.getLogger(__name__)
 
 # Bump when the block format changes, so that old caches are not reused.
 LM_FORMAT_VERSION = 1
@@ -202,18 +199,8 @@ def lm_blocks(
         json.dumps({s: f for s, f in spec.eval_files.items()}), spec.holdout_fraction,
         tokenizer_identity(tokenizer), block_size,
     )
-    root = Path(cache_dir) / "tokenized"
-    target = root / key
-    root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(root / f"{key}.lock")):
-        if target.is_dir():
-            cache_stats.hits += 1
-            log.info("blocks of %s: cache hit %s", spec.name, target)
-            return load_from_disk(str(target))
-        cache_stats.misses += 1
-        log.info("tokenizing %s into blocks of %d in %s", spec.name, block_size, target)
-        _write_atomically(_blocks(spec, texts, tokenizer, block_size), root, target)
-    return load_from_disk(str(target))
+    return cached_dataset(cache_dir, key, lambda: _blocks(spec, texts, tokenizer, block_size),
+                          f"blocks of {block_size} for {spec.name}")
 
 
 def _blocks(

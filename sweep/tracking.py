@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import random
 import re
 import socket
@@ -32,7 +31,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 
 from sweep.results import TaskSummary, TrialRecord
-from sweep.secrets import scrub, secret_values  # noqa: F401  (secret_values: re-exported)
+from sweep.secrets import scrub
 
 log = logging.getLogger(__name__)
 

@@ -251,7 +251,6 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
     Returns the records and the local folder of the trials' checkpoints (None on remote storage).
     """
     quiet_ray()
-    import ray
     from ray import tune
 
     from sweep.progress import SweepProgress

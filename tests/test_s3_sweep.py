@@ -9,7 +9,7 @@ import boto3
 import pytest
 import ray
 from ray.cluster_utils import Cluster
-from s3_fixtures import SECRET_KEY, compose_settings, moto_server, s3_env  # noqa: F401
+from s3_fixtures import SECRET_KEY, moto_server, s3_env  # noqa: F401 (fixture)
 
 from sweep.app import run
 from sweep.node_cache import MARKER

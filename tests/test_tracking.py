@@ -17,9 +17,10 @@ from mlflow_fixtures import free_port, log_trial_in_process, mlflow_server  # no
 from sweep.config import ClusterConfig, ModelConfig, ResourcesConfig, Settings, StorageConfig, SweepConfig, TrackingConfig, TrainConfig
 from sweep.report import plot_seed_scores
 from sweep.results import TrialRecord, summarize, write_results
+from sweep.secrets import scrub, secret_values
 from sweep.tasks import load_task
 from sweep.tracking import (
-    FALLBACK_URI, SweepTracker, TrackingError, TrialLogger, check_reachable, register_best, scrub, secret_values,
+    FALLBACK_URI, SweepTracker, TrackingError, TrialLogger, check_reachable, register_best,
 )
 
 WNLI = load_task("WNLI")
