@@ -44,6 +44,11 @@ def stage_all_nodes(settings: Settings) -> list[NodeStaging]:
     """Stage on every alive node at once; the first node's error is raised as itself."""
     task = ray.remote(num_cpus=0, max_retries=0)(stage_this_node)
     nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+    pins = settings.pins
+    if pins is not None:  # long downloads: say what is happening before the wait
+        sources = [s for s in (pins.model, pins.data) if s is not None]
+        what = ", ".join(f"{s.uri} ({s.size / 2**20:.1f} MiB)" for s in sources)
+        print(f"staging: {what} on {len(nodes)} node(s)…", flush=True)
     refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(settings)
             for node in nodes]
     try:
