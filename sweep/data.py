@@ -37,6 +37,7 @@ from datasets.table import InMemoryTable
 from filelock import FileLock
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
 
+from sweep.errors import DataFormatError  # noqa: F401  (re-exported: sweep.data.DataFormatError)
 from sweep.tasks import TaskSpec
 
 log = logging.getLogger(__name__)
@@ -50,10 +51,6 @@ HF_LAYOUT = (
     "a datasets.save_to_disk folder <data_dir>/{config}/dataset_dict.json, or the hub's parquet "
     "files <data_dir>/{config}/train-00000-of-00001.parquet and validation-*.parquet"
 )
-
-
-class DataFormatError(ValueError):
-    """Task data is missing or malformed; the message names the file (and line) and the fix."""
 
 
 # --------------------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from sweep.synthetic import corpus_sentences
+from sweep.errors import ModelSourceError  # noqa: F401  (re-exported: sweep.models.ModelSourceError)
 from sweep.tasks import TaskSpec
 
 log = logging.getLogger(__name__)
@@ -60,10 +61,6 @@ HEAD_PREFIXES = ("classifier.", "score.")
 ROBERTA_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
 GPT2_EOS = "<|endoftext|>"
 BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-
-
-class ModelSourceError(ValueError):
-    """No usable local copy of a model: says which model, where we looked, and what to do."""
 
 
 @contextmanager

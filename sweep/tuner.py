@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import uuid
 import warnings
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sweep.config import Settings
+from sweep.errors import SOURCE_ERRORS
 from sweep.results import TrialRecord
 
 log = logging.getLogger(__name__)
@@ -282,6 +284,7 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
           f"{plan.workers} worker(s) x ({plan.cpus_per_worker:g} CPU, {plan.gpus_per_worker:g} GPU) each")
     progress = SweepProgress(settings, total)
     experiment = f"{storage}/{EXPERIMENT}" if remote else str(Path(storage) / EXPERIMENT)
+    fresh = not remote and not Path(experiment).exists()  # before the Tuner writes tuner.pkl there
     if settings.resume and tune.Tuner.can_restore(experiment):
         print(f"resume: continuing the sweep in {experiment}; finished trials are not run again")
         tuner = tune.Tuner.restore(experiment, trainable=trainable, resume_unfinished=True, resume_errored=False)
@@ -304,7 +307,14 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
                 failure_config=tune.FailureConfig(max_failures=0),  # retries happen in Train, from checkpoints
             ),
         )
-    grid = tuner.fit()
+    try:
+        grid = tuner.fit()
+    except SOURCE_ERRORS:
+        # The nodes' staging refused before any trial ran: leave no experiment behind that a later
+        # resume=true would try to restore.
+        if fresh:
+            shutil.rmtree(experiment, ignore_errors=True)
+        raise
     progress.close()
     history_dir = None if remote else Path(storage) / "history"
     train_dir = None if remote else Path(train_storage)

@@ -110,4 +110,5 @@ def test_what_is_missing_fails_the_cli_before_any_trial(moto_server, monkeypatch
     assert r.returncode == 2, r.stderr[-2000:]
     assert message in r.stderr and "Traceback" not in r.stderr
     assert "epoch" not in r.stdout and not (out / "results.csv").exists() and not (out / "best").exists()
+    assert not (out / "ray" / "tune").exists()  # no experiment left for a later resume=true to restore
     assert SECRET_KEY not in r.stdout + r.stderr
