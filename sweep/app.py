@@ -11,12 +11,10 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from sweep.config import Settings, validate
-from sweep.data import check_task_data
-from sweep.lm_data import check_block_size
 from sweep.results import (
     TrialRecord, best_per_task, export_best, format_summary, summarize, write_results,
 )
-from sweep.staging import ensure_local, preflight
+from sweep.staging import check_tasks_here, ensure_local, preflight
 
 log = logging.getLogger(__name__)
 
@@ -109,10 +107,7 @@ def check_sources(settings: Settings) -> Settings:
             if source is not None:
                 print(f"storage: {source.uri} ({source.form}, {source.size / 2**20:.1f} MiB, ETag {source.etag[:12]})")
         return replace(settings, pins=pins)
-    sources = ensure_local(settings)
-    for spec in settings.tasks:  # every missing task folder or file before any trial starts
-        check_task_data(spec, sources.data_dir)
-        check_block_size(spec, settings.train.block_size, sources.model_dir, settings.model.name)
+    check_tasks_here(settings, ensure_local(settings))  # every missing task file before any trial starts
     if settings.storage.output_prefix:
         from sweep.s3 import check_bucket, check_credentials, make_client, parse_uri
 

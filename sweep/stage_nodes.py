@@ -2,8 +2,8 @@
 
 A Ray Tune callback runs it in ``setup``, before the first trial; each trial still calls the same
 ``ensure_local`` (a no-op on a staged node), so a node that joins later stages on first use.
-Each node also checks every task's data files, so a missing file fails the sweep before any
-trial asks for a GPU.
+Each node also checks every task's data files (and an LM block size against the staged model), so
+a missing file fails the sweep before any trial asks for a GPU.
 """
 
 from __future__ import annotations
@@ -29,13 +29,11 @@ class NodeStaging:
 
 
 def stage_this_node(settings: Settings) -> NodeStaging:
-    from sweep.data import check_task_data
-    from sweep.staging import ensure_local
+    from sweep.staging import check_tasks_here, ensure_local
 
     started = time.monotonic()
     sources = ensure_local(settings)
-    for spec in settings.tasks:
-        check_task_data(spec, sources.data_dir)
+    check_tasks_here(settings, sources)
     return NodeStaging(ray.get_runtime_context().get_node_id(), socket.gethostname(), sources.downloaded,
                        time.monotonic() - started)
 

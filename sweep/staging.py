@@ -167,6 +167,16 @@ def _stage_s3(settings: Settings) -> LocalSources:
     return LocalSources(model_dir=model_dir, data_dir=staged["data"], downloaded=downloaded)
 
 
+def check_tasks_here(settings: Settings, sources: LocalSources) -> None:
+    """Every task's files on this machine, and an LM block size the model can hold (before any trial)."""
+    from sweep.data import check_task_data
+    from sweep.lm_data import check_block_size
+
+    for spec in settings.tasks:
+        check_task_data(spec, sources.data_dir)
+        check_block_size(spec, settings.train.block_size, sources.model_dir, settings.model.name)
+
+
 def ensure_local(settings: Settings) -> LocalSources:
     """The model and data folders on this machine (a no-op when they are already there)."""
     if settings.storage.kind == "s3":

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sweep.config import Settings
+from sweep.config import ConfigError, Settings
 from sweep.errors import SOURCE_ERRORS
 from sweep.results import TrialRecord
 
@@ -309,7 +309,7 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
         )
     try:
         grid = tuner.fit()
-    except SOURCE_ERRORS:
+    except (*SOURCE_ERRORS, ConfigError):
         # The nodes' staging refused before any trial ran: leave no experiment behind that a later
         # resume=true would try to restore.
         if fresh:

@@ -11,6 +11,8 @@ import ray
 from ray.cluster_utils import Cluster
 from s3_fixtures import SECRET_KEY, moto_server, s3_env  # noqa: F401 (fixture)
 
+from conftest import TINY_ROBERTA
+
 from sweep.app import run
 from sweep.node_cache import MARKER
 from sweep.results import load_records
@@ -93,19 +95,32 @@ def test_each_object_is_staged_once_per_node_across_sweeps(three_nodes, tmp_path
 @pytest.mark.parametrize("task, message", [
     ("WNLI", f"error: s3://{BUCKET}/tiny-roberta not found"),  # the driver's preflight, Ray not even started
     ("CoLA", "error: no data for task CoLA: looked in"),  # the nodes' check of the staged data, before any trial
+    ("wikitext-2", "error: train.block_size: 4096 tokens is more than the 256 positions of model tiny-gpt2"),
 ])
-def test_what_is_missing_fails_the_cli_before_any_trial(moto_server, monkeypatch, tmp_path, tiny_roberta_dir,  # noqa: F811
+def test_what_is_missing_fails_the_cli_before_any_trial(moto_server, monkeypatch, tmp_path, cache_dir,  # noqa: F811
                                                          task, message):
+    from sweep.models import resolve_model_dir
+    from sweep.synthetic import write_synthetic_wikitext
+
     s3_env(monkeypatch, moto_server)
     boto3.client("s3").create_bucket(Bucket=BUCKET)
+    extra = []
+    uploads = []
     if task == "CoLA":  # the model is there, the data holds WNLI only
         data = write_synthetic_glue(tmp_path / "src", ["WNLI"])
-        for folder, key in ((tiny_roberta_dir, "tiny-roberta"), (data / "glue_data", "glue_data")):
-            subprocess.run([sys.executable, "-m", "sweep.upload", str(folder), "--bucket", BUCKET, "--key", key],
-                           check=True, capture_output=True, timeout=120)
+        uploads = [(resolve_model_dir({"name": "tiny-roberta", "builder": TINY_ROBERTA["builder"]}, cache_dir), "tiny-roberta"),
+                   (data / "glue_data", "glue_data")]
+    elif task == "wikitext-2":  # a block longer than the staged model's positions
+        gpt2 = resolve_model_dir({"name": "tiny-gpt2", "builder": {"arch": "gpt2", "vocab_size": 2000, "hidden_size": 32,
+                                                                   "num_layers": 2, "num_heads": 2, "max_positions": 256}}, cache_dir)
+        uploads = [(gpt2, "tiny-gpt2"), (write_synthetic_wikitext(tmp_path / "src") / "wikitext-2", "wikitext-2")]
+        extra = ["model=tiny-gpt2", "storage.data_key=wikitext-2", "train.block_size=4096"]
+    for folder, key in uploads:
+        subprocess.run([sys.executable, "-m", "sweep.upload", str(folder), "--bucket", BUCKET, "--key", key],
+                       check=True, capture_output=True, timeout=120)
     out = tmp_path / "out"
     r = subprocess.run([sys.executable, "-m", "sweep", "+experiment=demo", "tracking=none", "storage=s3", f"task={task}",
-                        f"storage.bucket={BUCKET}", f"storage.cache_dir={tmp_path / 'cache'}", f"out_dir={out}"],
+                        f"storage.bucket={BUCKET}", f"storage.cache_dir={tmp_path / 'cache'}", f"out_dir={out}", *extra],
                        capture_output=True, text=True, timeout=180, cwd=tmp_path)
     assert r.returncode == 2, r.stderr[-2000:]
     assert message in r.stderr and "Traceback" not in r.stderr
