@@ -14,7 +14,7 @@ from sweep.config import Settings, validate
 from sweep.results import (
     TrialRecord, best_per_task, export_best, format_summary, summarize, write_results,
 )
-from sweep.staging import check_tasks_here, ensure_local, preflight
+from sweep.staging import check_output_bucket, check_tasks_here, ensure_local, preflight
 
 log = logging.getLogger(__name__)
 
@@ -108,12 +108,7 @@ def check_sources(settings: Settings) -> Settings:
                 print(f"storage: {source.uri} ({source.form}, {source.size / 2**20:.1f} MiB, ETag {source.etag[:12]})")
         return replace(settings, pins=pins)
     check_tasks_here(settings, ensure_local(settings))  # every missing task file before any trial starts
-    if settings.storage.output_prefix:
-        from sweep.s3 import check_bucket, check_credentials, make_client, parse_uri
-
-        check_credentials()
-        check_bucket(make_client(settings.storage.endpoint, settings.storage.region, attempts=2, connect_timeout=3),
-                     parse_uri(settings.storage.output_prefix)[0])
+    check_output_bucket(settings.storage)
     return settings
 
 

@@ -64,7 +64,6 @@ class StageOnNodes(tune.Callback):
 
     def __init__(self, settings: Settings):
         self.settings = settings
-        self.report: list[NodeStaging] = []
 
     def setup(self, **info) -> None:
-        self.report = stage_all_nodes(self.settings)
+        stage_all_nodes(self.settings)

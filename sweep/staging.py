@@ -100,7 +100,7 @@ def s3_keys(settings: Settings) -> tuple[str | None, str]:
 
 def preflight(settings: Settings) -> SourcePins:
     """On the driver, before any trial or GPU: credentials, endpoint, bucket, every key — pinned."""
-    from sweep.s3 import check_bucket, check_credentials, describe, make_client, parse_uri
+    from sweep.s3 import check_bucket, check_credentials, describe, make_client
 
     storage = settings.storage
     check_credentials()
@@ -112,9 +112,20 @@ def preflight(settings: Settings) -> SourcePins:
         model=describe(client, storage.bucket, model_key) if model_key else None,
         data=describe(client, storage.bucket, data_key),
     )
-    if storage.output_prefix:  # outputs go there after the sweep: a missing bucket fails now, not then
-        check_bucket(client, parse_uri(storage.output_prefix)[0])
+    check_output_bucket(storage, client)
     return pins
+
+
+def check_output_bucket(storage: StorageConfig, client=None) -> None:
+    """storage.output_prefix: outputs go there after the sweep, so a missing bucket fails now, not then."""
+    if not storage.output_prefix:
+        return
+    from sweep.s3 import check_bucket, check_credentials, make_client, parse_uri
+
+    if client is None:
+        check_credentials()
+        client = make_client(storage.endpoint, storage.region, attempts=2, connect_timeout=3)
+    check_bucket(client, parse_uri(storage.output_prefix)[0])
 
 
 def staged_target(cache: Path, source) -> Path:
