@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import signal
 import statistics
@@ -47,6 +48,14 @@ def two_gpu_nodes():
     yield cluster
     ray.shutdown()
     cluster.shutdown()
+
+
+def registered_checkpoint(snapshot: Path) -> bool:
+    """Whether Train's checkpoint manager snapshot names a checkpoint (it is written in place: may be partial)."""
+    try:
+        return json.loads(snapshot.read_text()).get("latest_checkpoint_result") is not None
+    except (OSError, ValueError):
+        return False
 
 
 def alive_train_workers() -> list[dict]:
@@ -135,24 +144,28 @@ def test_a_killed_worker_is_retried_from_its_checkpoint(local_ray, cache_dir, tm
     data = write_synthetic_glue(tmp_path / "data", ["RTE"], n_train=1500, n_dev=64)
     settings = validate(compose_cfg("task=RTE", "sweep.seeds=[38]", "train.epochs=4", "train.max_train_samples=null",
                                     f"storage.data_dir={data}"))
-    killed = []
+    killed, epochs_at_kill = [], []
 
     def kill_after_first_checkpoint():
         deadline = time.time() + 240
         while time.time() < deadline and not killed:
-            # after Tune has the first epoch's report: its checkpoint is registered, not half-written
-            reported = [p for p in (tmp_path / "out" / "ray" / "tune").glob("*/progress.csv") if len(p.read_text().splitlines()) >= 2]
-            if reported:
+            # Kill once Train's controller has registered a checkpoint (its snapshot names one), so the
+            # restart must resume from it: the worker's own report returning is too early (the
+            # controller polls for it), and Tune's progress.csv can lag until the trial is all done.
+            if any(registered_checkpoint(p) for p in (tmp_path / "out" / "ray").rglob("checkpoint_manager_snapshot.json")):
                 for actor in alive_train_workers():
                     os.kill(actor["Pid"], signal.SIGKILL)
                     killed.append(actor["Pid"])
-            time.sleep(0.2)
+                history = next((tmp_path / "out").rglob("history/*.json"), None)
+                epochs_at_kill.append(len(json.loads(history.read_text())) if history else 0)
+            time.sleep(0.05)
 
     killer = threading.Thread(target=kill_after_first_checkpoint, daemon=True)
     killer.start()
     records, root = run_tune(settings, tmp_path / "out")
     killer.join()
     assert killed, "no worker was killed"
+    assert epochs_at_kill[0] < 4, f"the worker was killed after its last epoch ({epochs_at_kill}): nothing left to resume"
     (record,) = records
     assert record.status == "TERMINATED" and record.epochs_done == 4
     progress = next((tmp_path / "out" / "ray" / "tune").glob("*/progress.csv"))
