@@ -13,6 +13,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from sweep.secrets import secret_name
 from sweep.tasks import TaskConfigError, TaskSpec, tasks_from_config
 
 
@@ -200,13 +201,10 @@ def _check_ranges(s: Settings) -> None:
         _check_choice("model.builder.arch", s.model.builder.arch)
 
 
-CREDENTIAL_WORDS = ("secret", "access_key", "password", "token", "credential")
-
-
 def _check_no_credentials(storage: Any) -> None:
     """Keys never belong in the config (it is logged and saved): refuse them, without echoing the value."""
     for key in (storage or {}):
-        if any(word in str(key).lower() for word in CREDENTIAL_WORDS):
+        if secret_name(str(key)):
             raise ConfigError(
                 f"storage.{key}: credentials are never read from the config; set AWS_ACCESS_KEY_ID and "
                 "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) in the environment instead"

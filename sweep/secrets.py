@@ -11,12 +11,26 @@ import re
 SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN")
 SECRET_NAME_PARTS = ("SECRET", "TOKEN", "PASSWORD", "KEY")
 NOT_SECRET = {"true", "false", "none", "null"}
+# Words that make a config or param name a credential's. "key" alone is not one: storage.model_key
+# names an S3 object and belongs in the record; "key" after one of KEY_QUALIFIERS (access_key, api_key)
+# or on its own is.
+CREDENTIAL_WORDS = {"secret", "secrets", "token", "password", "passwd", "credential", "credentials",
+                    "apikey", "accesskey", "secretkey", "privatekey"}
+KEY_QUALIFIERS = {"access", "api", "private", "secret", "signing", "session", "auth", "encryption"}
 
 
 def _could_be_secret(value: str) -> bool:
     # Flags and numbers (TOKENIZERS_PARALLELISM=false, KEY_TIMEOUT=3000) are settings, not
     # credentials; scrubbing them would mangle every "false" or "3000" in the logs.
     return len(value) >= 4 and value.lower() not in NOT_SECRET and not re.fullmatch(r"[\d.]+", value)
+
+
+def secret_name(name: str) -> bool:
+    """Whether a config/param name holds a credential, by whole words ("tokenizer" is not "token")."""
+    words = [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w]
+    if any(w in CREDENTIAL_WORDS for w in words) or words == ["key"]:
+        return True
+    return any(w == "key" and i > 0 and words[i - 1] in KEY_QUALIFIERS for i, w in enumerate(words))
 
 
 def secret_values() -> set[str]:

@@ -31,7 +31,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 
 from sweep.results import TaskSummary, TrialRecord
-from sweep.secrets import scrub
+from sweep.secrets import scrub, secret_name
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,6 @@ PARAM_LIMIT = 6000  # MLflow's longest param value
 TAG_LIMIT = 5000  # the longest tag value every MLflow 2.x/3.x server accepts
 BATCH = 100  # MLflow's most params or tags per log_batch
 CHAMPION = "champion"
-SECRET_KEY_WORDS = {"secret", "secrets", "token", "password", "passwd", "key", "apikey", "credential", "credentials"}
 RETRY_ATTEMPTS = 10
 TRANSIENT = re.compile(r"database is locked|database table is locked|database is busy|SQLITE_BUSY", re.I)
 TRANSIENT_CODES = {"TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED"}
@@ -55,15 +54,10 @@ class TrackingError(RuntimeError):
 # --- secrets -------------------------------------------------------------------------------------
 
 
-def _secret_key(key: str) -> bool:
-    # Whole words only: "tokenizer" or "max_tokens" are not credentials, "aws_secret_access_key" is.
-    return any(word in SECRET_KEY_WORDS for word in re.split(r"[^a-z0-9]+", key.lower()))
-
-
 def _redact(value: Any) -> Any:
     """A plain YAML-safe copy of a config: secret-named keys dropped, every string scrubbed."""
     if isinstance(value, Mapping):
-        return {str(k): _redact(v) for k, v in value.items() if not _secret_key(str(k))}
+        return {str(k): _redact(v) for k, v in value.items() if not secret_name(str(k))}
     if isinstance(value, (list, tuple, set)):
         return [_redact(v) for v in value]
     if value is None or isinstance(value, (bool, int, float)):

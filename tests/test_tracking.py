@@ -17,7 +17,7 @@ from mlflow_fixtures import free_port, log_trial_in_process, mlflow_server  # no
 from sweep.config import ClusterConfig, ModelConfig, ResourcesConfig, Settings, StorageConfig, SweepConfig, TrackingConfig, TrainConfig
 from sweep.report import plot_seed_scores
 from sweep.results import TrialRecord, summarize, write_results
-from sweep.secrets import scrub, secret_values
+from sweep.secrets import scrub, secret_name, secret_values
 from sweep.tasks import load_task
 from sweep.tracking import (
     FALLBACK_URI, SweepTracker, TrackingError, TrialLogger, check_reachable, register_best,
@@ -223,7 +223,8 @@ def test_secrets_never_reach_the_store(store: Store, tmp_path: Path, monkeypatch
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
     monkeypatch.setattr(sys, "argv", ["sweep", f"storage.endpoint=https://user:{SECRET}@s3.local", "task=WNLI"])
     tracker = SweepTracker(store.uri, _unique("secrets"))
-    settings = _settings_dict(endpoint=f"https://s3.local/?sig={SECRET}", aws_secret_access_key=SECRET)
+    settings = _settings_dict(endpoint=f"https://s3.local/?sig={SECRET}", aws_secret_access_key=SECRET,
+                              model_key="models/roberta-base", data_key="glue_data")
     parent = tracker.start(settings, tags={"note": f"run by {SECRET}"})
     trial = _trial(tracker, 38, comment=f"creds {SECRET}", hf_token=SECRET, tokenizer="bpe")
     trial.tags["note"] = SECRET
@@ -240,7 +241,20 @@ def test_secrets_never_reach_the_store(store: Store, tmp_path: Path, monkeypatch
     assert "storage.aws_secret_access_key" not in top.data.params and "hf_token" not in child.data.params
     assert child.data.params["comment"] == "creds ***" and child.data.tags["note"] == "***"
     assert child.data.params["tokenizer"] == "bpe"  # a credential's key is a whole word, not a prefix
+    # S3 object keys name what was trained on: recorded, unlike access keys
+    assert (top.data.params["storage.model_key"], top.data.params["storage.data_key"]) == ("models/roberta-base", "glue_data")
     assert child.data.tags["error"].endswith("bad key ***")
+
+
+@pytest.mark.parametrize("name", ["aws_secret_access_key", "AWS_ACCESS_KEY_ID", "access_key", "api_key", "apikey",
+                                  "hf_token", "password", "key", "private-key", "credentials", "secretkey"])
+def test_credential_names_are_secret(name: str) -> None:
+    assert secret_name(name)
+
+
+@pytest.mark.parametrize("name", ["model_key", "data_key", "tokenizer", "max_tokens", "keyboard", "monkey", "sort_keys"])
+def test_other_names_are_not_secret(name: str) -> None:
+    assert not secret_name(name)
 
 
 def test_secret_values_and_scrub(monkeypatch: pytest.MonkeyPatch) -> None:
