@@ -16,8 +16,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import shutil
 import tempfile
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -31,6 +32,8 @@ ENDPOINT_ENV = ("AWS_ENDPOINT_URL", "ENDPOINT_URL")
 CHUNK = 8 * 2**20
 PARALLEL_GETS = 8
 GiB = 2**30
+MiB = 2**20
+PROGRESS_EVERY_S = 10.0
 
 
 class S3Error(StagingError):
@@ -182,13 +185,43 @@ def _relative(source: RemoteSource, key: str) -> Path:
     return Path(*rel.parts)
 
 
-def _get(client, bucket: str, key: str, etag: str, dest: Path) -> int:
+class DownloadProgress:
+    """A line every ``every_s`` seconds while a big download runs (``staging: s3://…: 120 / 480 MiB (25%)``).
+
+    Plain lines, not a tqdm bar: this runs in a Ray task on each node, and Ray forwards a task's
+    output to the driver line by line (a bar's carriage returns would pile into one line). A
+    download shorter than ``every_s`` prints nothing; the driver reports each node's total after.
+    """
+
+    def __init__(self, label: str, total: int, every_s: float = PROGRESS_EVERY_S) -> None:
+        self.label, self.total, self.every_s = label, total, every_s
+        self.done = 0
+        self._started = self._last = time.monotonic()
+        self._lock = threading.Lock()  # a prefix's objects arrive on several threads
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.done += n
+            now = time.monotonic()
+            if now - self._last < self.every_s:
+                return
+            self._last = now
+            rate = self.done / MiB / max(now - self._started, 1e-9)
+            share = f" ({100 * self.done / self.total:.0f}%)" if self.total else ""
+            print(f"staging: {self.label}: {self.done / MiB:.1f} / {self.total / MiB:.1f} MiB{share}, "
+                  f"{rate:.1f} MiB/s", flush=True)
+
+
+def _get(client, bucket: str, key: str, etag: str, dest: Path, progress: DownloadProgress | None = None) -> int:
     """One GET, pinned to ``etag`` (If-Match): a changed object fails instead of mixing versions."""
     try:
         body = client.get_object(Bucket=bucket, Key=key, IfMatch=f'"{etag}"')["Body"]
         dest.parent.mkdir(parents=True, exist_ok=True)
         with open(dest, "wb") as out:
-            shutil.copyfileobj(body, out, CHUNK)
+            while chunk := body.read(CHUNK):
+                out.write(chunk)
+                if progress is not None:
+                    progress.add(len(chunk))
         return dest.stat().st_size
     except (OSError, UnsafeArchiveError):
         raise
@@ -196,14 +229,16 @@ def _get(client, bucket: str, key: str, etag: str, dest: Path) -> int:
         raise _explain(e, f"s3://{bucket}/{key}", client.meta.endpoint_url) from None
 
 
-def fetch(client, source: RemoteSource, target: Path, max_bytes: int) -> int:
+def fetch(client, source: RemoteSource, target: Path, max_bytes: int,
+          progress_every_s: float = PROGRESS_EVERY_S) -> int:
     """Download ``source`` into the (fresh, empty) folder ``target`` and unpack it; bytes downloaded."""
+    progress = DownloadProgress(source.uri, source.size, progress_every_s)
     if source.form == "archive":
         if source.size > max_bytes:
             raise StagingError(f"{source.uri}: {source.size / GiB:.2f} GiB is over storage.max_unpack_gb")
         archive = target.with_name(target.name + ".download")  # beside the folder, swept with it
         try:
-            moved = _get(client, source.bucket, source.key, source.etag, archive)
+            moved = _get(client, source.bucket, source.key, source.etag, archive, progress)
             extract_archive(archive, target, source.uri, max_bytes)
         finally:
             archive.unlink(missing_ok=True)
@@ -212,7 +247,7 @@ def fetch(client, source: RemoteSource, target: Path, max_bytes: int) -> int:
         raise StagingError(f"{source.uri}/: {source.size / GiB:.2f} GiB is over storage.max_unpack_gb")
     jobs = [(key, etag, target / _relative(source, key)) for key, etag, _ in source.objects]
     with ThreadPoolExecutor(PARALLEL_GETS) as pool:
-        return sum(pool.map(lambda job: _get(client, source.bucket, job[0], job[1], job[2]), jobs))
+        return sum(pool.map(lambda job: _get(client, source.bucket, job[0], job[1], job[2], progress), jobs))
 
 
 # --- upload ----------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from s3_fixtures import SECRET_KEY, compose_settings, moto_server, s3_env, stage
 from sweep.archive import UnsafeArchiveError
 from sweep.errors import StagingError
 from sweep.node_cache import MARKER
-from sweep.s3 import S3Error, download_prefix
+from sweep.s3 import S3Error, download_prefix, fetch
 from sweep.staging import ensure_local, preflight
 from sweep.synthetic import write_synthetic_glue
 
@@ -85,6 +85,23 @@ def test_a_prefix_of_plain_objects_is_staged_like_an_archive(s3, tmp_path, tiny_
     # The serving side stages a URI the same way.
     served = download_prefix(f"s3://{BUCKET}/models/tiny-plain", tmp_path / "serve")
     assert served == tmp_path / "serve" / "tiny-plain" and (served / "config.json").is_file()
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["archive", "prefix"])
+def test_a_download_reports_its_progress_in_lines(s3, tmp_path, tiny_roberta_dir, capsys, plain):
+    key = "models/tiny-plain" if plain else "tiny-roberta"
+    if plain:  # several objects, fetched on several threads into one count
+        upload(tiny_roberta_dir, "--key", key, "--plain")
+    source = preflight(settings_for(tmp_path / "node", f"storage.model_key={key}")).model
+    capsys.readouterr()
+    moved = fetch(boto3.client("s3"), source, tmp_path / "target", 2**30, progress_every_s=0)
+    lines = capsys.readouterr().out.splitlines()
+    assert moved == source.size and lines and all(line.startswith(f"staging: {source.uri}: ") for line in lines)
+    done = [float(line.split(": ")[2].split(" / ")[0]) for line in lines]
+    assert done == sorted(done) and lines[-1].split(": ")[2].startswith(f"{source.size / 2**20:.1f} / {source.size / 2**20:.1f} MiB (100%)")
+    # At the default pace a download this small prints nothing: the driver reports the total after.
+    fetch(boto3.client("s3"), source, tmp_path / "again", 2**30)
+    assert capsys.readouterr().out == ""
 
 
 def test_eight_processes_at_once_on_one_node_make_one_download(s3, tmp_path):
