@@ -89,6 +89,7 @@ class StorageConfig:
     model_key: Optional[str] = None  # null: the model's name, as in the original workflow
     data_key: str = "glue_data"
     max_unpack_gb: float = 64.0
+    progress_every_s: float = 10.0  # a long download's progress line, this often (0: every chunk)
     output_prefix: Optional[str] = None  # s3://bucket/prefix: best models + results go there after the sweep
 
 
@@ -214,6 +215,7 @@ def _check_no_credentials(storage: Any) -> None:
 def _check_storage(st: StorageConfig) -> None:
     _check_choice("storage.kind", st.kind)
     _check(st.max_unpack_gb > 0, "storage.max_unpack_gb", f"must be > 0, got {st.max_unpack_gb}")
+    _check(st.progress_every_s >= 0, "storage.progress_every_s", f"must be >= 0, got {st.progress_every_s}")
     if st.kind == "s3":
         _check(bool(st.bucket), "storage.bucket", "is required with storage=s3, e.g. storage.bucket=my-bucket")
         _check(bool(st.data_key and st.data_key.strip("/")), "storage.data_key", "must name an object or prefix")

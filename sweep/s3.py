@@ -22,7 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Callable
 
 from sweep.archive import UnsafeArchiveError, extract_archive, pack_folder
 from sweep.errors import StagingError
@@ -185,16 +185,21 @@ def _relative(source: RemoteSource, key: str) -> Path:
     return Path(*rel.parts)
 
 
-class DownloadProgress:
-    """A line every ``every_s`` seconds while a big download runs (``staging: s3://…: 120 / 480 MiB (25%)``).
+def print_progress(message: str) -> None:
+    print(f"staging: {message}", flush=True)
 
-    Plain lines, not a tqdm bar: this runs in a Ray task on each node, and Ray forwards a task's
-    output to the driver line by line (a bar's carriage returns would pile into one line). A
-    download shorter than ``every_s`` prints nothing; the driver reports each node's total after.
+
+class DownloadProgress:
+    """A line every ``every_s`` seconds while a big download runs (``s3://…: 120.0 / 480.0 MiB (25%), …``).
+
+    Plain lines, not a tqdm bar: on a cluster they are relayed from each node's staging task to
+    the driver (``emit``), where a bar's carriage returns would mean nothing. A download shorter
+    than ``every_s`` says nothing; the driver reports each node's total after.
     """
 
-    def __init__(self, label: str, total: int, every_s: float = PROGRESS_EVERY_S) -> None:
-        self.label, self.total, self.every_s = label, total, every_s
+    def __init__(self, label: str, total: int, every_s: float = PROGRESS_EVERY_S,
+                 emit: Callable[[str], None] = print_progress) -> None:
+        self.label, self.total, self.every_s, self.emit = label, total, every_s, emit
         self.done = 0
         self._started = self._last = time.monotonic()
         self._lock = threading.Lock()  # a prefix's objects arrive on several threads
@@ -208,8 +213,7 @@ class DownloadProgress:
             self._last = now
             rate = self.done / MiB / max(now - self._started, 1e-9)
             share = f" ({100 * self.done / self.total:.0f}%)" if self.total else ""
-            print(f"staging: {self.label}: {self.done / MiB:.1f} / {self.total / MiB:.1f} MiB{share}, "
-                  f"{rate:.1f} MiB/s", flush=True)
+            self.emit(f"{self.label}: {self.done / MiB:.1f} / {self.total / MiB:.1f} MiB{share}, {rate:.1f} MiB/s")
 
 
 def _get(client, bucket: str, key: str, etag: str, dest: Path, progress: DownloadProgress | None = None) -> int:
@@ -230,9 +234,9 @@ def _get(client, bucket: str, key: str, etag: str, dest: Path, progress: Downloa
 
 
 def fetch(client, source: RemoteSource, target: Path, max_bytes: int,
-          progress_every_s: float = PROGRESS_EVERY_S) -> int:
+          progress_every_s: float = PROGRESS_EVERY_S, emit: Callable[[str], None] = print_progress) -> int:
     """Download ``source`` into the (fresh, empty) folder ``target`` and unpack it; bytes downloaded."""
-    progress = DownloadProgress(source.uri, source.size, progress_every_s)
+    progress = DownloadProgress(source.uri, source.size, progress_every_s, emit)
     if source.form == "archive":
         if source.size > max_bytes:
             raise StagingError(f"{source.uri}: {source.size / GiB:.2f} GiB is over storage.max_unpack_gb")

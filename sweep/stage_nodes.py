@@ -3,7 +3,9 @@
 A Ray Tune callback runs it in ``setup``, before the first trial; each trial still calls the same
 ``ensure_local`` (a no-op on a staged node), so a node that joins later stages on first use.
 Each node also checks every task's data files (and an LM block size against the staged model), so
-a missing file fails the sweep before any trial asks for a GPU.
+a missing file fails the sweep before any trial asks for a GPU. A long download's progress lines
+reach the driver's terminal through a small actor (the workers' own output is not forwarded
+unless ``cluster.verbose=true``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from sweep.config import Settings
 
+RELAY_EVERY_S = 2.0  # how often the driver prints the nodes' progress lines while it waits
+
 
 @dataclass(frozen=True)
 class NodeStaging:
@@ -28,14 +32,35 @@ class NodeStaging:
     seconds: float
 
 
-def stage_this_node(settings: Settings) -> NodeStaging:
+@ray.remote(num_cpus=0)
+class ProgressRelay:
+    """Progress lines from the nodes' staging tasks, until the driver takes them."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def post(self, line: str) -> None:
+        self.lines.append(line)
+
+    def sync(self) -> None:
+        """A caller's no-op: once it returns, every line that caller posted before is here."""
+
+    def take(self) -> list[str]:
+        lines, self.lines = self.lines, []
+        return lines
+
+
+def stage_this_node(settings: Settings, relay=None) -> NodeStaging:
     from sweep.staging import check_tasks_here, ensure_local
 
     started = time.monotonic()
-    sources = ensure_local(settings)
+    node = ray.get_runtime_context().get_node_id()
+    progress = (lambda line: relay.post.remote(f"node {node[:8]}: {line}")) if relay is not None else None
+    sources = ensure_local(settings, progress)
     check_tasks_here(settings, sources)
-    return NodeStaging(ray.get_runtime_context().get_node_id(), socket.gethostname(), sources.downloaded,
-                       time.monotonic() - started)
+    if relay is not None:
+        ray.get(relay.sync.remote())  # our lines are in before the driver sees us done
+    return NodeStaging(node, socket.gethostname(), sources.downloaded, time.monotonic() - started)
 
 
 def stage_all_nodes(settings: Settings) -> list[NodeStaging]:
@@ -47,12 +72,21 @@ def stage_all_nodes(settings: Settings) -> list[NodeStaging]:
         sources = [s for s in (pins.model, pins.data) if s is not None]
         what = ", ".join(f"{s.uri} ({s.size / 2**20:.1f} MiB)" for s in sources)
         print(f"staging: {what} on {len(nodes)} node(s)…", flush=True)
-    refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(settings)
+    relay = ProgressRelay.remote()
+    refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(settings, relay)
             for node in nodes]
     try:
+        pending = refs
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=RELAY_EVERY_S)
+            for line in ray.get(relay.take.remote()):
+                print(f"staging: {line}", flush=True)
+            ray.get(ready)  # a node that failed stops the wait at once
         results = ray.get(refs)
     except RayTaskError as e:  # the user needs the cause (a missing key, an unsafe archive), not Ray's wrapper
         raise e.cause from None
+    finally:
+        ray.kill(relay)
     for r in results:
         moved = f"{r.downloaded / 2**20:.1f} MiB downloaded" if r.downloaded else "already staged"
         print(f"staging: node {r.node_id[:8]} ({r.host}): {moved} in {r.seconds:.1f} s")

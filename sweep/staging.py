@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -145,9 +146,9 @@ def model_folder_in(folder: Path, label: str) -> Path:
     )
 
 
-def _stage_s3(settings: Settings) -> LocalSources:
+def _stage_s3(settings: Settings, progress: Callable[[str], None] | None) -> LocalSources:
     from sweep.node_cache import stage
-    from sweep.s3 import fetch, make_client
+    from sweep.s3 import fetch, make_client, print_progress
 
     storage = settings.storage
     pins = settings.pins or preflight(settings)
@@ -159,7 +160,7 @@ def _stage_s3(settings: Settings) -> LocalSources:
         def run(tmp: Path) -> int:
             if not clients:
                 clients.append(make_client(storage.endpoint, storage.region))
-            return fetch(clients[0], source, tmp, limit)
+            return fetch(clients[0], source, tmp, limit, storage.progress_every_s, progress or print_progress)
         return run
 
     downloaded = 0
@@ -188,10 +189,13 @@ def check_tasks_here(settings: Settings, sources: LocalSources) -> None:
         check_block_size(spec, settings.train.block_size, sources.model_dir, settings.model.name)
 
 
-def ensure_local(settings: Settings) -> LocalSources:
-    """The model and data folders on this machine (a no-op when they are already there)."""
+def ensure_local(settings: Settings, progress: Callable[[str], None] | None = None) -> LocalSources:
+    """The model and data folders on this machine (a no-op when they are already there).
+
+    ``progress`` gets a line now and then while a long S3 download runs (default: printed).
+    """
     if settings.storage.kind == "s3":
-        return _stage_s3(settings)
+        return _stage_s3(settings, progress)
     from sweep.models import resolve_model_dir  # transformers: only where a model is resolved
 
     cache = cache_root(settings.storage)

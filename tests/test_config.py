@@ -88,6 +88,7 @@ def test_unknown_task_lists_the_tasks():
         ("storage=s3", "storage.bucket: is required with storage=s3"),
         ("storage.output_prefix=/tmp/out", "storage.output_prefix: must look like s3://BUCKET/PREFIX"),
         ("+storage.max_unpack_gb=0", "storage.max_unpack_gb: must be > 0"),
+        ("+storage.progress_every_s=-1", "storage.progress_every_s: must be >= 0"),
         ("+storage.aws_secret_access_key=hunter2-secret", "storage.aws_secret_access_key: credentials are never read"),
         ("+storage.access_key=hunter2-secret", "storage.access_key: credentials are never read"),
     ],

@@ -104,6 +104,26 @@ def test_a_download_reports_its_progress_in_lines(s3, tmp_path, tiny_roberta_dir
     assert capsys.readouterr().out == ""
 
 
+def test_the_nodes_progress_reaches_the_driver(s3, tmp_path, capsys):
+    import ray
+
+    from sweep.stage_nodes import stage_all_nodes
+
+    settings = settings_for(tmp_path / "node", "storage.progress_every_s=0")
+    settings = replace(settings, pins=preflight(settings))
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)  # as the sweep: workers' output not forwarded
+    try:
+        (staged,) = stage_all_nodes(settings)
+    finally:
+        ray.shutdown()
+    out = capsys.readouterr().out
+    node = staged.node_id[:8]
+    for source in (settings.pins.model, settings.pins.data):
+        mib = f"{source.size / 2**20:.1f}"
+        assert f"staging: node {node}: {source.uri}: {mib} / {mib} MiB (100%)" in out, out
+    assert f"staging: node {node} (" in out and "MiB downloaded" in out
+
+
 def test_eight_processes_at_once_on_one_node_make_one_download(s3, tmp_path):
     overrides = ["storage=s3", f"storage.bucket={BUCKET}", f"storage.cache_dir={tmp_path / 'node'}"]
     ctx = multiprocessing.get_context("spawn")
