@@ -72,21 +72,22 @@ def stage_all_nodes(settings: Settings) -> list[NodeStaging]:
         sources = [s for s in (pins.model, pins.data) if s is not None]
         what = ", ".join(f"{s.uri} ({s.size / 2**20:.1f} MiB)" for s in sources)
         print(f"staging: {what} on {len(nodes)} node(s)…", flush=True)
-    relay = ProgressRelay.remote()
+    relay = ProgressRelay.remote() if settings.storage.kind == "s3" else None  # only downloads have progress
     refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(settings, relay)
             for node in nodes]
     try:
         pending = refs
         while pending:
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=RELAY_EVERY_S)
-            for line in ray.get(relay.take.remote()):
+            for line in ray.get(relay.take.remote()) if relay is not None else []:
                 print(f"staging: {line}", flush=True)
             ray.get(ready)  # a node that failed stops the wait at once
         results = ray.get(refs)
     except RayTaskError as e:  # the user needs the cause (a missing key, an unsafe archive), not Ray's wrapper
         raise e.cause from None
     finally:
-        ray.kill(relay)
+        if relay is not None:
+            ray.kill(relay)
     for r in results:
         moved = f"{r.downloaded / 2**20:.1f} MiB downloaded" if r.downloaded else "already staged"
         print(f"staging: node {r.node_id[:8]} ({r.host}): {moved} in {r.seconds:.1f} s")
