@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from sweep.serving.tiny import TINY_ROBERTA
 from sweep.synthetic import write_synthetic_glue
 from sweep.tasks import GLUE_TASKS
 
@@ -23,12 +24,6 @@ def shared_data_dir() -> Path:
     if not path.is_dir():
         pytest.skip(f"real data not present at {path}")
     return path
-
-
-TINY_ROBERTA = {
-    "name": "tiny-roberta",
-    "builder": {"arch": "roberta", "vocab_size": 2000, "hidden_size": 32, "num_layers": 2, "num_heads": 2, "max_positions": 514},
-}
 
 
 @pytest.fixture(scope="session")

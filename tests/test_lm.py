@@ -24,13 +24,10 @@ from sweep.finetune import evaluate, finetune
 from sweep.lm_data import BlockSizeError, check_block_size, lm_blocks, make_lm_collator, token_ids
 from sweep.models import load_for_task, resolve_model_dir
 from sweep.results import MADE_BY, load_records
+from sweep.serving.tiny import TINY_GPT2
 from sweep.synthetic import write_synthetic_wikitext
 from sweep.tasks import CONF_DIR, load_task
 
-TINY_GPT2 = {
-    "name": "tiny-gpt2",
-    "builder": {"arch": "gpt2", "vocab_size": 2000, "hidden_size": 32, "num_layers": 2, "num_heads": 2, "max_positions": 256},
-}
 QUICK_LM = TrainConfig(lr=5e-3, batch_size=16, epochs=3, block_size=64)
 
 

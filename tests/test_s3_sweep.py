@@ -11,11 +11,10 @@ import ray
 from ray.cluster_utils import Cluster
 from s3_fixtures import SECRET_KEY, moto_server, s3_env  # noqa: F401 (fixture)
 
-from conftest import TINY_ROBERTA
-
 from sweep.app import run
 from sweep.node_cache import MARKER
 from sweep.results import load_records
+from sweep.serving.tiny import TINY_GPT2, TINY_ROBERTA
 from sweep.synthetic import write_synthetic_glue
 
 pytestmark = pytest.mark.slow
@@ -108,12 +107,10 @@ def test_what_is_missing_fails_the_cli_before_any_trial(moto_server, monkeypatch
     uploads = []
     if task == "CoLA":  # the model is there, the data holds WNLI only
         data = write_synthetic_glue(tmp_path / "src", ["WNLI"])
-        uploads = [(resolve_model_dir({"name": "tiny-roberta", "builder": TINY_ROBERTA["builder"]}, cache_dir), "tiny-roberta"),
+        uploads = [(resolve_model_dir(TINY_ROBERTA, cache_dir), "tiny-roberta"),
                    (data / "glue_data", "glue_data")]
     elif task == "wikitext-2":  # a block longer than the staged model's positions
-        gpt2 = resolve_model_dir({"name": "tiny-gpt2", "builder": {"arch": "gpt2", "vocab_size": 2000, "hidden_size": 32,
-                                                                   "num_layers": 2, "num_heads": 2, "max_positions": 256}}, cache_dir)
-        uploads = [(gpt2, "tiny-gpt2"), (write_synthetic_wikitext(tmp_path / "src") / "wikitext-2", "wikitext-2")]
+        uploads = [(resolve_model_dir(TINY_GPT2, cache_dir), "tiny-gpt2"), (write_synthetic_wikitext(tmp_path / "src") / "wikitext-2", "wikitext-2")]
         extra = ["model=tiny-gpt2", "storage.data_key=wikitext-2", "train.block_size=4096"]
     for folder, key in uploads:
         subprocess.run([sys.executable, "-m", "sweep.upload", str(folder), "--bucket", BUCKET, "--key", key],
