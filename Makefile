@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m sweep +experiment=demo $(ARGS)
+	$(PY) -m sweep experiment=demo $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest $(ARGS)

@@ -18,20 +18,18 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
 
-from sweep.config import TrainConfig
+from sweep.config import compose, compose_settings
 from sweep.finetune import finetune
 from sweep.models import resolve_model_dir
-from sweep.tasks import CONF_DIR, load_task
+from sweep.tasks import load_task
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = (("max_length", False), ("dynamic", False), ("dynamic", True))  # the original's first: the baseline
 
 
 def model_dir(name: str, cache: Path) -> Path:
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=[f"model={name}"])
+    cfg = compose(f"model={name}")
     return resolve_model_dir(cfg.model, cache)
 
 
@@ -48,7 +46,7 @@ def main() -> None:
     args = p.parse_args()
 
     mdir = model_dir(args.model, args.cache_dir)
-    base = TrainConfig(lr=2e-5, batch_size=args.batch_size, epochs=1, max_seq_length=args.max_seq_length,
+    base = replace(compose_settings().train, lr=2e-5, batch_size=args.batch_size, epochs=1, max_seq_length=args.max_seq_length,
                        max_train_samples=args.samples, max_eval_samples=32)
     rows = []
     for task in args.tasks:

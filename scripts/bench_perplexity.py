@@ -21,34 +21,33 @@ import math
 import platform
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
 from torch.utils.data import DataLoader
 
-from sweep.config import TrainConfig
+from sweep.config import TrainConfig, compose, compose_settings
 from sweep.finetune import evaluate, finetune, pick_device, quiet_progress_bars
-from sweep.lm_data import lm_blocks, make_lm_collator
+from sweep.data.collate import make_lm_collator
+from sweep.data.lm import lm_blocks
 from sweep.models import load_for_task, resolve_model_dir
-from sweep.tasks import CONF_DIR, TaskSpec, task_from_config
+from sweep.tasks import TaskSpec, task_from_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_SPLIT, TEST_SPLIT = "valid", "test"
 
 
 def model_dir(name: str, path: Path | None, cache: Path) -> Path:
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=[f"model={name}"])
+    cfg = compose(f"model={name}")
     if path is not None:
         cfg.model.path = str(path)
     return resolve_model_dir(cfg.model, cache)
 
 
 def wikitext_valid_to_test() -> TaskSpec:
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=["task=wikitext-2", f"task.wikitext-2.train_split={TRAIN_SPLIT}",
-                                           f"task.wikitext-2.eval_splits=[{TEST_SPLIT}]"])
+    cfg = compose("task=wikitext-2", f"task.wikitext-2.train_split={TRAIN_SPLIT}",
+                  f"task.wikitext-2.eval_splits=[{TEST_SPLIT}]")
     return task_from_config(cfg.task["wikitext-2"])
 
 
@@ -93,7 +92,7 @@ def main() -> None:
 
     spec = wikitext_valid_to_test()
     base = model_dir(args.model, args.model_path, args.cache_dir)
-    train = TrainConfig(lr=args.lr, batch_size=args.batch_size, epochs=args.epochs, block_size=args.block_size,
+    train = replace(compose_settings().train, lr=args.lr, batch_size=args.batch_size, epochs=args.epochs, block_size=args.block_size,
                         eval_batch_size=32, max_train_samples=args.train_blocks)
     words = words_in(args.data_dir / spec.folder / spec.eval_files[TEST_SPLIT])
 

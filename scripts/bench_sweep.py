@@ -25,10 +25,10 @@ from hydra import compose, initialize_config_dir
 
 from sweep.config import validate
 from sweep.sequential import run_sequential
-from sweep.staging import ensure_local
-from sweep.synthetic import write_synthetic_glue
+from sweep.storage.staging import ensure_local
+from sweep.data.synthetic import write_synthetic_glue
 from sweep.tasks import CONF_DIR
-from sweep.tuner import run_tune
+from sweep.run.tuner import run_tune
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,7 +45,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
     data = write_synthetic_glue(work / "data", ["SST-2"], n_train=args.train_rows, n_dev=256)
     overrides = [
-        "+experiment=demo", "tracking=none", "task=SST-2", f"model={args.model}", f"storage.data_dir={data}",
+        "experiment=demo", "tracking=none", "task=SST-2", f"model={args.model}", f"storage.data_dir={data}",
         f"sweep.seeds=[{','.join(str(38 + i) for i in range(args.trials))}]", f"train.epochs={args.epochs}",
         "train.max_train_samples=null", "train.max_eval_samples=null", "cluster.num_cpus=" + str(os.cpu_count()),
     ]

@@ -45,7 +45,7 @@ def start_server(root: Path) -> tuple[subprocess.Popen, str]:
 
 def sweep(work: Path, name: str, tracking: list[str], seeds: str) -> float:
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "sweep", "+experiment=demo", f"sweep.seeds={seeds}", "train.epochs=2",
+    subprocess.run([sys.executable, "-m", "sweep", "experiment=demo", f"sweep.seeds={seeds}", "train.epochs=2",
                     f"out_dir={work / name}", *tracking], cwd=work, check=True, capture_output=True)
     return time.perf_counter() - t0
 

@@ -14,7 +14,7 @@ from sweep.config import Settings, validate
 from sweep.results import (
     TrialRecord, best_per_task, export_best, format_summary, summarize, write_results,
 )
-from sweep.staging import check_output_bucket, check_tasks_here, ensure_local, preflight
+from sweep.storage.staging import check_output_bucket, check_tasks_here, ensure_local, preflight
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ def absolute_store(uri: str) -> str:
 
 
 def default_experiment(settings: Settings) -> str:
-    """glue-<model>, or wikitext-<model> / lm-<model> when every task is language modelling."""
+    """glue-<model>, or lm-<model> when every task is language modelling."""
     kinds = {spec.kind for spec in settings.tasks}
     return f"{'lm' if kinds == {'causal_lm'} else 'glue'}-{settings.model.name}"
 
@@ -114,7 +114,7 @@ def check_sources(settings: Settings) -> Settings:
 
 def upload_outputs(settings: Settings, out_dir: Path) -> None:
     """storage.output_prefix: each task's best model and the result files, for a serving runtime."""
-    from sweep.s3 import make_client, upload_tree
+    from sweep.storage.s3 import make_client, upload_tree
 
     prefix = settings.storage.output_prefix.rstrip("/")
     client = make_client(settings.storage.endpoint, settings.storage.region)
@@ -130,7 +130,7 @@ def run(cfg: DictConfig, out_dir: Path) -> list:
     settings = validate(cfg)  # every config error before any data is read
     settings = check_sources(settings)
     tracker, tracking = start_tracking(settings, cfg)  # an unreachable store before any trial
-    from sweep.tuner import run_tune
+    from sweep.run.tuner import run_tune
 
     try:
         records, checkpoint_root = run_tune(settings, Path(out_dir), tracking)

@@ -3,22 +3,28 @@
 OmegaConf checks types and unknown keys against the dataclasses below; the range and choice
 checks here add what types cannot say. Every failure is one ``ConfigError`` line that names the
 key and what is allowed, raised before any data is read or any Ray resource is asked for.
+
+The defaults a user reads and changes are the YAML files in conf/; a dataclass default below only
+fills a key that a group's option leaves out (tests/test_config.py proves the two agree).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from sweep.errors import ConfigError
 from sweep.secrets import secret_name
 from sweep.tasks import TaskConfigError, TaskSpec, tasks_from_config
 
 
-class ConfigError(ValueError):
-    """The composed config is invalid; the message names the key and what is allowed."""
+def default_cache_dir() -> str:
+    """As conf/storage/*.yaml: $SWEEP_CACHE_DIR, else ~/.cache/sweep."""
+    return os.environ.get("SWEEP_CACHE_DIR") or f"{os.environ.get('HOME', '~')}/.cache/sweep"
 
 
 @dataclass
@@ -81,7 +87,7 @@ class StorageConfig:
     kind: str = "local"
     data_dir: Optional[str] = None
     model_dir: Optional[str] = None
-    cache_dir: str = "~/.cache/sweep"
+    cache_dir: str = field(default_factory=lambda: default_cache_dir())
     # storage=s3 (credentials only from the AWS chain: never fields here)
     bucket: Optional[str] = None
     endpoint: Optional[str] = None  # null: AWS_ENDPOINT_URL / ENDPOINT_URL, else AWS
@@ -95,8 +101,8 @@ class StorageConfig:
 
 @dataclass
 class TrackingConfig:
-    kind: str = "none"
-    uri: Optional[str] = None
+    kind: str = "mlflow"
+    uri: Optional[str] = "sqlite:///mlflow.db"
     experiment: Optional[str] = None
     required: bool = True
 
@@ -287,3 +293,18 @@ def validate(cfg: DictConfig) -> Settings:
     )
     _check_ranges(settings)
     return settings
+
+
+def compose(*overrides: str) -> DictConfig:
+    """The config that ``python -m sweep <overrides>`` runs with (for scripts, notebooks and tests)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from sweep.tasks import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose("config", overrides=list(overrides))
+
+
+def compose_settings(*overrides: str) -> Settings:
+    return validate(compose(*overrides))

@@ -1,5 +1,12 @@
-"""Errors about a sweep's sources, kept apart so that the driver can catch them without importing
-torch or transformers (data.py and models.py re-export theirs)."""
+"""The error types every layer raises for a person's mistake, kept apart so that the driver (and
+``python -m sweep``'s one-line error) can catch them without importing torch, transformers or Ray.
+
+Each message names what was wrong and what to do; ``__main__`` prints it as one line, exit 2.
+"""
+
+
+class ConfigError(ValueError):
+    """The composed config is invalid; the message names the key and what is allowed."""
 
 
 class StagingError(ValueError):
@@ -14,5 +21,15 @@ class ModelSourceError(ValueError):
     """No usable local copy of a model: says which model, where we looked, and what to do."""
 
 
+class ResourceError(ValueError):
+    """The cluster can never run one trial as asked; the message says what to change."""
+
+
+class TrackingError(RuntimeError):
+    """The MLflow store cannot be used; the message names the URI and what to do."""
+
+
 # What a node's staging can refuse (raised from the staging callback before any trial runs).
 SOURCE_ERRORS = (StagingError, DataFormatError, ModelSourceError)
+# What `python -m sweep` reports as one line instead of a traceback.
+USER_ERRORS = (ConfigError, *SOURCE_ERRORS, ResourceError, TrackingError)

@@ -1,6 +1,6 @@
 """One fine-tuning run: one model, one task, one seed. Plain Python and PyTorch, no Ray.
 
-The sweep runs this loop inside Ray Train workers (``sweep.trial``); tests and benchmarks call it
+The sweep runs this loop inside Ray Train workers (``sweep.run.trial``); tests and benchmarks call it
 directly. The seed fixes the new head's initialisation and the data order, so the same seed on
 the same machine gives the same metrics.
 """
@@ -22,10 +22,11 @@ from transformers import get_linear_schedule_with_warmup, set_seed
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from sweep.config import TrainConfig
-from sweep.data import load_task_data, make_collator, tokenize_task
-from sweep.lm_data import check_block_fits, lm_blocks, make_lm_collator, max_positions
+from sweep.data.collate import make_collator, make_lm_collator
+from sweep.data.glue import load_task_data, tokenize_task
+from sweep.data.lm import check_block_fits, lm_blocks, max_positions
 from sweep.metrics import merge_splits, perplexity, selection_score, task_metrics
-from sweep.models import load_for_task
+from sweep.models import load_for_task, pick_device
 from sweep.tasks import TaskSpec
 
 log = logging.getLogger(__name__)
@@ -55,15 +56,6 @@ class FinetuneResult:
     def best(self) -> EpochResult:
         return self.epochs[self.best_epoch - 1]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "task": self.task,
-            "seed": self.seed,
-            "best_epoch": self.best_epoch,
-            "checkpoint_dir": str(self.checkpoint_dir) if self.checkpoint_dir else None,
-            "epochs": [asdict(e) for e in self.epochs],
-        }
-
 
 # Called after each epoch with the result and a function that saves model + tokenizer to a folder.
 EpochCallback = Callable[[EpochResult, Callable[[Path], None]], None]
@@ -87,10 +79,6 @@ def quiet_progress_bars() -> None:
 
     datasets.disable_progress_bars()
     transformers.utils.logging.disable_progress_bar()
-
-
-def pick_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
@@ -196,26 +184,34 @@ def _autocast(device: torch.device, dtype: torch.dtype | None):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def finetune(
-    spec: TaskSpec,
-    model_dir: Path,
-    data_dir: Path,
-    train: TrainConfig,
-    seed: int,
-    out_dir: Path | None = None,
-    cache_dir: Path | None = None,
-    on_epoch: EpochCallback | None = None,
-    device: torch.device | None = None,
-    resume_from: Path | None = None,
-    dist: Distributed = Distributed(),
-) -> FinetuneResult:
-    """Fine-tune ``model_dir`` on ``spec`` with ``seed``; evaluate every epoch.
+@dataclass
+class Run:
+    """Everything one fine-tuning run holds between epochs (what torchtune's recipes keep on ``self``)."""
 
-    With ``out_dir`` the best epoch's model is saved there (``save_pretrained``) and returned as
-    ``checkpoint_dir``; ``on_epoch`` lets a caller (the Ray trial) report and checkpoint instead.
-    ``resume_from`` is a folder that ``save`` wrote: training goes on after its last epoch, with
-    the same data order as an uninterrupted run.
-    """
+    spec: TaskSpec
+    train: TrainConfig
+    seed: int
+    device: torch.device
+    tokenizer: Any
+    model: torch.nn.Module  # wrapped for DDP when distributed
+    sampler: Any
+    train_loader: DataLoader
+    eval_loaders: dict[str, DataLoader]
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    scaler: torch.amp.GradScaler
+    amp_dtype: torch.dtype | None
+    result: FinetuneResult
+
+    @property
+    def bare_model(self) -> torch.nn.Module:
+        return getattr(self.model, "module", self.model)  # unwrapped from DDP, for saving
+
+
+def setup(spec: TaskSpec, model_dir: Path, data_dir: Path, train: TrainConfig, seed: int,
+          cache_dir: Path | None = None, device: torch.device | None = None, resume_from: Path | None = None,
+          dist: Distributed = Distributed()) -> Run:
+    """Model, data, loaders, optimizer and schedule for one run, seeded (the order below fixes the RNG draws)."""
     quiet_progress_bars()
     device = device or pick_device()
     set_seed(seed)  # before the model is built: the seed fixes the new head's weights
@@ -243,77 +239,110 @@ def finetune(
     scheduler = get_linear_schedule_with_warmup(optimizer, int(train.warmup_ratio * steps), steps)
     amp_dtype = autocast_dtype(train.precision, device)
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
+    return Run(spec, train, seed, device, tokenizer, model, sampler, train_loader, eval_loaders,
+               optimizer, scheduler, scaler, amp_dtype, FinetuneResult(task=spec.name, seed=seed))
 
-    result = FinetuneResult(task=spec.name, seed=seed)
-    bare = getattr(model, "module", model)  # unwrapped from DDP, for saving
 
-    def save(folder: Path) -> None:
-        bare.save_pretrained(folder)
-        tokenizer.save_pretrained(folder)
-        torch.save({
-            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
-            "epochs": [asdict(e) for e in result.epochs], "best_epoch": result.best_epoch,
-            "torch_rng": torch.get_rng_state(),  # dropout draws from it: restored for an identical resume
-        }, Path(folder) / TRAINING_STATE)
+def save(run: Run, folder: Path) -> None:
+    """The model and tokenizer (save_pretrained) plus what a resume needs to go on identically."""
+    run.bare_model.save_pretrained(folder)
+    run.tokenizer.save_pretrained(folder)
+    torch.save({
+        "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
+        "scaler": run.scaler.state_dict(),
+        "epochs": [asdict(e) for e in run.result.epochs], "best_epoch": run.result.best_epoch,
+        "torch_rng": torch.get_rng_state(),  # dropout draws from it: restored for an identical resume
+    }, Path(folder) / TRAINING_STATE)
 
+
+def restore(run: Run, folder: Path) -> None:
+    """Go on after the last epoch that ``save`` wrote into ``folder``, with the same data order."""
+    state = torch.load(Path(folder) / TRAINING_STATE, weights_only=False)
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.scheduler.load_state_dict(state["scheduler"])
+    run.scaler.load_state_dict(state["scaler"])
+    run.result.epochs = [EpochResult(**e) for e in state["epochs"]]
+    run.result.best_epoch = state["best_epoch"]
+    torch.set_rng_state(state["torch_rng"])
+    for _ in run.result.epochs:  # replay the shuffles of the epochs done: same order as without a stop
+        list(iter(run.sampler))
+    log.info("%s seed %d: resumed after epoch %d", run.spec.name, run.seed, len(run.result.epochs))
+
+
+def train_one_epoch(run: Run, epoch: int) -> EpochResult:
+    """One pass over the training data, then every eval split."""
+    if isinstance(run.sampler, DistributedSampler):
+        run.sampler.set_epoch(epoch)
+    model, device = run.model, run.device
+    model.train()
+    t0 = time.perf_counter()
+    loss_sum, n_batches, real_tokens, padded_tokens = 0.0, 0, 0, 0
+    for batch in run.train_loader:
+        real_tokens += int(batch["attention_mask"].sum())
+        padded_tokens += batch["attention_mask"].numel()
+        batch = _to(batch, device)
+        with _autocast(device, run.amp_dtype):
+            loss = model(**batch).loss
+        run.optimizer.zero_grad(set_to_none=True)
+        run.scaler.scale(loss).backward()
+        run.scaler.unscale_(run.optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), run.train.max_grad_norm)
+        run.scaler.step(run.optimizer)
+        run.scaler.update()
+        run.scheduler.step()
+        loss_sum += float(loss.detach())
+        n_batches += 1
+    train_seconds = time.perf_counter() - t0
+
+    t1 = time.perf_counter()
+    per_split = {s: evaluate(model, loader, run.spec, device, run.amp_dtype) for s, loader in run.eval_loaders.items()}
+    metrics = merge_splits(run.spec, per_split)
+    return EpochResult(
+        epoch=epoch,
+        train_loss=loss_sum / max(n_batches, 1),
+        metrics=metrics,
+        score=selection_score(run.spec, metrics),
+        train_seconds=train_seconds,
+        eval_seconds=time.perf_counter() - t1,
+        train_tokens=real_tokens,
+        padded_tokens=padded_tokens,
+    )
+
+
+def finetune(
+    spec: TaskSpec,
+    model_dir: Path,
+    data_dir: Path,
+    train: TrainConfig,
+    seed: int,
+    out_dir: Path | None = None,
+    cache_dir: Path | None = None,
+    on_epoch: EpochCallback | None = None,
+    device: torch.device | None = None,
+    resume_from: Path | None = None,
+    dist: Distributed = Distributed(),
+) -> FinetuneResult:
+    """Fine-tune ``model_dir`` on ``spec`` with ``seed``; evaluate every epoch.
+
+    With ``out_dir`` the best epoch's model is saved there (``save_pretrained``) and returned as
+    ``checkpoint_dir``; ``on_epoch`` lets a caller (the Ray trial) report and checkpoint instead.
+    ``resume_from`` is a folder that ``save`` wrote: training goes on after its last epoch, with
+    the same data order as an uninterrupted run.
+    """
+    run = setup(spec, model_dir, data_dir, train, seed, cache_dir, device, resume_from, dist)
     if resume_from is not None:
-        state = torch.load(Path(resume_from) / TRAINING_STATE, weights_only=False)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        scaler.load_state_dict(state["scaler"])
-        result.epochs = [EpochResult(**e) for e in state["epochs"]]
-        result.best_epoch = state["best_epoch"]
-        torch.set_rng_state(state["torch_rng"])
-        for _ in result.epochs:  # replay the shuffles of the epochs done: same order as without a stop
-            list(iter(sampler))
-        log.info("%s seed %d: resumed after epoch %d", spec.name, seed, len(result.epochs))
-
+        restore(run, resume_from)
+    result = run.result
     for epoch in range(len(result.epochs) + 1, train.epochs + 1):
-        if isinstance(sampler, DistributedSampler):
-            sampler.set_epoch(epoch)
-        model.train()
-        t0 = time.perf_counter()
-        loss_sum, n_batches, real_tokens, padded_tokens = 0.0, 0, 0, 0
-        for batch in train_loader:
-            real_tokens += int(batch["attention_mask"].sum())
-            padded_tokens += batch["attention_mask"].numel()
-            batch = _to(batch, device)
-            with _autocast(device, amp_dtype):
-                loss = model(**batch).loss
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), train.max_grad_norm)
-            scaler.step(optimizer)
-            scaler.update()
-            scheduler.step()
-            loss_sum += float(loss.detach())
-            n_batches += 1
-        train_seconds = time.perf_counter() - t0
-
-        t1 = time.perf_counter()
-        per_split = {s: evaluate(model, loader, spec, device, amp_dtype) for s, loader in eval_loaders.items()}
-        metrics = merge_splits(spec, per_split)
-        epoch_result = EpochResult(
-            epoch=epoch,
-            train_loss=loss_sum / max(n_batches, 1),
-            metrics=metrics,
-            score=selection_score(spec, metrics),
-            train_seconds=train_seconds,
-            eval_seconds=time.perf_counter() - t1,
-            train_tokens=real_tokens,
-            padded_tokens=padded_tokens,
-        )
+        epoch_result = train_one_epoch(run, epoch)
         result.epochs.append(epoch_result)
-        log.info("%s seed %d epoch %d: loss %.4f %s", spec.name, seed, epoch, epoch_result.train_loss, metrics)
-
+        log.info("%s seed %d epoch %d: loss %.4f %s", spec.name, seed, epoch, epoch_result.train_loss, epoch_result.metrics)
         # Strictly better only: on a tie the earlier epoch stays best.
-        improved = result.best_epoch == 0 or epoch_result.score > result.best.score
-        if improved:
+        if result.best_epoch == 0 or epoch_result.score > result.best.score:
             result.best_epoch = epoch
             if out_dir is not None:
-                save(Path(out_dir))
+                save(run, Path(out_dir))
                 result.checkpoint_dir = Path(out_dir)
         if on_epoch is not None:
-            on_epoch(epoch_result, save)
+            on_epoch(epoch_result, lambda folder: save(run, folder))
     return result

@@ -12,10 +12,7 @@ import hashlib
 import importlib.util
 import json
 import logging
-import os
 import random
-import shutil
-import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,13 +40,15 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
-from sweep.synthetic import corpus_sentences
-from sweep.errors import ModelSourceError  # noqa: F401  (re-exported: sweep.models.ModelSourceError)
+from sweep.data.synthetic import corpus_sentences
+from sweep.errors import ModelSourceError
+from sweep.files import atomic_folder, is_model_folder, require_model_folder
 from sweep.tasks import TaskSpec
 
 log = logging.getLogger(__name__)
 
 ARCHS = ("roberta", "gpt2", "bert")
+PADDING_OFFSET_TYPES = ("roberta", "xlm-roberta", "camembert")  # position ids start after padding_idx
 BUILDER_KEYS = ("arch", "vocab_size", "hidden_size", "num_layers", "num_heads", "max_positions")
 # Part of the cache key: bump when the build recipe (corpus, tokenizer, config) changes.
 BUILD_RECIPE = 1
@@ -64,7 +63,7 @@ BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
 @contextmanager
-def _quiet_transformers() -> Iterator[None]:
+def quiet_transformers() -> Iterator[None]:
     """Hide the load report and progress bar; load errors are still raised as exceptions."""
     verbosity = hf_logging.get_verbosity()
     bars = hf_logging.is_progress_bar_enabled()
@@ -114,6 +113,18 @@ def _pseudo_words(rng: random.Random, count: int) -> list[str]:
         words.add("".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS)
                           for _ in range(syllables)))
     return sorted(words)
+
+
+def pick_device(preferred: str = "auto") -> torch.device:
+    """The device a model runs on: "auto" is the GPU when torch can use one, else the CPU."""
+    if preferred == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(preferred)
+
+
+def position_offset(model_type: str, pad_token_id: int | None) -> int:
+    """Rows of the position table a token can never use: RoBERTa numbers positions from padding_idx + 1."""
+    return (pad_token_id or 0) + 1 if model_type in PADDING_OFFSET_TYPES else 0
 
 
 def default_corpus(n: int = 4000, seed: int = 0) -> list[str]:
@@ -251,7 +262,7 @@ TokenizerBuilder = Callable[[Iterable[str], int, int], PreTrainedTokenizerBase]
 ModelBuilder = Callable[[PreTrainedTokenizerBase, int, int, int, int], PreTrainedModel]
 # arch -> (tokenizer builder, model builder, positions the tokenizer may use)
 _BUILDERS: dict[str, tuple[TokenizerBuilder, ModelBuilder, Callable[[int], int]]] = {
-    "roberta": (_roberta_tokenizer, _roberta_model, lambda pos: pos - 2),  # RoBERTa offsets by pad+1
+    "roberta": (_roberta_tokenizer, _roberta_model, lambda pos: pos - position_offset("roberta", ROBERTA_SPECIALS.index("<pad>"))),
     "gpt2": (_gpt2_tokenizer, _gpt2_model, lambda pos: pos),
     "bert": (_bert_tokenizer, _bert_model, lambda pos: pos),
 }
@@ -279,7 +290,7 @@ def build_tiny_model(
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(out_dir.parent / f".{out_dir.name}.lock")):
-        if (out_dir / "config.json").is_file():
+        if is_model_folder(out_dir):
             return out_dir
         make_tokenizer, make_model, tokenizer_positions = _BUILDERS[arch]
         text = list(corpus) if corpus is not None else default_corpus(seed=seed)
@@ -294,19 +305,10 @@ def build_tiny_model(
 
 
 def _save_atomically(out_dir: Path, tok: PreTrainedTokenizerBase, model: PreTrainedModel) -> None:
-    """Write into a sibling temp dir, then rename: readers never see a half-written model."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
-        tmp.chmod(0o755)  # mkdtemp's 0700 would hide a shared cache from other users
-        with _quiet_transformers():
-            model.save_pretrained(tmp)
-            tok.save_pretrained(tmp)
-        if out_dir.exists():  # leftovers of an interrupted build without config.json
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    """Readers never see a half-written model; leftovers of an interrupted build are replaced."""
+    with atomic_folder(out_dir) as tmp, quiet_transformers():
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,14 +319,7 @@ def _as_dict(cfg: Mapping[str, Any] | Any) -> dict[str, Any]:
 
 
 def _require_model_dir(path: Path, name: str, source: str) -> Path:
-    if not path.is_dir():
-        raise ModelSourceError(f"model {name!r}: {source} {path} does not exist; {STAGE_HINT}")
-    if not (path / "config.json").is_file():
-        raise ModelSourceError(
-            f"model {name!r}: {source} {path} has no config.json (not a folder written by "
-            f"save_pretrained); {STAGE_HINT}"
-        )
-    return path
+    return require_model_folder(path, f"model {name!r}: {source}", STAGE_HINT)
 
 
 def _builder_dir(name: str, builder: dict[str, Any], cache_dir: Path) -> Path:
@@ -338,7 +333,7 @@ def _builder_dir(name: str, builder: dict[str, Any], cache_dir: Path) -> Path:
     key = json.dumps({"recipe": BUILD_RECIPE, **builder}, sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:10]
     out_dir = Path(cache_dir) / "models" / f"{name}-{digest}"
-    if (out_dir / "config.json").is_file():
+    if is_model_folder(out_dir):
         return out_dir
     return build_tiny_model(out_dir, **builder)
 
@@ -382,7 +377,7 @@ def resolve_model_dir(
 
 def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase:
     """The folder's tokenizer, with a pad token (GPT-2-like models pad with eos)."""
-    with _quiet_transformers():
+    with quiet_transformers():
         tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     if tok.pad_token is None:
         if tok.eos_token is None:
@@ -418,7 +413,7 @@ def load_for_task(model_dir: Path, spec: TaskSpec) -> tuple[PreTrainedTokenizerB
             label2id={label: i for i, label in enumerate(labels)},
             problem_type="single_label_classification",
         )
-    with _quiet_transformers():
+    with quiet_transformers():
         model, info = auto.from_pretrained(model_dir, **kwargs)
     _warn_missing_body(model_dir, info)
     model.config.pad_token_id = tok.pad_token_id  # GPT-2 classification finds the last non-pad token

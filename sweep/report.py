@@ -6,14 +6,13 @@ state, so it is safe in a driver that also runs Ray and in headless CI.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from sweep.files import atomic_file
 from sweep.results import TrialRecord, best_per_task
 from sweep.tasks import TaskSpec
 
@@ -51,14 +50,6 @@ def plot_seed_scores(records: list[TrialRecord], specs: list[TaskSpec], path: Pa
     rng = np.random.default_rng(0)  # fixed jitter: the same results draw the same picture
     for ax, spec in zip(fig.subplots(1, max(1, len(specs)), squeeze=False)[0], specs):
         _draw_task(ax, spec, records, rng)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Write beside the target, then rename: a reader never sees half a PNG.
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format="png", dpi=120)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with atomic_file(path, "wb") as f:  # a reader never sees half a PNG
+        fig.savefig(f, format="png", dpi=120)
     return path

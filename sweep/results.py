@@ -9,17 +9,23 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
+import re
 import shutil
 import statistics
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sweep.files import atomic_file, atomic_folder, write_json
 from sweep.tasks import TaskSpec
 
 MADE_BY = "sweep_made_by.json"  # written beside an exported model: how it was made
+
+
+def registry_name(*parts: str) -> str:
+    """The registered model's name, ``<model>-<task>``: a hub id's "/" (or any other character the
+    registry refuses) becomes "-". The server publishes a model under the same name."""
+    return re.sub(r"[^\w\-.]", "-", "-".join(parts))
 
 
 @dataclass
@@ -64,8 +70,9 @@ class TaskSummary:
     gpu_hours: float
 
 
-def _orient(spec: TaskSpec, value: float) -> float:
-    return value if spec.mode == "max" else -value
+def rank_key(mode: str, score: float, seed: int) -> tuple[float, int]:
+    """The order of trials of one task, best last: a better score (by the task's mode), then the lower seed."""
+    return (score if mode == "max" else -score, -seed)
 
 
 def best_per_task(records: list[TrialRecord], specs: list[TaskSpec]) -> dict[str, TrialRecord]:
@@ -74,8 +81,7 @@ def best_per_task(records: list[TrialRecord], specs: list[TaskSpec]) -> dict[str
     for spec in specs:
         done = [r for r in records if r.task == spec.name and r.ok]
         if done:
-            # max over (oriented score, -seed): a higher score wins, then the lower seed.
-            best[spec.name] = max(done, key=lambda r: (_orient(spec, r.score), -r.seed))
+            best[spec.name] = max(done, key=lambda r: rank_key(spec.mode, r.score, r.seed))
     return best
 
 
@@ -113,37 +119,22 @@ def _flat_row(r: TrialRecord) -> dict[str, Any]:
     return row
 
 
-def _atomic_write(path: Path, write) -> None:
-    # Write beside the target, then rename: a killed run never leaves a half-written file.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     columns: list[str] = []
     for row in rows:
         columns += [c for c in row if c not in columns]
 
-    def write(f):
+    with atomic_file(path) as f:  # a killed run never leaves a half-written file
         w = csv.DictWriter(f, fieldnames=columns)
         w.writeheader()
         w.writerows(rows)
-
-    _atomic_write(path, write)
 
 
 def write_results(out_dir: Path, records: list[TrialRecord], summaries: list[TaskSummary]) -> None:
     """results.json, results.csv (one row per trial) and summary.csv (one row per task)."""
     out_dir = Path(out_dir)
     payload = {"trials": [asdict(r) for r in records], "summary": [asdict(s) for s in summaries]}
-    _atomic_write(out_dir / "results.json", lambda f: json.dump(payload, f, indent=2, default=str))
+    write_json(out_dir / "results.json", payload, indent=2, default=str)
     _write_csv(out_dir / "results.csv", [_flat_row(r) for r in records])
     _write_csv(out_dir / "summary.csv", [asdict(s) for s in summaries])
 
@@ -158,9 +149,6 @@ def export_best(record: TrialRecord, target: Path, model_name: str) -> Path:
     if not record.checkpoint or not Path(record.checkpoint).is_dir():
         raise FileNotFoundError(f"best trial of {record.task} (seed {record.seed}) has no checkpoint folder")
     target = Path(target)
-    tmp = target.with_name(f".{target.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(record.checkpoint, tmp)
     made_by = {
         "task": record.task,
         "seed": record.seed,
@@ -171,9 +159,9 @@ def export_best(record: TrialRecord, target: Path, model_name: str) -> Path:
         "best_epoch": record.best_epoch,
         "trial_id": record.trial_id,
     }
-    (tmp / MADE_BY).write_text(json.dumps(made_by, indent=2, default=str))
-    shutil.rmtree(target, ignore_errors=True)
-    os.replace(tmp, target)
+    with atomic_folder(target) as tmp:
+        shutil.copytree(record.checkpoint, tmp, dirs_exist_ok=True)
+        write_json(tmp / MADE_BY, made_by, indent=2, default=str)
     return target
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from sweep.config import Settings
 from sweep.finetune import finetune
 from sweep.results import TrialRecord
-from sweep.staging import LocalSources, cache_root
+from sweep.storage.staging import LocalSources, cache_root
 
 log = logging.getLogger(__name__)
 

@@ -6,6 +6,7 @@ carries them; this module turns one such mapping into a validated, typed ``TaskS
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +14,15 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-CONF_DIR = Path(__file__).resolve().parent / "conf"
+def _conf_dir() -> Path:
+    """conf/ at the repository's top; an install maps it to the package ``sweep.conf``."""
+    spec = importlib.util.find_spec("sweep.conf")
+    if spec is not None and spec.origin:
+        return Path(spec.origin).parent
+    return Path(__file__).resolve().parents[1] / "conf"  # a checkout used without installing
+
+
+CONF_DIR = _conf_dir()
 GLUE_TASKS = ("CoLA", "SST-2", "MRPC", "STS-B", "QQP", "MNLI", "QNLI", "RTE", "WNLI")
 KINDS = ("classification", "regression", "causal_lm")
 MODES = ("max", "min")

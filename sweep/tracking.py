@@ -30,7 +30,8 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 
-from sweep.results import TaskSummary, TrialRecord
+from sweep.errors import TrackingError
+from sweep.results import TaskSummary, TrialRecord, registry_name
 from sweep.secrets import scrub, secret_name
 
 log = logging.getLogger(__name__)
@@ -45,10 +46,6 @@ TRANSIENT = re.compile(r"database is locked|database table is locked|database is
 TRANSIENT_CODES = {"TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED"}
 
 T = TypeVar("T")
-
-
-class TrackingError(RuntimeError):
-    """Tracking cannot go ahead; the message says which setting to change."""
 
 
 # --- secrets -------------------------------------------------------------------------------------
@@ -448,7 +445,7 @@ def register_best(
     if not Path(model_dir).is_dir():
         raise FileNotFoundError(f"model folder {model_dir} does not exist")
     client = _client(uri)
-    name = re.sub(r"[^\w\-.]", "-", f"{model_name}-{task}")  # a hub id's "/" is not allowed in a name
+    name = registry_name(model_name, task)
     _retry(client.log_artifacts, run_id, str(model_dir), "model")
     _ensure_registered_model(client, name)
     tags = {"score": repr(float(score)), "metric": metric, "mode": mode}

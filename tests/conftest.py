@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sweep.serving.tiny import TINY_ROBERTA
-from sweep.synthetic import write_synthetic_glue
+from sweep.data.synthetic import write_synthetic_glue
 from sweep.tasks import GLUE_TASKS
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from configs import demo_config
 from mlflow_fixtures import free_port
 
 ACCESS_KEY = "AKIAMOTOTESTKEY01"
@@ -66,18 +67,13 @@ def moto_server(tmp_path: Path):
 
 def compose_settings(*overrides: str):
     """A validated sweep config (the demo's) with ``overrides``."""
-    from hydra import compose, initialize_config_dir
-
     from sweep.config import validate
-    from sweep.tasks import CONF_DIR
-
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return validate(compose("config", overrides=["+experiment=demo", "tracking=none", *overrides]))
+    return validate(demo_config("tracking=none", *overrides))
 
 
 def stage_in_process(overrides: list[str], barrier) -> tuple[str, str, int]:
     """``ensure_local`` in a spawned process, all peers released at once: (model dir, data dir, bytes)."""
-    from sweep.staging import ensure_local
+    from sweep.storage.staging import ensure_local
 
     settings = compose_settings(*overrides)
     barrier.wait(timeout=60)

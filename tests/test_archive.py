@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sweep.archive import UnsafeArchiveError, extract_archive, pack_folder
+from sweep.storage.archive import UnsafeArchiveError, extract_archive, pack_folder
 from sweep.errors import StagingError
 
 LIMIT = 2**30

@@ -33,7 +33,7 @@ def test_help_lists_every_task_and_model(tmp_path):
         (["train.lr=-1"], "error: train.lr: must be > 0, got -1.0"),
         (["sweep.seeds=[]"], "error: sweep.seeds: is empty"),
         (["model=roberta-base"], "model.path"),
-        (["+experiment=demo", "storage.data_dir=/nonexistent/data"], "error: storage.data_dir: /nonexistent/data is not a folder"),
+        (["experiment=demo", "storage.data_dir=/nonexistent/data"], "error: storage.data_dir: /nonexistent/data is not a folder"),
     ],
 )
 def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path, args, message):
@@ -48,7 +48,7 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path, args, message)
 def test_missing_task_folder_fails_before_any_trial(tmp_path):
     data = tmp_path / "data" / "glue_data" / "WNLI"
     data.mkdir(parents=True)
-    r = sweep_cmd("+experiment=demo", "task=RTE", f"storage.data_dir={data.parent.parent}", f"out_dir={tmp_path / 'out'}",
+    r = sweep_cmd("experiment=demo", "task=RTE", f"storage.data_dir={data.parent.parent}", f"out_dir={tmp_path / 'out'}",
                   cwd=tmp_path, cache=tmp_path / "cache", timeout=120)
     assert r.returncode == 2
     assert "error: no data for task RTE: looked in" in r.stderr
@@ -64,7 +64,7 @@ def test_unknown_task_lists_the_tasks(tmp_path):
 @pytest.mark.slow
 def test_demo_runs_and_keeps_exactly_the_best_model(tmp_path):
     out = tmp_path / "out"
-    r = sweep_cmd("+experiment=demo", "sweep.seeds=[38,39]", f"out_dir={out}", cwd=tmp_path, cache=tmp_path / "cache")
+    r = sweep_cmd("experiment=demo", "sweep.seeds=[38,39]", f"out_dir={out}", cwd=tmp_path, cache=tmp_path / "cache")
     assert r.returncode == 0, r.stderr[-3000:]
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert sorted(int(r["seed"]) for r in rows) == [38, 39]
@@ -107,7 +107,7 @@ def _launch_ids(out: Path) -> dict[str, set[str]]:
 @pytest.mark.slow
 def test_resume_after_the_driver_is_killed_skips_finished_trials(tmp_path):
     out, cache = tmp_path / "out", tmp_path / "cache"
-    args = ["+experiment=demo", "sweep.seeds=[38,39,40,41]", "train.epochs=2", "sweep.keep_checkpoints=all", f"out_dir={out}"]
+    args = ["experiment=demo", "sweep.seeds=[38,39,40,41]", "train.epochs=2", "sweep.keep_checkpoints=all", f"out_dir={out}"]
     env = {**os.environ, "SWEEP_CACHE_DIR": str(cache)}
     proc = subprocess.Popen([sys.executable, "-m", "sweep", *args], cwd=tmp_path, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
@@ -141,7 +141,7 @@ def test_resume_after_the_driver_is_killed_skips_finished_trials(tmp_path):
 @pytest.mark.slow
 def test_multirun_runs_one_sweep_per_model_and_compares_them(tmp_path):
     sweep_dir = tmp_path / "multi"
-    r = sweep_cmd("-m", "+experiment=demo", "model=tiny-roberta,tiny-gpt2", "sweep.seeds=[38]", "train.epochs=1",
+    r = sweep_cmd("-m", "experiment=demo", "model=tiny-roberta,tiny-gpt2", "sweep.seeds=[38]", "train.epochs=1",
                   f"hydra.sweep.dir={sweep_dir}", cwd=tmp_path, cache=tmp_path / "cache", timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     for job in ("0", "1"):
@@ -149,3 +149,30 @@ def test_multirun_runs_one_sweep_per_model_and_compares_them(tmp_path):
     rows = list(csv.DictReader((sweep_dir / "comparison.csv").open()))
     assert [(row["job"], row["task"]) for row in rows] == [("0", "WNLI"), ("1", "WNLI")]
     assert "model=tiny-roberta" in r.stdout and "model=tiny-gpt2" in r.stdout
+
+
+@pytest.mark.parametrize("plus", ["", "+"])
+def test_experiment_with_or_without_plus_and_the_console_script(tmp_path, plus):
+    r = sweep_cmd(f"{plus}experiment=demo", "--cfg", "job", cwd=tmp_path, cache=tmp_path / "cache", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "name: tiny-roberta" in r.stdout
+    script = Path(sys.executable).parent / "sweep"  # [project.scripts] sweep = sweep.__main__:cli
+    r2 = subprocess.run([str(script), f"{plus}experiment=demo", "--cfg", "job"], cwd=tmp_path,
+                        capture_output=True, text=True, timeout=60)
+    assert r2.returncode == 0, r2.stderr
+    assert r2.stdout == r.stdout
+
+
+@pytest.mark.parametrize("args", [["--help"], ["train.lr=-1"], ["resources.gpus_per_trial=-1"], ["task=NOPE"]])
+def test_help_and_config_errors_load_no_torch_transformers_or_ray(tmp_path, args):
+    """What a person sees first comes fast: the modules loaded by the end of the process are listed."""
+    probe = ("import atexit, sys\n"
+             "atexit.register(lambda: print('HEAVY', sorted(m for m in ('torch', 'transformers', 'ray', 'mlflow') "
+             "if m in sys.modules), file=sys.stderr))\n"
+             f"sys.argv = ['sweep', *{args!r}]\n"
+             "from sweep.__main__ import cli\ncli()\n")
+    r = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "SWEEP_CACHE_DIR": str(tmp_path / "cache")})
+    assert "HEAVY []" in r.stderr, r.stderr
+    if args != ["--help"]:
+        assert r.returncode in (1, 2) and "Traceback" not in r.stderr

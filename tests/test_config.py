@@ -5,16 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.errors import MissingConfigException
 
+from configs import compose_config
 from sweep.config import ConfigError, validate
 from sweep.tasks import CONF_DIR, GLUE_TASKS, load_task
 
 
-def _compose(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
+_compose = compose_config
 
 
 # Options that cannot run without one value of the user's (each is an error without it, tested below).
@@ -34,7 +32,7 @@ def test_every_shipped_option_composes_and_validates(group):
 
 def test_every_experiment_composes_and_validates():
     for option in _options("experiment"):
-        validate(_compose(f"+experiment={option}"))
+        validate(_compose(f"experiment={option}"))
 
 
 def test_task_selection_single_list_and_glue():
@@ -113,3 +111,50 @@ def test_task_specs_match_glue():
     assert load_task("STS-B").kind == "regression" and load_task("STS-B").num_labels == 1
     assert load_task("MNLI").num_labels == 3 and list(load_task("MNLI").eval_files) == ["matched", "mismatched"]
     assert load_task("MRPC").metric == "f1" and load_task("QQP").metric == "acc_and_f1"
+
+
+# ---- one home per default: the YAML tree; the schema's defaults agree with it ---------------------
+
+SCHEMAS = {"train": "TrainConfig", "sweep": "SweepConfig", "resources": "ResourcesConfig",
+           "storage": "StorageConfig", "tracking": "TrackingConfig", "cluster": "ClusterConfig"}
+
+
+@pytest.mark.parametrize("group", sorted(SCHEMAS))
+def test_the_schema_defaults_agree_with_the_default_yaml(group, monkeypatch):
+    """Every field the default config sets has the same value as the dataclass default (which only
+    fills keys an option leaves out), so a reader of conf/ sees the defaults that run."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    import sweep.config as config
+
+    monkeypatch.setenv("SWEEP_CACHE_DIR", "/somewhere/cache")
+    yaml_values = OmegaConf.to_container(_compose()[group], resolve=True)
+    schema = getattr(config, SCHEMAS[group])
+    defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+                for f in dataclasses.fields(schema)}
+    differ = {k: (defaults[k], v) for k, v in yaml_values.items() if k in defaults and defaults[k] != v}
+    assert differ == {}, f"{SCHEMAS[group]} default vs conf/{group}: {differ}"
+    assert set(yaml_values) <= set(defaults)
+
+
+def test_a_disagreeing_default_is_caught(monkeypatch):
+    """The check above can fail: a changed dataclass default shows up as a difference."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from sweep.config import TrainConfig
+
+    yaml_values = OmegaConf.to_container(_compose()["train"], resolve=True)
+    changed = {f.name: f.default for f in dataclasses.fields(TrainConfig)} | {"lr": 1e-3}
+    assert {k for k, v in yaml_values.items() if changed[k] != v} == {"lr"}
+
+
+def test_plus_experiment_still_means_the_preset():
+    from sweep.__main__ import plain_experiment
+
+    assert plain_experiment(["sweep", "+experiment=demo", "task=RTE"]) == ["sweep", "experiment=demo", "task=RTE"]
+    assert validate(_compose("experiment=demo")).model.name == "tiny-roberta"
+    assert validate(_compose()).model.name == "roberta-base"  # experiment: null by default

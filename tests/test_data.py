@@ -15,9 +15,12 @@ from datasets import ClassLabel, Dataset, DatasetDict, Features, Value
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from sweep import data
-from sweep.data import DataFormatError, check_task_data, count_tokens, load_task_data, make_collator, tokenize_task
-from sweep.synthetic import LABEL_NOISE, CUE_GROUPS, corpus_sentences, write_synthetic_glue, write_synthetic_wikitext
+from sweep.data import glue
+from sweep.data.cache import cache_stats
+from sweep.data.collate import count_tokens, make_collator
+from sweep.data.glue import cache_key, check_task_data, load_task_data, tokenize_task
+from sweep.errors import DataFormatError
+from sweep.data.synthetic import LABEL_NOISE, CUE_GROUPS, corpus_sentences, write_synthetic_glue, write_synthetic_wikitext
 from sweep.tasks import GLUE_TASKS, load_task
 
 N_TRAIN, N_DEV = 200, 64  # what the synthetic_glue_dir fixture writes
@@ -361,17 +364,17 @@ def test_second_call_loads_from_cache(
     synthetic_glue_dir: Path, tmp_path: Path, tokenizer: PreTrainedTokenizerFast, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spec = load_task("MRPC")
-    before = (data.cache_stats.hits, data.cache_stats.misses)
+    before = (cache_stats.hits, cache_stats.misses)
     first = tokenize_task(load_task_data(spec, synthetic_glue_dir), spec, tokenizer, 32, tmp_path)
-    assert (data.cache_stats.hits, data.cache_stats.misses) == (before[0], before[1] + 1)
+    assert (cache_stats.hits, cache_stats.misses) == (before[0], before[1] + 1)
 
     def no_tokenizing(*args: object) -> None:
         raise AssertionError("the second call tokenized again")
 
-    monkeypatch.setattr(data, "_tokenize", no_tokenizing)
+    monkeypatch.setattr(glue, "_tokenize", no_tokenizing)
     # a fresh read of the same files: the cache key comes from the content, not the object
     second = tokenize_task(load_task_data(spec, synthetic_glue_dir), spec, tokenizer, 32, tmp_path)
-    assert (data.cache_stats.hits, data.cache_stats.misses) == (before[0] + 1, before[1] + 1)
+    assert (cache_stats.hits, cache_stats.misses) == (before[0] + 1, before[1] + 1)
     assert second["train"]["input_ids"] == first["train"]["input_ids"]
     entries = sorted(p.name for p in (tmp_path / "tokenized").iterdir())
     assert len(entries) == 2 and entries[1] == entries[0] + ".lock"  # no temp dir left behind
@@ -382,17 +385,17 @@ def test_cache_key_changes_with_inputs(
 ) -> None:
     spec = load_task("RTE")
     dsd = load_task_data(spec, synthetic_glue_dir)
-    key = data.cache_key(dsd, spec, tokenizer, 32)
-    assert key == data.cache_key(load_task_data(spec, synthetic_glue_dir), spec, tokenizer, 32)
-    assert key != data.cache_key(dsd, spec, tokenizer, 64)
+    key = cache_key(dsd, spec, tokenizer, 32)
+    assert key == cache_key(load_task_data(spec, synthetic_glue_dir), spec, tokenizer, 32)
+    assert key != cache_key(dsd, spec, tokenizer, 64)
     other = task_copy(synthetic_glue_dir, tmp_path, "RTE") / "dev.tsv"
     edit_line(other, 2, "0\tChanged text .\tOther text .\tentailment")
-    assert key != data.cache_key(load_task_data(spec, tmp_path), spec, tokenizer, 32)
-    assert key != data.cache_key(dsd, spec, build_tokenizer(vocab_size=500), 32)
+    assert key != cache_key(load_task_data(spec, tmp_path), spec, tokenizer, 32)
+    assert key != cache_key(dsd, spec, build_tokenizer(vocab_size=500), 32)
     fresh = build_tokenizer()
-    fresh_key = data.cache_key(dsd, spec, fresh, 32)
+    fresh_key = cache_key(dsd, spec, fresh, 32)
     fresh("a used tokenizer keeps truncation state", truncation=True, max_length=3)
-    assert data.cache_key(dsd, spec, fresh, 32) == fresh_key == key
+    assert cache_key(dsd, spec, fresh, 32) == fresh_key == key
 
 
 def test_concurrent_callers_tokenize_once(
@@ -400,7 +403,7 @@ def test_concurrent_callers_tokenize_once(
 ) -> None:
     spec = load_task("WNLI")
     dsd = load_task_data(spec, synthetic_glue_dir)
-    misses = data.cache_stats.misses
+    misses = cache_stats.misses
     results: list[DatasetDict] = []
     call = lambda: results.append(tokenize_task(dsd, spec, tokenizer, 16, tmp_path))  # noqa: E731
     threads = [threading.Thread(target=call) for _ in range(3)]
@@ -408,7 +411,7 @@ def test_concurrent_callers_tokenize_once(
         t.start()
     for t in threads:
         t.join()
-    assert len(results) == 3 and data.cache_stats.misses == misses + 1
+    assert len(results) == 3 and cache_stats.misses == misses + 1
     assert results[0]["dev"]["input_ids"] == results[2]["dev"]["input_ids"]
 
 

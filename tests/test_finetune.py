@@ -7,11 +7,11 @@ from dataclasses import replace
 import pytest
 from transformers import AutoModelForSequenceClassification
 
-from sweep.config import TrainConfig
+from configs import train_config
 from sweep.finetune import finetune
 from sweep.tasks import load_task
 
-QUICK = TrainConfig(lr=5e-3, batch_size=16, epochs=3, max_seq_length=64, max_train_samples=160, max_eval_samples=64)
+QUICK = train_config(lr=5e-3, batch_size=16, epochs=3, max_seq_length=64, max_train_samples=160, max_eval_samples=64)
 
 
 def test_loss_drops_and_checkpoint_reloads(synthetic_glue_dir, tiny_roberta_dir, cache_dir, tmp_path):

@@ -14,21 +14,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from mlflow import MlflowClient
 from torch.utils.data import DataLoader
 
-from sweep.config import ConfigError, TrainConfig, validate
-from sweep.data import DataFormatError, cache_stats, check_task_data
+from configs import compose_config, train_config
+from sweep.config import ConfigError, validate
+from sweep.data.cache import cache_stats
+from sweep.errors import DataFormatError
 from sweep.finetune import evaluate, finetune
-from sweep.lm_data import BlockSizeError, check_block_size, lm_blocks, make_lm_collator, token_ids
+from sweep.data.collate import make_lm_collator
+from sweep.data.lm import BlockSizeError, check_block_size, check_corpus, lm_blocks, token_ids
 from sweep.models import load_for_task, resolve_model_dir
 from sweep.results import MADE_BY, load_records
 from sweep.serving.tiny import TINY_GPT2
-from sweep.synthetic import write_synthetic_wikitext
-from sweep.tasks import CONF_DIR, load_task
+from sweep.data.synthetic import write_synthetic_wikitext
+from sweep.tasks import load_task
 
-QUICK_LM = TrainConfig(lr=5e-3, batch_size=16, epochs=3, block_size=64)
+QUICK_LM = train_config(lr=5e-3, batch_size=16, epochs=3, block_size=64)
 
 
 @pytest.fixture(scope="session")
@@ -56,9 +58,7 @@ def text_folder(root: Path, wikitext_dir: Path) -> Path:
     return root
 
 
-def compose_cfg(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
+compose_cfg = compose_config
 
 
 # ---- task configs ----------------------------------------------------------------------------
@@ -95,7 +95,7 @@ def test_text_task_takes_its_folder_from_task_path_made_absolute(tmp_path, monke
 def test_text_task_without_a_path_says_how_to_give_one(tmp_path):
     (spec,) = validate(compose_cfg("task=text")).tasks
     with pytest.raises(DataFormatError, match=r"^task.text.path: not set; .* task=text task.path=DIR$"):
-        check_task_data(spec, tmp_path)
+        check_corpus(spec, tmp_path)
 
 
 # ---- reading and blocks ----------------------------------------------------------------------
@@ -173,28 +173,28 @@ def test_missing_folder_and_missing_file(tmp_path, tokenizer):
     spec = load_task("wikitext-2")
     with pytest.raises(DataFormatError, match=r"no data for task wikitext-2: .*/wikitext-2 does not exist; "
                                               r"expected wiki.train.tokens, wiki.valid.tokens, wiki.test.tokens"):
-        check_task_data(spec, tmp_path)
+        check_corpus(spec, tmp_path)
     (tmp_path / "wikitext-2").mkdir()
     (tmp_path / "wikitext-2" / "wiki.valid.tokens").write_text(" text \n")
     with pytest.raises(DataFormatError, match=r"wiki.train.tokens: missing file of task wikitext-2 "
                                               r"\(files in .*: wiki.valid.tokens\); choose the splits with "
                                               r"task.wikitext-2.train_split=NAME"):
-        check_task_data(spec, tmp_path)
+        check_corpus(spec, tmp_path)
     with pytest.raises(DataFormatError, match=r"task.text.path: .*/nowhere does not exist; give a folder"):
-        check_task_data(load_task("text", path=str(tmp_path / "nowhere")), tmp_path)
+        check_corpus(load_task("text", path=str(tmp_path / "nowhere")), tmp_path)
 
 
 def test_folder_without_txt_files(tmp_path):
     (tmp_path / "readme.md").write_text("hello")
     with pytest.raises(DataFormatError, match=r": no \*.txt files for task text \(files there: readme.md\)"):
-        check_task_data(load_task("text", path=str(tmp_path)), tmp_path)
+        check_corpus(load_task("text", path=str(tmp_path)), tmp_path)
 
 
 def test_empty_corpus(tmp_path, tokenizer):
     (tmp_path / "a.txt").write_text("")
     spec = load_task("text", path=str(tmp_path))
     with pytest.raises(DataFormatError, match=r"a.txt: empty corpus: split 'train' of task text holds no text"):
-        check_task_data(spec, tmp_path)
+        check_corpus(spec, tmp_path)
     (tmp_path / "a.txt").write_text("  \n\n \n")  # passes the cheap size check, fails on reading
     with pytest.raises(DataFormatError, match=r"empty corpus"):
         lm_blocks(spec, tokenizer, tmp_path, 64, cache_dir=None)

@@ -15,12 +15,12 @@ import boto3
 import pytest
 from s3_fixtures import SECRET_KEY, compose_settings, moto_server, s3_env, stage_in_process  # noqa: F401
 
-from sweep.archive import UnsafeArchiveError
+from sweep.storage.archive import UnsafeArchiveError
 from sweep.errors import StagingError
-from sweep.node_cache import MARKER
-from sweep.s3 import S3Error, download_prefix, fetch
-from sweep.staging import ensure_local, preflight
-from sweep.synthetic import write_synthetic_glue
+from sweep.storage.node_cache import MARKER, download_prefix
+from sweep.storage.s3 import S3Error, fetch
+from sweep.storage.staging import ensure_local, preflight
+from sweep.data.synthetic import write_synthetic_glue
 
 BUCKET = "sweep-test"
 
@@ -107,7 +107,7 @@ def test_a_download_reports_its_progress_in_lines(s3, tmp_path, tiny_roberta_dir
 def test_the_nodes_progress_reaches_the_driver(s3, tmp_path, capsys):
     import ray
 
-    from sweep.stage_nodes import stage_all_nodes
+    from sweep.run.stage_nodes import stage_all_nodes
 
     settings = settings_for(tmp_path / "node", "storage.progress_every_s=0")
     settings = replace(settings, pins=preflight(settings))
@@ -143,7 +143,7 @@ def test_a_download_killed_halfway_is_staged_cleanly_next_time(s3, tmp_path):
     (big / "padding.bin").write_bytes(os.urandom(96 * 2**20))  # incompressible: the GET takes a while
     upload(big.parent, "--key", "big")
     cache = tmp_path / "node"
-    script = ("from s3_fixtures import compose_settings; from sweep.staging import ensure_local; "
+    script = ("from s3_fixtures import compose_settings; from sweep.storage.staging import ensure_local; "
               f"ensure_local(compose_settings('storage=s3', 'storage.bucket={BUCKET}', 'storage.data_key=big', "
               f"'storage.cache_dir={cache}'))")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}

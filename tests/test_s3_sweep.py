@@ -9,13 +9,14 @@ import boto3
 import pytest
 import ray
 from ray.cluster_utils import Cluster
+from configs import demo_config
 from s3_fixtures import SECRET_KEY, moto_server, s3_env  # noqa: F401 (fixture)
 
 from sweep.app import run
-from sweep.node_cache import MARKER
+from sweep.storage.node_cache import MARKER
 from sweep.results import load_records
 from sweep.serving.tiny import TINY_GPT2, TINY_ROBERTA
-from sweep.synthetic import write_synthetic_glue
+from sweep.data.synthetic import write_synthetic_glue
 
 pytestmark = pytest.mark.slow
 
@@ -44,17 +45,12 @@ def three_nodes(moto_server, monkeypatch, tmp_path, tiny_roberta_dir):  # noqa: 
 
 
 def sweep(tmp_path, name: str, seeds: str, *extra: str):
-    from hydra import compose, initialize_config_dir
-
-    from sweep.tasks import CONF_DIR
-
     out = tmp_path / name
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("config", overrides=[
-            "+experiment=demo", "tracking=none", "storage=s3", f"storage.bucket={BUCKET}",
-            f"storage.cache_dir={tmp_path / 'driver-cache'}", f"sweep.seeds={seeds}", "train.epochs=1",
-            "train.max_train_samples=32", f"cluster.storage_path={tmp_path / 'storage' / name}", f"out_dir={out}", *extra,
-        ])
+    cfg = demo_config(
+        "tracking=none", "storage=s3", f"storage.bucket={BUCKET}",
+        f"storage.cache_dir={tmp_path / 'driver-cache'}", f"sweep.seeds={seeds}", "train.epochs=1",
+        "train.max_train_samples=32", f"cluster.storage_path={tmp_path / 'storage' / name}", f"out_dir={out}", *extra,
+    )
     run(cfg, out)
     return out
 
@@ -99,7 +95,7 @@ def test_each_object_is_staged_once_per_node_across_sweeps(three_nodes, tmp_path
 def test_what_is_missing_fails_the_cli_before_any_trial(moto_server, monkeypatch, tmp_path, cache_dir,  # noqa: F811
                                                          task, message):
     from sweep.models import resolve_model_dir
-    from sweep.synthetic import write_synthetic_wikitext
+    from sweep.data.synthetic import write_synthetic_wikitext
 
     s3_env(monkeypatch, moto_server)
     boto3.client("s3").create_bucket(Bucket=BUCKET)
@@ -116,7 +112,7 @@ def test_what_is_missing_fails_the_cli_before_any_trial(moto_server, monkeypatch
         subprocess.run([sys.executable, "-m", "sweep.upload", str(folder), "--bucket", BUCKET, "--key", key],
                        check=True, capture_output=True, timeout=120)
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-m", "sweep", "+experiment=demo", "tracking=none", "storage=s3", f"task={task}",
+    r = subprocess.run([sys.executable, "-m", "sweep", "experiment=demo", "tracking=none", "storage=s3", f"task={task}",
                         f"storage.bucket={BUCKET}", f"storage.cache_dir={tmp_path / 'cache'}", f"out_dir={out}", *extra],
                        capture_output=True, text=True, timeout=180, cwd=tmp_path)
     assert r.returncode == 2, r.stderr[-2000:]

@@ -1,6 +1,6 @@
 """ASHA rungs: who goes on, per task, with ties and repeated questions."""
 
-from sweep.schedulers import AshaRungs
+from sweep.run.schedulers import AshaRungs
 
 
 def test_milestones_double_from_the_grace_period_below_max_t():

@@ -243,7 +243,7 @@ def test_completion_ends_at_eos_or_length() -> None:
 # Command line and model sources.
 
 def test_key_value_arguments() -> None:
-    from sweep.serve import DEFAULT_PORT, OPTIONS
+    from sweep.serving.serve import DEFAULT_PORT, OPTIONS
 
     options = parse_key_values(["model=/m", "port=9000", "batching=false", "max_latency_ms=2.5"], OPTIONS)
     assert options["model"] == "/m" and options["port"] == 9000 and options["batching"] is False
@@ -269,7 +269,7 @@ def test_serve_cli_bad_arguments_exit_2_with_one_line(tmp_path: Path) -> None:
     for argv, message in [
         (["prot=1", "model=x"], "error: prot: unknown option"),
         (["model=x", "port=0"], "error: port: must be a port in 1..65535, got 0"),
-        ([f"model={tmp_path / 'missing'}"], "is not a folder"),
+        ([f"model={tmp_path / 'missing'}"], "does not exist"),
         ([f"model={tmp_path}"], "has no config.json"),
         ([f"model={encoder_only}"], "is neither a sequence classifier nor a causal LM"),
     ]:
@@ -289,7 +289,7 @@ def test_published_name_is_the_registered_name(tmp_path: Path) -> None:
 
 
 def test_model_source_errors(tmp_path: Path) -> None:
-    with pytest.raises(ModelSourceError, match="is not a folder"):
+    with pytest.raises(ModelSourceError, match="does not exist"):
         resolve_model_source(str(tmp_path / "nope"), tmp_path)
     with pytest.raises(ModelSourceError, match="unknown scheme"):
         resolve_model_source("gs://bucket/model", tmp_path)
@@ -321,7 +321,7 @@ def test_registered_champion_is_downloaded_and_named(tmp_path: Path, cache_dir: 
 # Deploy files.
 
 def test_inferenceservice_runs_the_same_server_command_and_port() -> None:
-    from sweep.serve import DEFAULT_PORT, OPTIONS
+    from sweep.serving.serve import DEFAULT_PORT, OPTIONS
 
     isvc = yaml.safe_load((DEPLOY / "inferenceservice.yaml").read_text())
     assert (isvc["apiVersion"], isvc["kind"]) == ("serving.kserve.io/v1beta1", "InferenceService")
@@ -344,16 +344,19 @@ def test_inferenceservice_runs_the_same_server_command_and_port() -> None:
     assert set(secret["stringData"]) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
 
 
-def test_containerfile_entrypoint_matches_the_server() -> None:
-    from sweep.serve import DEFAULT_PORT, OPTIONS
+def test_containerfile_serves_with_the_command_the_deploy_yaml_names() -> None:
+    from sweep.serving.serve import DEFAULT_PORT, OPTIONS
 
-    lines = (DEPLOY / "Containerfile").read_text().splitlines()
+    lines = (REPO / "deploy" / "Containerfile").read_text().splitlines()
     instruction = {line.split()[0]: line.split(None, 1)[1] for line in lines if line and not line.startswith(("#", " "))}
+    assert "ENTRYPOINT" not in instruction  # KubeRay and KServe set the command; the InferenceService names it
     isvc = yaml.safe_load((DEPLOY / "inferenceservice.yaml").read_text())
-    assert json.loads(instruction["ENTRYPOINT"]) == isvc["spec"]["predictor"]["containers"][0]["command"]
-    options = parse_key_values(json.loads(instruction["CMD"]), OPTIONS)
+    command = isvc["spec"]["predictor"]["containers"][0]["command"]
+    cmd = json.loads(instruction["CMD"])  # a bare `podman run` serves /mnt/models the same way
+    assert cmd[: len(command)] == command == ["python", "-m", "sweep.serve"]
+    options = parse_key_values(cmd[len(command):], OPTIONS)
     assert options["model"] == "/mnt/models" and options["port"] == DEFAULT_PORT
-    assert instruction["EXPOSE"] == str(DEFAULT_PORT)
+    assert str(DEFAULT_PORT) in instruction["EXPOSE"].split()
 
 
 # ---------------------------------------------------------------------------------------------

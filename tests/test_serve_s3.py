@@ -11,7 +11,7 @@ import pytest
 from s3_fixtures import SECRET_KEY, moto_server, s3_env  # noqa: F401
 from test_serve import LM_NAME, _start_server, _stop, _wait_ready
 
-from sweep.s3 import make_client, upload_tree
+from sweep.storage.s3 import make_client, upload_tree
 from sweep.serving.tiny import export_tiny_lm
 
 pytestmark = pytest.mark.slow

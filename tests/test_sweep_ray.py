@@ -13,22 +13,21 @@ from pathlib import Path
 
 import pytest
 import ray
-from hydra import compose, initialize_config_dir
 from ray.cluster_utils import Cluster
 
+from configs import demo_config
 from sweep.app import run
 from sweep.config import validate
 from sweep.results import MADE_BY, load_records
-from sweep.synthetic import write_synthetic_glue
-from sweep.tasks import CONF_DIR
-from sweep.tuner import ResourceError, run_tune
+from sweep.data.synthetic import write_synthetic_glue
+from sweep.errors import ResourceError
+from sweep.run.tuner import run_tune
 
 pytestmark = pytest.mark.slow
 
 
 def compose_cfg(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("config", overrides=["+experiment=demo", "tracking=none", *overrides])
+    return demo_config("tracking=none", *overrides)
 
 
 @pytest.fixture

@@ -10,19 +10,16 @@ from pathlib import Path
 
 import pytest
 import ray
-from hydra import compose, initialize_config_dir
 from mlflow import MlflowClient
+from configs import demo_config
 from mlflow_fixtures import mlflow_server  # noqa: F401 (fixture)
 
 from sweep.app import run
-from sweep.tasks import CONF_DIR
 
 SECRET = "s3cr3t-sweep-value-789"
 
 
-def compose_cfg(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose("config", overrides=["+experiment=demo", *overrides])
+compose_cfg = demo_config
 
 
 @pytest.fixture
@@ -82,7 +79,7 @@ def test_sweep_logs_parent_nested_runs_and_registers_the_best(store, request, lo
 def test_unreachable_tracking_server_stops_before_any_trial(tmp_path):
     env = {**os.environ, "SWEEP_CACHE_DIR": str(tmp_path / "cache")}
     t0 = time.time()
-    r = subprocess.run([sys.executable, "-m", "sweep", "+experiment=demo", "tracking.uri=http://127.0.0.1:9",
+    r = subprocess.run([sys.executable, "-m", "sweep", "experiment=demo", "tracking.uri=http://127.0.0.1:9",
                         f"out_dir={tmp_path / 'out'}"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert "cannot reach the MLflow tracking server at http://127.0.0.1:9" in r.stderr

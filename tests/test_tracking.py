@@ -14,7 +14,7 @@ import yaml
 from mlflow import MlflowClient
 from mlflow_fixtures import free_port, log_trial_in_process, mlflow_server  # noqa: F401 (fixture)
 
-from sweep.config import ClusterConfig, ModelConfig, ResourcesConfig, Settings, StorageConfig, SweepConfig, TrackingConfig, TrainConfig
+from configs import compose_settings
 from sweep.report import plot_seed_scores
 from sweep.results import TrialRecord, summarize, write_results
 from sweep.secrets import scrub, secret_name, secret_values
@@ -49,11 +49,7 @@ def _unique(prefix: str) -> str:
 
 def _settings_dict(**storage: str) -> dict:
     """A resolved config as the driver has it: ``asdict`` of a real Settings."""
-    settings = Settings(
-        tasks=[WNLI], model=ModelConfig(name="tiny-roberta"), train=TrainConfig(epochs=3),
-        sweep=SweepConfig(seeds=[38, 39]), resources=ResourcesConfig(), storage=StorageConfig(),
-        tracking=TrackingConfig(kind="mlflow"), cluster=ClusterConfig(),
-    )
+    settings = compose_settings("task=WNLI", "model=tiny-roberta", "train.epochs=3", "sweep.seeds=[38,39]")
     config = asdict(settings)
     config["storage"].update(storage)
     return config

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from hydra import compose, initialize_config_dir
 
+from configs import demo_config
 from sweep.config import ConfigError, validate
-from sweep.tasks import CONF_DIR
-from sweep.tuner import ResourceError, plan_trials, storage_path, trial_count
+from sweep.errors import ResourceError
+from sweep.run.plan import plan_trials, storage_path, trial_count
 
 
 def settings(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return validate(compose("config", overrides=["+experiment=demo", *overrides]))
+    return validate(demo_config(*overrides))
 
 
 TWO_BY_TWO_GPU = [{"CPU": 8, "GPU": 2}, {"CPU": 8, "GPU": 2}]

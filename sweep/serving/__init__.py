@@ -1,9 +1,14 @@
-"""Plain logic of the model server (``python -m sweep.serve``), testable without a server.
+"""The model server (``python -m sweep.serve``) and its client (``python -m sweep.infer``).
 
-- ``source``:     where the model comes from (folder, ``models:/name@alias``, ``s3://``) and its name
-- ``protocol``:   Open Inference Protocol v2 requests -> validated, typed requests (or a clear error)
-- ``batcher``:    the asyncio micro-batcher that merges concurrent requests into one forward pass
-- ``engines``:    the loaded classifier / causal LM and one batched forward pass each
-- ``generation``: what a generated sequence becomes: text cut at a stop sequence, token counts
-- ``cli_args``:   ``key=value`` command-line arguments
+- ``serve.py``:       the command: arguments -> a model source -> a KServe ModelServer
+- ``kserve_model.py``: the kserve.Model subclasses that answer the Open Inference Protocol
+- ``infer.py``:       one inference call to a running server
+- ``tiny.py``:        tiny trained-shape models built offline (tests, demos)
+
+- ``source.py``:     where the model comes from (folder, ``models:/name@alias``, ``s3://``) and its name
+- ``protocol.py``:   Open Inference Protocol v2 requests -> validated, typed requests (or a clear error)
+- ``batcher.py``:    the asyncio micro-batcher that merges concurrent requests into one forward pass
+- ``engines.py``:    the loaded classifier / causal LM and one batched forward pass each
+- ``generation.py``: what a generated sequence becomes: text cut at a stop sequence, token counts
+- ``cli_args.py``:   ``key=value`` command-line arguments
 """

@@ -23,7 +23,7 @@ from transformers import (
     StoppingCriteriaList,
 )
 
-from sweep.models import _quiet_transformers, load_tokenizer
+from sweep.models import load_tokenizer, pick_device, position_offset, quiet_transformers
 from sweep.serving.generation import finish_completion
 from sweep.serving.protocol import Classification, Completion, GenerationParams
 
@@ -54,20 +54,13 @@ def model_kind(model_dir: Path) -> str:
     )
 
 
-def pick_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
 def context_length(model: PreTrainedModel, tokenizer_limit: int) -> int:
     """Tokens the model can attend to: the position table, less RoBERTa's padding offset."""
     config = model.config
     positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     if positions is None:
         raise ModelKindError(f"{type(model).__name__}: config has no max_position_embeddings")
-    if config.model_type in ("roberta", "xlm-roberta", "camembert"):
-        positions -= (config.pad_token_id or 0) + 1  # positions start after padding_idx
+    positions -= position_offset(config.model_type, config.pad_token_id)
     return min(positions, tokenizer_limit) if tokenizer_limit < _NO_LIMIT else positions
 
 
@@ -77,7 +70,7 @@ class Classifier:
     def __init__(self, model_dir: Path, device: str = "auto") -> None:
         self.device = pick_device(device)
         self.tokenizer = load_tokenizer(model_dir)
-        with _quiet_transformers():
+        with quiet_transformers():
             self.model = AutoModelForSequenceClassification.from_pretrained(model_dir, local_files_only=True)
         self.model.to(self.device).eval()
         self.max_length = context_length(self.model, self.tokenizer.model_max_length)
@@ -130,7 +123,7 @@ class Generator:
         self.tokenizer = load_tokenizer(model_dir)
         self.tokenizer.padding_side = "left"  # new tokens follow every prompt directly
         self._counting_tokenizer = load_tokenizer(model_dir)
-        with _quiet_transformers():
+        with quiet_transformers():
             self.model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
         self.model.to(self.device).eval()
         self.context_length = context_length(self.model, self.tokenizer.model_max_length)
@@ -158,7 +151,7 @@ class Generator:
             kwargs["stopping_criteria"] = StoppingCriteriaList([StopOnText(self.tokenizer, params.stop, prompt_width)])
         if params.seed is not None:
             torch.manual_seed(params.seed)  # safe: forward passes run one at a time
-        with torch.inference_mode(), _quiet_transformers():
+        with torch.inference_mode(), quiet_transformers():
             output = self.model.generate(**encoded, **kwargs)
         prompt_tokens = encoded["attention_mask"].sum(dim=1).tolist()
         decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731

@@ -9,25 +9,22 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import tempfile
 from pathlib import Path
 
-from sweep.results import MADE_BY
+from sweep.errors import ModelSourceError
+from sweep.files import atomic_folder, is_model_folder, require_model_folder
+from sweep.results import MADE_BY, registry_name
 
 MODELS_SCHEME = "models:/"
 S3_SCHEME = "s3://"
 _REGISTRY_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/@]+)|/(?P<version>\d+))$")
 
 
-class ModelSourceError(ValueError):
-    """The model source cannot be used: says what was given and what is expected."""
-
-
 def resolve_model_source(source: str, cache_dir: Path, tracking_uri: str | None = None) -> Path:
     """A local ``save_pretrained`` folder for ``source`` (see the module docstring)."""
     if source.startswith(S3_SCHEME):
-        from sweep.s3 import download_prefix  # lazily: only S3 users need boto3 set up
+        from sweep.storage.node_cache import download_prefix  # lazily: only S3 users need boto3 set up
 
         dest = Path(cache_dir) / "serve" / "s3" / re.sub(r"[^\w.-]", "_", source[len(S3_SCHEME):].strip("/"))
         return _require_model_folder(Path(download_prefix(source, dest)), source)
@@ -39,14 +36,7 @@ def resolve_model_source(source: str, cache_dir: Path, tracking_uri: str | None 
 
 
 def _require_model_folder(path: Path, source: str) -> Path:
-    if not path.is_dir():
-        raise ModelSourceError(f"model={source}: {path} is not a folder")
-    if not (path / "config.json").is_file():
-        raise ModelSourceError(
-            f"model={source}: {path} has no config.json (not a save_pretrained folder; "
-            "a sweep exports its best model per task to <out_dir>/best/<TASK>/)"
-        )
-    return path
+    return require_model_folder(path, f"model={source}:", "a sweep exports its best model per task to <out_dir>/best/<TASK>/")
 
 
 def registered_name(source: str) -> str | None:
@@ -74,17 +64,15 @@ def _download_registered(source: str, cache_dir: Path, tracking_uri: str | None)
     except MlflowException as e:
         raise ModelSourceError(f"model={source}: not found in the registry at {uri}: {e.message}") from None
     dest = cache_dir / "serve" / "registry" / f"{name}-v{version.version}"
-    if (dest / "config.json").is_file():  # a registered version never changes: reuse the copy
+    if is_model_folder(dest):  # a registered version never changes: reuse the copy
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    try:
-        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=version.source, dst_path=str(tmp), tracking_uri=uri))
+    with tempfile.TemporaryDirectory(prefix=f".{dest.name}.download-", dir=dest.parent) as scratch, \
+            atomic_folder(dest) as folder:
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=version.source, dst_path=scratch, tracking_uri=uri))
         _require_model_folder(local, source)
-        shutil.rmtree(dest, ignore_errors=True)
-        local.rename(dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        for entry in local.iterdir():  # the artifact's files, moved (same disk) into the folder that becomes dest
+            entry.rename(folder / entry.name)
     return dest
 
 
@@ -100,6 +88,5 @@ def published_name(model_dir: Path, source: str) -> str:
         except json.JSONDecodeError:
             info = {}
         if info.get("model") and info.get("task"):
-            # Same rule as tracking.register_best: a hub id's "/" is not allowed in a name.
-            return re.sub(r"[^\w\-.]", "-", f"{info['model']}-{info['task']}")
-    return re.sub(r"[^\w\-.]", "-", Path(model_dir).resolve().name)
+            return registry_name(info["model"], info["task"])
+    return registry_name(Path(model_dir).resolve().name)

@@ -11,18 +11,21 @@ import json
 import shutil
 from pathlib import Path
 
-from sweep.models import _quiet_transformers, load_for_task, resolve_model_dir
-from sweep.results import MADE_BY
-from sweep.tasks import load_task
+from omegaconf import OmegaConf
 
-TINY_ROBERTA = {
-    "name": "tiny-roberta",
-    "builder": {"arch": "roberta", "vocab_size": 2000, "hidden_size": 32, "num_layers": 2, "num_heads": 2, "max_positions": 514},
-}
-TINY_GPT2 = {
-    "name": "tiny-gpt2",
-    "builder": {"arch": "gpt2", "vocab_size": 2000, "hidden_size": 32, "num_layers": 2, "num_heads": 2, "max_positions": 256},
-}
+from sweep.models import quiet_transformers, load_for_task, resolve_model_dir
+from sweep.results import MADE_BY
+from sweep.tasks import CONF_DIR, load_task
+
+
+
+def model_spec(name: str) -> dict:
+    """A model config as conf/model/<name>.yaml defines it (the one home of the tiny models' shapes)."""
+    return OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / f"{name}.yaml"), resolve=True)
+
+
+TINY_ROBERTA = model_spec("tiny-roberta")
+TINY_GPT2 = model_spec("tiny-gpt2")
 CLASSIFIER_TASK = "RTE"
 LM_TASK = "wikitext-2"
 
@@ -35,7 +38,7 @@ def export_tiny_classifier(dest: Path, cache_dir: Path) -> Path:
     """``dest`` = an RTE classifier on the tiny RoBERTa, published as ``tiny-roberta-RTE``."""
     tokenizer, model = load_for_task(resolve_model_dir(TINY_ROBERTA, cache_dir), load_task(CLASSIFIER_TASK))
     dest.mkdir(parents=True, exist_ok=True)
-    with _quiet_transformers():
+    with quiet_transformers():
         model.save_pretrained(dest)
         tokenizer.save_pretrained(dest)
     (dest / MADE_BY).write_text(_made_by(TINY_ROBERTA["name"], CLASSIFIER_TASK))

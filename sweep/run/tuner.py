@@ -1,78 +1,24 @@
-"""The Ray Tune run of a sweep: trials, resources, concurrency, scheduler, resume, and the records.
-
-The plan (how many workers and GPUs per trial, how many trials at once) is plain Python over
-the cluster's node resources, so it is unit-tested without Ray; ``run_tune`` is the thin part.
+"""The Ray Tune run of a sweep: connect, plan, run every trial in one Tuner (or resume it), and
+turn Tune's results into records. The plan itself is plain Python in ``plan.py``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import os
-import re
 import shutil
 import uuid
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sweep.config import ConfigError, Settings
-from sweep.errors import SOURCE_ERRORS
+from sweep.config import Settings
+from sweep.errors import SOURCE_ERRORS, ConfigError
+from sweep.run.plan import EXPERIMENT, TrialPlan, plan_trials, storage_path, sweep_storage, trial_count
 from sweep.results import TrialRecord
 
 log = logging.getLogger(__name__)
-EXPERIMENT = "tune"  # Tune's experiment folder under the storage path
-
-
-class ResourceError(ValueError):
-    """The cluster can never run one trial as asked; the message says what to change."""
-
-
-@dataclass(frozen=True)
-class TrialPlan:
-    workers: int  # Ray Train workers per trial (DDP when > 1)
-    gpus_per_worker: float
-    cpus_per_worker: float
-    max_concurrent: int  # trials that fit on the cluster at once
-    warning: str | None = None  # e.g. "no GPU in the cluster: running on CPU"
-
-
-def _fits(node: dict[str, float], workers: int, cpus: float, gpus: float) -> int:
-    """How many trials (all of a trial's workers on this one node) fit on the node."""
-    fit = math.floor(node.get("CPU", 0) / (cpus * workers) + 1e-9)
-    if gpus > 0:
-        fit = min(fit, math.floor(node.get("GPU", 0) / (gpus * workers) + 1e-9))
-    return fit
-
-
-def plan_trials(settings: Settings, nodes: list[dict[str, float]]) -> TrialPlan:
-    """Derive per-trial resources and max concurrency from the alive nodes' total resources.
-
-    The trial's own driver (the Tune function) and the Train controller ask for no CPU, so what a
-    trial holds is exactly its workers; concurrency never exceeds what fits, so no trial waits
-    for a worker group that can never start (the 2-CPU deadlock of DESIGN §5).
-    """
-    r = settings.resources
-    gpus_per_trial, cpus = float(r.gpus_per_trial), float(r.cpus_per_trial)
-    workers = int(gpus_per_trial) if gpus_per_trial > 1 else 1
-    gpus = gpus_per_trial / workers if gpus_per_trial > 0 else 0.0
-    warning = None
-    if gpus > 0 and not any(n.get("GPU", 0) > 0 for n in nodes):
-        warning = f"resources.gpus_per_trial={r.gpus_per_trial} but the cluster has no GPU: trials run on CPU"
-        gpus = 0.0
-    per_node = [_fits(n, workers, cpus, gpus) for n in nodes]
-    if not any(per_node):
-        biggest_cpu = max((n.get("CPU", 0) for n in nodes), default=0)
-        biggest_gpu = max((n.get("GPU", 0) for n in nodes), default=0)
-        need = f"{workers} worker(s) x ({cpus:g} CPU" + (f", {gpus:g} GPU)" if gpus else ")")
-        raise ResourceError(
-            f"resources: one trial needs {need} on one node, but the largest node has "
-            f"{biggest_cpu:g} CPU and {biggest_gpu:g} GPU; lower resources.gpus_per_trial / "
-            "resources.cpus_per_trial or add bigger nodes"
-        )
-    return TrialPlan(workers, gpus, cpus, sum(per_node), warning)
 
 
 def param_space(settings: Settings) -> dict[str, Any]:
@@ -94,27 +40,10 @@ def param_space(settings: Settings) -> dict[str, Any]:
     return space
 
 
-def trial_count(settings: Settings) -> int:
-    points = math.prod(len(v) for v in settings.sweep.grid.values()) if settings.sweep.grid else 1
-    return len(settings.tasks) * len(settings.sweep.seeds) * points * settings.sweep.num_samples
-
-
-def storage_path(settings: Settings, out_dir: Path, node_count: int) -> str:
-    if settings.cluster.storage_path:
-        return settings.cluster.storage_path
-    if node_count > 1:
-        raise ResourceError(
-            f"cluster.storage_path: this Ray cluster has {node_count} nodes, and trials write checkpoints "
-            "where the driver must read them; set cluster.storage_path to a folder every node can reach "
-            "(NFS) or to s3://bucket/prefix"
-        )
-    return str(Path(out_dir) / "ray")
-
-
 def records_from_results(grid, settings: Settings, plan: TrialPlan, history_dir: Path | None = None,
                          train_dir: Path | None = None) -> list[TrialRecord]:
     """One TrialRecord per Tune trial, with the best epoch's metrics and checkpoint."""
-    from sweep.trial import CHECKPOINT_RANK
+    from sweep.run.trial import CHECKPOINT_RANK
 
     records = []
     for result in grid:
@@ -148,17 +77,14 @@ def records_from_results(grid, settings: Settings, plan: TrialPlan, history_dir:
     return records
 
 
-TRIAL_ID = re.compile(r"_([0-9a-f]{5}_\d{5})_")  # in Tune's trial folder name: run_trial_<id>_<n>_...
-
-
 def _trial_id(result) -> str | None:
-    match = TRIAL_ID.search(Path(_local_path(result.path) or "").name)
-    return match.group(1) if match else None
+    """The id the trial reported with every epoch (None: it never reported)."""
+    return (result.metrics or {}).get("trial_id")
 
 
 def _best_checkpoint(best_row, run_dir: Path | None) -> str | None:
     """The best epoch's checkpoint folder: from Tune's report, else found by the epoch marker."""
-    from sweep.trial import CHECKPOINT_EPOCH
+    from sweep.run.trial import CHECKPOINT_EPOCH
 
     path = _local_path(best_row.get("checkpoint_path"))
     if path and Path(path).is_dir():
@@ -227,9 +153,6 @@ def alive_nodes() -> list[dict[str, float]]:
     return [n["Resources"] for n in ray.nodes() if n.get("Alive")]
 
 
-ASHA_NAMESPACE = "sweep"
-
-
 def start_asha_board(settings: Settings, launch_id: str):
     """The named actor that holds the ASHA rungs (sweep.scheduler=asha); trials ask it each epoch.
 
@@ -239,7 +162,7 @@ def start_asha_board(settings: Settings, launch_id: str):
         return None, None
     import ray
 
-    from sweep.schedulers import AshaRungs
+    from sweep.run.schedulers import ASHA_NAMESPACE, AshaRungs
 
     name = f"sweep-asha-{launch_id}"
     max_t = max([settings.train.epochs, *settings.sweep.grid.get("epochs", [])])
@@ -255,9 +178,9 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
     quiet_ray()
     from ray import tune
 
-    from sweep.progress import SweepProgress
-    from sweep.stage_nodes import StageOnNodes
-    from sweep.trial import run_trial
+    from sweep.run.progress import SweepProgress
+    from sweep.run.stage_nodes import StageOnNodes
+    from sweep.run.trial import Placement, train_driver_fn
 
     connect(settings)
     nodes = alive_nodes()
@@ -265,14 +188,14 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
     if plan.warning:
         log.warning(plan.warning)
         print(f"warning: {plan.warning}")
-    storage = storage_path(settings, out_dir, len(nodes))
-    remote = "://" in storage
-    train_storage = f"{storage}/train" if remote else str(Path(storage) / "train")
+    storage = sweep_storage(storage_path(settings, out_dir, len(nodes)))
     launch_id = uuid.uuid4().hex[:8]
     asha_board, _board_handle = start_asha_board(settings, launch_id)  # the handle keeps the board alive
+    placement = Placement(plan.workers, plan.gpus_per_worker, storage.train,
+                          str(storage.history_dir) if storage.history_dir else None)
     trainable = tune.with_parameters(
-        run_trial, settings=settings, storage_path=train_storage, workers=plan.workers,
-        gpus_per_worker=plan.gpus_per_worker, launch_id=launch_id, asha_board=asha_board, tracking=tracking,
+        train_driver_fn, settings=settings, placement=placement, launch_id=launch_id,
+        asha_board=asha_board, tracking=tracking,
     )
     # The trial's driver holds no CPU (its workers do); Ray refuses an empty request, so it asks
     # for 1 MiB of logical memory: the 2-CPU deadlock of DESIGN §5 cannot happen.
@@ -283,8 +206,8 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
           f"{' x grid' if settings.sweep.grid else ''}), {concurrency} at once on {len(nodes)} node(s); "
           f"{plan.workers} worker(s) x ({plan.cpus_per_worker:g} CPU, {plan.gpus_per_worker:g} GPU) each")
     progress = SweepProgress(settings, total)
-    experiment = f"{storage}/{EXPERIMENT}" if remote else str(Path(storage) / EXPERIMENT)
-    fresh = not remote and not Path(experiment).exists()  # before the Tuner writes tuner.pkl there
+    experiment = storage.experiment
+    fresh = not storage.remote and not Path(experiment).exists()  # before the Tuner writes tuner.pkl there
     if settings.resume and tune.Tuner.can_restore(experiment):
         print(f"resume: continuing the sweep in {experiment}; finished trials are not run again")
         tuner = tune.Tuner.restore(experiment, trainable=trainable, resume_unfinished=True, resume_errored=False)
@@ -301,7 +224,7 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
                 reuse_actors=True,
             ),
             run_config=tune.RunConfig(
-                name=EXPERIMENT, storage_path=storage, verbose=0,
+                name=EXPERIMENT, storage_path=storage.root, verbose=0,
                 # staging on every node first (before the first trial), then the progress lines
                 callbacks=[StageOnNodes(settings), progress],
                 failure_config=tune.FailureConfig(max_failures=0),  # retries happen in Train, from checkpoints
@@ -316,6 +239,5 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
             shutil.rmtree(experiment, ignore_errors=True)
         raise
     progress.close()
-    history_dir = None if remote else Path(storage) / "history"
-    train_dir = None if remote else Path(train_storage)
-    return records_from_results(grid, settings, plan, history_dir, train_dir), train_dir
+    train_dir = storage.local_train_dir
+    return records_from_results(grid, settings, plan, storage.history_dir, train_dir), train_dir

@@ -1,4 +1,4 @@
-"""The data layer: read a GLUE task into a DatasetDict, tokenize it (cached on disk), collate batches.
+"""GLUE tasks: read a task's files into a DatasetDict and tokenize it (cached per node).
 
 Three on-disk layouts are understood, tried in this order:
 
@@ -9,7 +9,7 @@ Three on-disk layouts are understood, tried in this order:
 
 Every layout is normalized to the columns ``text_a``, ``text_b`` (pair tasks only) and ``label``
 (an index into ``spec.labels``, or a float score in [0, 5] for STS-B). Causal-LM corpora (WikiText,
-folders of .txt files) are read by ``sweep.lm_data``.
+folders of .txt files) are read by ``sweep.data.lm``; batches are made in ``sweep.data.collate``.
 """
 
 from __future__ import annotations
@@ -19,25 +19,20 @@ import hashlib
 import io
 import json
 import logging
-import os
-import shutil
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import torch
 from datasets import ClassLabel, Dataset, DatasetDict, DatasetInfo, Features, Value, load_from_disk
 from datasets.table import InMemoryTable
-from filelock import FileLock
-from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
-from sweep.errors import DataFormatError  # noqa: F401  (re-exported: sweep.data.DataFormatError)
+from sweep.data.cache import cache_stats, cached_dataset, content_key, tokenizer_identity
+from sweep.errors import DataFormatError
 from sweep.tasks import TaskSpec
 
 log = logging.getLogger(__name__)
@@ -45,7 +40,6 @@ log = logging.getLogger(__name__)
 # Bump when the normalized or tokenized format changes, so that old caches are not reused.
 FORMAT_VERSION = 1
 STS_RANGE = (0.0, 5.0)
-PADDING_MODES = ("dynamic", "max_length")
 TSV_LAYOUT = "GLUE TSV files <data_dir>/glue_data/<TASK>/{files}"
 HF_LAYOUT = (
     "a datasets.save_to_disk folder <data_dir>/{config}/dataset_dict.json, or the hub's parquet "
@@ -64,12 +58,7 @@ def load_task_data(spec: TaskSpec, data_dir: str | Path, skip_malformed: bool = 
     ``skip_malformed`` skips (and counts, in a warning) TSV rows with too few fields, as the GLUE
     readers do for QQP's broken train rows; by default such a row is an error.
     """
-    if spec.kind == "causal_lm":
-        raise ValueError(f"task {spec.name}: a causal_lm corpus is read by sweep.lm_data.lm_blocks, not load_task_data")
-    data_dir = Path(data_dir)
-    if not data_dir.is_dir():
-        raise DataFormatError(f"{data_dir}: data directory does not exist")
-    layout, folder = _find_layout(spec, data_dir)
+    layout, folder = _task_folder(spec, data_dir, "read by sweep.data.lm.lm_blocks")
     if layout == "tsv":
         return _load_tsv_task(spec, folder, skip_malformed)
     if layout == "disk":
@@ -79,19 +68,21 @@ def load_task_data(spec: TaskSpec, data_dir: str | Path, skip_malformed: bool = 
 
 def check_task_data(spec: TaskSpec, data_dir: str | Path) -> Path:
     """Cheap preflight before any trial starts: the task's folder and every split file exist."""
-    if spec.kind == "causal_lm":
-        from sweep.lm_data import check_corpus  # it builds on this module
-
-        return check_corpus(spec, data_dir)
-    data_dir = Path(data_dir)
-    if not data_dir.is_dir():
-        raise DataFormatError(f"{data_dir}: data directory does not exist")
-    layout, folder = _find_layout(spec, data_dir)
+    layout, folder = _task_folder(spec, data_dir, "checked by sweep.data.lm.check_corpus")
     if layout == "tsv":
         for name in _split_files(spec).values():
             if not (folder / name).is_file():
                 raise DataFormatError(f"{folder / name}: missing file of task {spec.name}")
     return folder
+
+
+def _task_folder(spec: TaskSpec, data_dir: str | Path, lm_route: str) -> tuple[str, Path]:
+    if spec.kind == "causal_lm":
+        raise ValueError(f"task {spec.name}: a causal_lm corpus is {lm_route}")
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise DataFormatError(f"{data_dir}: data directory does not exist")
+    return _find_layout(spec, data_dir)
 
 
 def _split_files(spec: TaskSpec) -> dict[str, str]:
@@ -146,11 +137,7 @@ def _to_dataset(columns: dict[str, Any], spec: TaskSpec, fingerprint: str) -> Da
 
 
 def _fingerprint(spec: TaskSpec, split: str, digest: str, *extra: object) -> str:
-    return _sha256(FORMAT_VERSION, repr(spec), split, digest, *extra)
-
-
-def _sha256(*parts: object) -> str:
-    return hashlib.sha256(json.dumps([str(p) for p in parts]).encode()).hexdigest()
+    return content_key(FORMAT_VERSION, repr(spec), split, digest, *extra)
 
 
 def _hash_files(paths: Iterable[Path]) -> str:
@@ -340,17 +327,6 @@ def _raise_first(bad: np.ndarray, values: np.ndarray, source: str, why: str) -> 
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass
-class CacheStats:
-    """How tokenize_task was answered in this process (tests and benchmarks read it)."""
-
-    hits: int = 0
-    misses: int = 0
-
-
-cache_stats = CacheStats()
-
-
 def tokenize_task(
     dsdict: DatasetDict,
     spec: TaskSpec,
@@ -373,55 +349,10 @@ def tokenize_task(
     return cached_dataset(cache_dir, key, lambda: _tokenize(dsdict, spec, tokenizer, max_length), f"tokenized {spec.name}")
 
 
-def cached_dataset(cache_dir: str | Path, key: str, build: Callable[[], DatasetDict], what: str) -> DatasetDict:
-    """``cache_dir/tokenized/<key>``, built once under a file lock (concurrent trials wait for it)."""
-    root = Path(cache_dir) / "tokenized"
-    target = root / key
-    root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(root / f"{key}.lock")):
-        if target.is_dir():
-            cache_stats.hits += 1
-            log.info("%s: cache hit %s", what, target)
-            return load_from_disk(str(target))
-        cache_stats.misses += 1
-        log.info("%s: building %s", what, target)
-        _write_atomically(build(), root, target)
-    return load_from_disk(str(target))
-
-
-def _write_atomically(dsdict: DatasetDict, root: Path, target: Path) -> None:
-    """Save into a temp dir beside the target, then rename: readers never see a half-written cache."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=root))
-    try:
-        dsdict.save_to_disk(str(tmp))
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
 def cache_key(dsdict: DatasetDict, spec: TaskSpec, tokenizer: PreTrainedTokenizerBase, max_length: int) -> str:
     """sha256 over the data's fingerprints, the tokenizer's identity, max_length, format, task."""
     data = {split: ds._fingerprint for split, ds in sorted(dsdict.items())}
-    return _sha256(json.dumps(data), tokenizer_identity(tokenizer), max_length, FORMAT_VERSION, spec.name)
-
-
-def tokenizer_identity(tokenizer: PreTrainedTokenizerBase) -> str:
-    """Class, name, vocabulary size, truncation side and a hash of the full tokenizer definition."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        definition = json.dumps(sorted(tokenizer.get_vocab().items()))
-    else:
-        # transformers sets truncation/padding on the backend per call: state, not identity
-        spec = {k: v for k, v in json.loads(backend.to_str()).items() if k not in ("truncation", "padding")}
-        definition = json.dumps(spec, sort_keys=True)
-    return _sha256(
-        type(tokenizer).__name__,
-        tokenizer.name_or_path,
-        len(tokenizer),
-        tokenizer.truncation_side,
-        hashlib.sha256(definition.encode()).hexdigest(),
-    )
+    return content_key(json.dumps(data), tokenizer_identity(tokenizer), max_length, FORMAT_VERSION, spec.name)
 
 
 def _tokenize(dsdict: DatasetDict, spec: TaskSpec, tokenizer: PreTrainedTokenizerBase, max_length: int) -> DatasetDict:
@@ -442,70 +373,7 @@ def _tokenize(dsdict: DatasetDict, spec: TaskSpec, tokenizer: PreTrainedTokenize
             batched=True,
             remove_columns=ds.column_names,
             keep_in_memory=True,
-            new_fingerprint=_sha256(ds._fingerprint, tokenizer_identity(tokenizer), max_length),
+            new_fingerprint=content_key(ds._fingerprint, tokenizer_identity(tokenizer), max_length),
             desc=f"tokenize {spec.name}/{split}",
         )
     return DatasetDict(out)
-
-
-# --------------------------------------------------------------------------------------------
-# Collation
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class PaddingCollator:
-    """Pads a list of tokenized rows into tensors; a class (not a closure) so DataLoader workers can pickle it."""
-
-    tokenizer: PreTrainedTokenizerBase
-    padding: str = "dynamic"
-    max_length: int = 128
-
-    def __post_init__(self) -> None:
-        if self.padding not in PADDING_MODES:
-            raise ValueError(f"padding={self.padding!r} is not supported; allowed: {', '.join(PADDING_MODES)}")
-        if self.tokenizer.pad_token is None:
-            raise ValueError(
-                f"tokenizer {self.tokenizer.name_or_path!r} has no pad token; set one (e.g. the eos token) first"
-            )
-        strategy = "longest" if self.padding == "dynamic" else "max_length"
-        self._pad = DataCollatorWithPadding(self.tokenizer, padding=strategy, max_length=self.max_length)
-
-    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        inputs = [{k: v for k, v in row.items() if k != "labels"} for row in rows]
-        if self.padding == "max_length":
-            longest = max(len(row["input_ids"]) for row in inputs)
-            if longest > self.max_length:
-                raise ValueError(
-                    f"a row has {longest} tokens, more than the collator's max_length={self.max_length}; "
-                    "tokenize with the same or a smaller max_length"
-                )
-        batch = dict(self._pad(inputs))
-        if "labels" in rows[0]:
-            batch["labels"] = _label_tensor([row["labels"] for row in rows])
-        return batch
-
-
-def _label_tensor(labels: list[Any]) -> torch.Tensor:
-    """Regression scores as float32 (MSE loss), class indices as int64 (cross-entropy)."""
-    values = [x.item() if hasattr(x, "item") else x for x in labels]
-    dtype = torch.float32 if isinstance(values[0], float) else torch.int64
-    return torch.tensor(values, dtype=dtype)
-
-
-def make_collator(
-    tokenizer: PreTrainedTokenizerBase, padding: str = "dynamic", max_length: int = 128
-) -> PaddingCollator:
-    """A collator: padding="dynamic" pads each batch to its longest row; "max_length" pads every
-    batch to max_length (the original workflow's behaviour, kept for the benchmark)."""
-    return PaddingCollator(tokenizer, padding, max_length)
-
-
-class TokenCount(NamedTuple):
-    real: int  # non-pad tokens (attention_mask sum)
-    padded: int  # tokens the model computes on, padding included
-
-
-def count_tokens(batch: dict[str, torch.Tensor]) -> TokenCount:
-    mask = batch["attention_mask"]
-    return TokenCount(real=int(mask.sum()), padded=int(mask.numel()))

@@ -10,9 +10,6 @@ next call.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,7 +17,9 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from sweep.s3 import RemoteSource
+from sweep.files import atomic_folder, sweep_partials, write_json
+from sweep.storage import s3
+from sweep.storage.s3 import RemoteSource
 
 MARKER = ".sweep-staged.json"
 
@@ -43,15 +42,6 @@ def is_staged(target: Path, source: RemoteSource) -> bool:
     return read_marker(target) == source.version
 
 
-def _sweep_partials(target: Path) -> None:
-    for pattern in (f".{target.name}.partial-*", f".{target.name}.old-*"):
-        for stale in target.parent.glob(pattern):
-            if stale.is_dir():
-                shutil.rmtree(stale, ignore_errors=True)
-            else:  # a half-downloaded archive
-                stale.unlink(missing_ok=True)
-
-
 def stage(target: Path, source: RemoteSource, fetch: Callable[[Path], int]) -> Staged:
     """Make ``target`` hold ``source``'s pinned version; ``fetch(folder)`` fills a fresh folder."""
     started = time.monotonic()
@@ -61,18 +51,20 @@ def stage(target: Path, source: RemoteSource, fetch: Callable[[Path], int]) -> S
     with FileLock(str(target.parent / f".{target.name}.lock")):
         if is_staged(target, source):  # another process staged it while we waited
             return Staged(target, 0, time.monotonic() - started)
-        _sweep_partials(target)  # what a killed download left behind (we hold the lock: none is live)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
-        try:
+        sweep_partials(target)  # what a killed download left behind (we hold the lock: none is live)
+        with atomic_folder(target) as tmp:
             downloaded = fetch(tmp)
-            (tmp / MARKER).write_text(json.dumps(source.version))  # last: the folder is complete
-            old = None
-            if target.exists():  # an older version: move it aside, then swap the new one in
-                old = target.parent / f".{target.name}.old-{os.getpid()}"
-                os.replace(target, old)
-            os.replace(tmp, target)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            write_json(tmp / MARKER, source.version)  # last: the folder is complete
     return Staged(target, downloaded, time.monotonic() - started)
+
+
+def download_prefix(uri: str, dest: Path, endpoint: str | None = None, max_unpack_gb: float = 64) -> Path:
+    """Stage ``s3://bucket/key`` (an archive or a prefix) into ``dest``, once per version; the folder it
+    holds (its single top folder, e.g. ``dest/<key name>``, else ``dest`` itself)."""
+    s3.check_credentials()
+    bucket, key = s3.parse_uri(uri)
+    client = s3.make_client(endpoint)
+    source = s3.describe(client, bucket, key)
+    root = stage(Path(dest), source, lambda tmp: s3.fetch(client, source, tmp, int(max_unpack_gb * s3.GiB))).path
+    entries = [p for p in root.iterdir() if p.name != MARKER]
+    return entries[0] if len(entries) == 1 and entries[0].is_dir() else root

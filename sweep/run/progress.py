@@ -11,6 +11,7 @@ from typing import Any
 from ray.tune import Callback
 
 from sweep.config import Settings
+from sweep.results import rank_key
 
 
 def _clock(seconds: float) -> str:
@@ -57,10 +58,9 @@ class SweepProgress(Callback):
         task = trial.config.get("task")
         value = result.get(f"eval/{self.metric.get(task)}")
         if task in self.metric and value is not None:
-            sign = 1 if self.mode[task] == "max" else -1
             old, seed = self.best.get(task), int(trial.config.get("seed"))
-            # the same order as the final choice: a better value, then the lower seed
-            if old is None or (sign * value, -seed) > (sign * old[0], -old[1]):
+            # the same order as the final choice
+            if old is None or rank_key(self.mode[task], value, seed) > rank_key(self.mode[task], *old):
                 self.best[task] = (float(value), seed)
         self._print()
 

@@ -20,20 +20,19 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import torch
 from datasets import Dataset, DatasetDict, DatasetInfo, Features, Sequence, Value
 from datasets.table import InMemoryTable
 from transformers import PreTrainedTokenizerBase
 
 from sweep.config import ConfigError
-from sweep.data import DataFormatError, _sha256, cache_stats, cached_dataset, tokenizer_identity
+from sweep.data.cache import cache_stats, cached_dataset, content_key, tokenizer_identity
+from sweep.errors import DataFormatError
 from sweep.tasks import TaskSpec
 
 
 # Bump when the block format changes, so that old caches are not reused.
 LM_FORMAT_VERSION = 1
 GLOB_CHARS = "*?["
-IGNORE_INDEX = -100  # labels the loss skips (padding of a short last block)
 LINES_PER_CALL = 2048  # lines handed to the fast tokenizer at once
 
 
@@ -194,7 +193,7 @@ def lm_blocks(
     if cache_dir is None:
         cache_stats.misses += 1
         return _blocks(spec, texts, tokenizer, block_size)
-    key = _sha256(
+    key = content_key(
         LM_FORMAT_VERSION, spec.name, json.dumps({s: t.digest for s, t in sorted(texts.items())}),
         json.dumps({s: f for s, f in spec.eval_files.items()}), spec.holdout_fraction,
         tokenizer_identity(tokenizer), block_size,
@@ -241,32 +240,3 @@ def _hold_out(spec: TaskSpec, ids: np.ndarray, block_size: int) -> tuple[list[np
     n_held = min(len(full) - 1, max(1, round(spec.holdout_fraction * len(full))))
     cut = (len(full) - n_held) * block_size
     return full[: len(full) - n_held], cut_blocks(ids[cut:], block_size, keep_tail=True)
-
-
-# --------------------------------------------------------------------------------------------
-# Collation
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class LMCollator:
-    """Blocks -> input_ids, attention_mask and labels (= input_ids; padding of a short block is
-    masked out of attention and loss). A class so DataLoader workers can pickle it."""
-
-    pad_token_id: int
-
-    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        longest = max(len(row["input_ids"]) for row in rows)
-        input_ids = torch.full((len(rows), longest), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(rows), longest), dtype=torch.long)
-        for i, row in enumerate(rows):
-            n = len(row["input_ids"])
-            input_ids[i, :n] = torch.as_tensor(row["input_ids"], dtype=torch.long)
-            attention_mask[i, :n] = 1
-        labels = input_ids.masked_fill(attention_mask == 0, IGNORE_INDEX)
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
-
-
-def make_lm_collator(tokenizer: PreTrainedTokenizerBase) -> LMCollator:
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    return LMCollator(pad if pad is not None else 0)

@@ -7,15 +7,13 @@ folder under ``storage.model_dir``, a tiny model built offline, or a model shipp
 ``storage=s3``: the model (``storage.model_key``, default the model's name) and the data
 (``storage.data_key``, default ``glue_data``) are objects in ``storage.bucket``. The driver's
 ``preflight`` checks them and pins their versions (ETags) before any trial; each node then stages
-each pinned object once into its cache (``sweep.node_cache``), and a trial's ``ensure_local`` is a
+each pinned object once into its cache (``sweep.storage.node_cache``), and a trial's ``ensure_local`` is a
 no-op that makes no request when its node already holds them.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,6 +22,7 @@ from filelock import FileLock
 
 from sweep.config import Settings, StorageConfig
 from sweep.errors import StagingError
+from sweep.files import atomic_folder, is_model_folder
 
 __all__ = ["StagingError", "LocalSources", "SourcePins", "ensure_local", "preflight", "cache_root"]
 
@@ -43,7 +42,7 @@ class LocalSources:
 class SourcePins:
     """The S3 object versions the driver saw; every node stages exactly these."""
 
-    model: object | None  # sweep.s3.RemoteSource (None: the model comes from model.path)
+    model: object | None  # sweep.storage.s3.RemoteSource (None: the model comes from model.path)
     data: object
 
 
@@ -58,7 +57,7 @@ def cache_root(storage: StorageConfig) -> Path:
 
 def synthetic_data_dir(cache_dir: Path) -> Path:
     """GLUE-layout synthetic data for every task, generated once per machine (the demo's data)."""
-    from sweep.synthetic import write_synthetic_glue, write_synthetic_wikitext
+    from sweep.data.synthetic import write_synthetic_glue, write_synthetic_wikitext
 
     target = cache_dir / f"synthetic-{SYNTHETIC_VERSION}"
     if (target / "glue_data").is_dir():
@@ -67,13 +66,9 @@ def synthetic_data_dir(cache_dir: Path) -> Path:
     with FileLock(str(target) + ".lock"):
         if (target / "glue_data").is_dir():
             return target
-        tmp = Path(tempfile.mkdtemp(prefix=".synthetic-", dir=cache_dir))
-        try:
+        with atomic_folder(target) as tmp:  # a half-written folder is never seen as done
             write_synthetic_glue(tmp)
             write_synthetic_wikitext(tmp)
-            os.replace(tmp, target)  # atomic: a half-written folder is never seen as done
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
@@ -101,7 +96,7 @@ def s3_keys(settings: Settings) -> tuple[str | None, str]:
 
 def preflight(settings: Settings) -> SourcePins:
     """On the driver, before any trial or GPU: credentials, endpoint, bucket, every key — pinned."""
-    from sweep.s3 import check_bucket, check_credentials, describe, make_client
+    from sweep.storage.s3 import check_bucket, check_credentials, describe, make_client
 
     storage = settings.storage
     check_credentials()
@@ -121,7 +116,7 @@ def check_output_bucket(storage: StorageConfig, client=None) -> None:
     """storage.output_prefix: outputs go there after the sweep, so a missing bucket fails now, not then."""
     if not storage.output_prefix:
         return
-    from sweep.s3 import check_bucket, check_credentials, make_client, parse_uri
+    from sweep.storage.s3 import check_bucket, check_credentials, make_client, parse_uri
 
     if client is None:
         check_credentials()
@@ -135,9 +130,9 @@ def staged_target(cache: Path, source) -> Path:
 
 def model_folder_in(folder: Path, label: str) -> Path:
     """The unpacked model: the folder itself, or its single sub-folder holding config.json."""
-    if (folder / "config.json").is_file():
+    if is_model_folder(folder):
         return folder
-    found = sorted(p.parent for p in folder.glob("*/config.json"))
+    found = sorted(p for p in folder.iterdir() if is_model_folder(p))
     if len(found) == 1:
         return found[0]
     raise StagingError(
@@ -147,8 +142,8 @@ def model_folder_in(folder: Path, label: str) -> Path:
 
 
 def _stage_s3(settings: Settings, progress: Callable[[str], None] | None) -> LocalSources:
-    from sweep.node_cache import stage
-    from sweep.s3 import fetch, make_client, print_progress
+    from sweep.storage.node_cache import stage
+    from sweep.storage.s3 import fetch, make_client, print_progress
 
     storage = settings.storage
     pins = settings.pins or preflight(settings)
@@ -181,11 +176,11 @@ def _stage_s3(settings: Settings, progress: Callable[[str], None] | None) -> Loc
 
 def check_tasks_here(settings: Settings, sources: LocalSources) -> None:
     """Every task's files on this machine, and an LM block size the model can hold (before any trial)."""
-    from sweep.data import check_task_data
-    from sweep.lm_data import check_block_size
+    from sweep.data.glue import check_task_data
+    from sweep.data.lm import check_block_size, check_corpus
 
     for spec in settings.tasks:
-        check_task_data(spec, sources.data_dir)
+        (check_corpus if spec.kind == "causal_lm" else check_task_data)(spec, sources.data_dir)
         check_block_size(spec, settings.train.block_size, sources.model_dir, settings.model.name)
 
 

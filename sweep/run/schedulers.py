@@ -12,6 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 
+ASHA_NAMESPACE = "sweep"  # the Ray namespace of the named rungs actor (the driver creates it, trials look it up)
+
+
 class EarlyStop(Exception):
     """Raised by a trial's epoch callback when ASHA cuts the trial: it ends as a finished trial."""
 

@@ -51,7 +51,7 @@ class ProgressRelay:
 
 
 def stage_this_node(settings: Settings, relay=None) -> NodeStaging:
-    from sweep.staging import check_tasks_here, ensure_local
+    from sweep.storage.staging import check_tasks_here, ensure_local
 
     started = time.monotonic()
     node = ray.get_runtime_context().get_node_id()

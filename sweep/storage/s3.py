@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
-from sweep.archive import UnsafeArchiveError, extract_archive, pack_folder
+from sweep.storage.archive import UnsafeArchiveError, extract_archive, pack_folder
 from sweep.errors import StagingError
 from sweep.secrets import scrub
 
@@ -299,17 +299,3 @@ def upload_tree(client, folder: Path, uri: str, files: list[Path] | None = None)
             raise _explain(e, f"s3://{bucket}/{key}", client.meta.endpoint_url) from None
         keys.append(key)
     return keys
-
-
-def download_prefix(uri: str, dest: Path, endpoint: str | None = None, max_unpack_gb: float = 64) -> Path:
-    """Stage ``s3://bucket/key`` (an archive or a prefix) into ``dest``, once per version; the folder it
-    holds (its single top folder, e.g. ``dest/<key name>``, else ``dest`` itself)."""
-    from sweep.node_cache import MARKER, stage
-
-    check_credentials()
-    bucket, key = parse_uri(uri)
-    client = make_client(endpoint)
-    source = describe(client, bucket, key)
-    root = stage(Path(dest), source, lambda tmp: fetch(client, source, tmp, int(max_unpack_gb * GiB))).path
-    entries = [p for p in root.iterdir() if p.name != MARKER]
-    return entries[0] if len(entries) == 1 and entries[0].is_dir() else root

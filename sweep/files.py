@@ -1,0 +1,106 @@
+"""The one way this project writes a file or a folder that others read: beside the target, then rename.
+
+A process killed halfway (a preempted node, Ctrl-C, an OOM kill) leaves a dot-named temporary
+next to the target, never a half-written target: readers, a resumed sweep and a second trial on the
+same node only ever see the old version or the new one. Folder temporaries are named
+``.<target>.partial-*`` so that a later writer, holding the target's lock, can sweep them away.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+
+@contextmanager
+def atomic_file(path: str | Path, mode: str = "w") -> Iterator[IO]:
+    """Open a temporary beside ``path`` for writing; it becomes ``path`` when the block ends cleanly."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"newline": ""})) as f:
+            yield f
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide a shared file from other users
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    with atomic_file(path) as f:
+        f.write(text)
+    return Path(path)
+
+
+def write_json(path: str | Path, payload: Any, **dumps: Any) -> Path:
+    return write_text(path, json.dumps(payload, **dumps))
+
+
+def partial_folders(target: Path) -> list[Path]:
+    """What interrupted writers of ``target`` left behind (safe to remove only under the target's lock)."""
+    return [p for pattern in (f".{target.name}.partial-*", f".{target.name}.old-*")
+            for p in target.parent.glob(pattern)]
+
+
+@contextmanager
+def atomic_folder(target: str | Path) -> Iterator[Path]:
+    """Yield an empty folder beside ``target``; fill it, and when the block ends cleanly it replaces
+    ``target`` (an older ``target`` is moved aside first, then removed). On an error nothing changes.
+
+    Two writers of one target must hold a lock around this (each caller keeps its own FileLock).
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    tmp.chmod(0o755)  # mkdtemp's 0700 would hide a shared cache from other users
+    try:
+        yield tmp
+        old = None
+        if target.exists() or target.is_symlink():
+            old = target.parent / f".{target.name}.old-{os.getpid()}"
+            os.replace(target, old)
+        os.replace(tmp, target)
+        if old is not None:
+            _remove(old)
+    finally:
+        _remove(tmp)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def sweep_partials(target: Path) -> None:
+    for stale in partial_folders(Path(target)):
+        _remove(stale)
+
+
+MODEL_CONFIG = "config.json"  # what every save_pretrained folder holds
+
+
+def is_model_folder(path: Path) -> bool:
+    return (Path(path) / MODEL_CONFIG).is_file()
+
+
+def require_model_folder(path: Path, label: str, hint: str) -> Path:
+    """``path`` if it is a save_pretrained folder; else a ModelSourceError: ``<label> <path> <why>; <hint>``."""
+    from sweep.errors import ModelSourceError
+
+    path = Path(path)
+    if not path.is_dir():
+        why = "is not a folder" if path.exists() else "does not exist"
+        raise ModelSourceError(f"{label} {path} {why}; {hint}")
+    if not is_model_folder(path):
+        raise ModelSourceError(f"{label} {path} has no {MODEL_CONFIG} (not a folder written by save_pretrained); {hint}")
+    return path

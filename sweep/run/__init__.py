@@ -1,0 +1,12 @@
+"""Everything that imports Ray (and nothing outside this package does).
+
+- ``plan.py``:        trials per node and at once, storage paths: plain Python over the cluster's shape
+- ``autoscale.py``:   what an autoscaling cluster can launch; asking it for the sweep's nodes
+- ``tuner.py``:       connect, plan, one Tune run for every trial (or resume it), records from results
+- ``trial.py``:       one trial: the Tune function (``train_driver_fn``) running a TorchTrainer whose
+                      workers run ``train_fn_per_worker`` with a typed ``TrialContext``
+- ``schedulers.py``:  ASHA rungs per task, asked by the trials after each epoch
+- ``progress.py``:    the one-line-per-change progress callback
+- ``stage_nodes.py``: the callback that stages sources on every node before the first trial
+- ``submit.py``:      ``python -m sweep.submit``: a sweep as a Ray Job on a running cluster
+"""

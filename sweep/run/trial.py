@@ -1,0 +1,260 @@
+"""One sweep trial on Ray: a Tune function trainable (``train_driver_fn``) that runs a Ray Train
+``TorchTrainer`` whose workers run ``train_fn_per_worker``.
+
+Train V2 (Ray >= 2.43) cannot be wrapped by ``Tuner(TorchTrainer(...))``; the supported pattern
+is a function trainable that builds and fits a TorchTrainer, with ``TuneReportCallback`` passing
+the workers' reports on to Tune (DESIGN §5). Everything below the worker loop is plain Python
+(``sweep.finetune``).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import tempfile
+import time
+import traceback
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import psutil
+import ray
+import ray.train
+from ray import tune
+from ray.train import Checkpoint, CheckpointConfig, FailureConfig, ScalingConfig
+from ray.train.torch import TorchConfig, TorchTrainer
+from ray.tune.integration.ray_train import TuneReportCallback
+
+from sweep.config import Settings, TrainConfig
+from sweep.files import write_json
+from sweep.run.schedulers import ASHA_NAMESPACE, EarlyStop
+from sweep.tasks import TaskSpec
+
+# Reported every epoch; the checkpoint manager keeps the best by it (plus the latest, for a
+# restart). Among equal scores the EARLIER epoch ranks higher, as in finetune's own choice.
+CHECKPOINT_RANK = "checkpoint_rank"
+CHECKPOINT_EPOCH = "sweep_epoch.json"  # in each checkpoint folder: which epoch it holds
+PROCESS_STARTED = psutil.Process().create_time()  # this worker process's start (before its imports)
+
+
+def checkpoint_rank(score: float, epoch: int) -> float:
+    return score - 1e-9 * epoch
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a trial's workers run: decided once by the plan, the same for every trial."""
+
+    workers: int
+    gpus_per_worker: float
+    storage_path: str  # Train's storage for this sweep's trials (a folder or s3://…)
+    history_dir: str | None  # the trials' own epoch records (None on remote storage)
+
+
+@dataclass(frozen=True)
+class TrialContext:
+    """What one trial's workers need to know, typed (the TorchTrainer's ``train_loop_config``)."""
+
+    settings: Settings
+    task: str
+    seed: int
+    hparams: dict[str, Any]
+    trial_id: str  # Tune's id of this trial: names its Train run, history file and MLflow run
+    launch_id: str  # the driver invocation that ran it (a resumed sweep has a new one)
+    driver_started: float
+    history_dir: str | None
+    asha_board: str | None = None
+    tracking: Any = None  # tracking.TrialTracking, or None
+
+    @property
+    def spec(self) -> TaskSpec:
+        return next(t for t in self.settings.tasks if t.name == self.task)
+
+    @property
+    def train(self) -> TrainConfig:
+        """The trial's recipe: the sweep's ``train`` with this trial's grid/search values on top."""
+        return replace(self.settings.train, **self.hparams)
+
+    @property
+    def history_file(self) -> Path | None:
+        return Path(self.history_dir) / f"{self.trial_id}.json" if self.history_dir else None
+
+
+class EpochReporter:
+    """What a worker does after each epoch, in order: log to MLflow, report (rank 0 with the
+    checkpoint), record the epoch in the trial's own history, and ask ASHA whether to go on."""
+
+    def __init__(self, ctx: TrialContext, rank: int, resumed: bool, timing: dict[str, float]) -> None:
+        self.ctx, self.rank, self.resumed, self.timing = ctx, rank, resumed, timing
+        self.node = ray.get_runtime_context().get_node_id()
+        self.mlflow_run = _start_trial_run(ctx) if rank == 0 else None
+        history_file = ctx.history_file if rank == 0 else None
+        self.history = _read_history(history_file) if resumed and history_file else []
+        self.board = ray.get_actor(ctx.asha_board, namespace=ASHA_NAMESPACE) if ctx.asha_board else None
+
+    def __call__(self, epoch, save) -> None:
+        metrics = self.metrics(epoch)
+        self.log_to_mlflow(epoch)
+        self.report(metrics, epoch, save)
+        self.record(metrics)
+        self.ask_asha(epoch)
+
+    def metrics(self, epoch) -> dict[str, Any]:
+        return {
+            "mlflow_run_id": self.mlflow_run.run_id if self.mlflow_run is not None else "",
+            "trial_id": self.ctx.trial_id,
+            "epoch": epoch.epoch, "train_loss": epoch.train_loss, "score": epoch.score,
+            CHECKPOINT_RANK: checkpoint_rank(epoch.score, epoch.epoch),
+            "train_seconds": epoch.train_seconds, "eval_seconds": epoch.eval_seconds,
+            "train_tokens": epoch.train_tokens, "node": self.node, "host": platform.node(),
+            "resumed": self.resumed, "launch_id": self.ctx.launch_id,
+            # where a trial's time goes: driver start -> worker process -> imports -> loop -> epochs
+            "driver_started": self.ctx.driver_started, "process_started": PROCESS_STARTED,
+            **self.timing, "reported_at": time.time(),
+            **{f"eval/{k}": v for k, v in epoch.metrics.items()},
+        }
+
+    def log_to_mlflow(self, epoch) -> None:
+        if self.mlflow_run is not None:
+            self.mlflow_run.log_epoch(epoch.epoch, {"train_loss": epoch.train_loss, "score": epoch.score, **epoch.metrics})
+
+    def report(self, metrics: dict[str, Any], epoch, save) -> None:
+        if self.rank != 0:  # every worker reports; only rank 0 writes the model
+            ray.train.report(metrics)
+            return
+        folder = Path(tempfile.mkdtemp(prefix="sweep-ckpt-"))
+        try:
+            save(folder)
+            write_json(folder / CHECKPOINT_EPOCH, {"epoch": epoch.epoch})  # found again without Tune's log
+            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(folder))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def record(self, metrics: dict[str, Any]) -> None:
+        """The trial's own durable record of its epochs: Tune's progress.csv of a driver that was
+        killed may miss the last rows, and resume reads this instead."""
+        history_file = self.ctx.history_file
+        if self.rank == 0 and history_file is not None:
+            self.history.append({k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool))})
+            write_json(history_file, self.history)
+
+    def ask_asha(self, epoch) -> None:
+        if self.board is not None and not ray.get(
+            self.board.should_continue.remote(self.ctx.task, self.ctx.trial_id, epoch.epoch, epoch.score)
+        ):
+            raise EarlyStop  # cut by ASHA: every rank gets the same answer and stops here
+
+    def end(self, status: str, error: str | None = None) -> None:
+        if self.mlflow_run is not None:
+            self.mlflow_run.end(status, error)
+
+
+def _read_history(path: Path) -> list[dict[str, Any]]:
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+def train_fn_per_worker(config: dict[str, Any]) -> None:
+    """Runs in each Ray Train worker: stage (no-op when staged), fine-tune, report every epoch."""
+    # Imported here, not at the top: the trial's driver process never needs torch/transformers.
+    from sweep.finetune import Distributed, finetune
+    from sweep.storage.staging import cache_root, ensure_local
+
+    timing = {"imported": time.time()}
+    ctx: TrialContext = config["context"]
+    sources = ensure_local(ctx.settings)
+    train_ctx = ray.train.get_context()
+    rank, world = train_ctx.get_world_rank(), train_ctx.get_world_size()
+    timing["loop_started"] = time.time()
+    resume_dir = _restore_latest()
+    reporter = EpochReporter(ctx, rank, resumed=resume_dir is not None, timing=timing)
+    try:
+        finetune(
+            ctx.spec, sources.model_dir, sources.data_dir, ctx.train, ctx.seed,
+            cache_dir=cache_root(ctx.settings.storage), on_epoch=reporter, resume_from=resume_dir,
+            dist=Distributed(rank=rank, world_size=world, wrap_model=ray.train.torch.prepare_model if world > 1 else None),
+            device=_device(),
+        )
+    except EarlyStop:
+        reporter.end("FINISHED")  # a finished trial with fewer epochs; its best checkpoint is already reported
+    except BaseException:
+        reporter.end("FAILED", traceback.format_exc())
+        raise
+    else:
+        reporter.end("FINISHED")
+    finally:
+        if resume_dir is not None:
+            shutil.rmtree(resume_dir, ignore_errors=True)
+
+
+def _restore_latest() -> Path | None:
+    """After a crash, Train hands the restarted worker the latest checkpoint: go on from its epoch."""
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        return None
+    return Path(checkpoint.to_directory(tempfile.mkdtemp(prefix="sweep-resume-")))
+
+
+def _start_trial_run(ctx: TrialContext):
+    """The trial's nested MLflow run, logged straight to the store from this worker (None: no tracking).
+
+    A restarted trial finds its run again by name and goes on logging into it.
+    """
+    if ctx.tracking is None:
+        return None
+    from sweep.tracking import TrialLogger
+
+    tracking = ctx.tracking
+    params = {"task": ctx.task, "seed": ctx.seed, **asdict(ctx.train)}
+    logger = TrialLogger(
+        tracking.uri, tracking.experiment_id, tracking.parent_run_id,
+        run_name=f"{ctx.task}-seed{ctx.seed}-{ctx.trial_id}", params=params,
+        tags={"sweep.trial_id": ctx.trial_id, "sweep.hparams": str(ctx.hparams or {})},
+    )
+    logger.start()
+    return logger
+
+
+def _device():
+    import torch
+
+    from sweep.models import pick_device
+
+    # Ray assigns GPUs by its own accounting (fake GPUs in tests, a CPU-only torch build):
+    # use the assigned GPU only when torch can.
+    return ray.train.torch.get_device() if torch.cuda.is_available() else pick_device("cpu")
+
+
+def train_driver_fn(config: dict[str, Any], settings: Settings, placement: Placement, launch_id: str,
+                    asha_board: str | None = None, tracking=None) -> None:
+    """The Tune trainable: one TorchTrainer run for this (task, seed, hparams)."""
+    trial_id = tune.get_context().get_trial_id()
+    ctx = TrialContext(
+        settings=settings, task=config["task"], seed=int(config["seed"]), hparams=dict(config.get("hparams") or {}),
+        trial_id=trial_id, launch_id=launch_id, driver_started=time.time(), history_dir=placement.history_dir,
+        asha_board=asha_board, tracking=tracking,
+    )
+    workers, gpus = placement.workers, placement.gpus_per_worker
+    trainer = TorchTrainer(
+        train_fn_per_worker,
+        train_loop_config={"context": ctx},
+        # One worker needs no collectives: gloo works on any node; NCCL only for multi-GPU DDP.
+        torch_config=TorchConfig(backend="nccl" if workers > 1 and gpus > 0 else "gloo"),
+        scaling_config=ScalingConfig(
+            num_workers=workers,
+            use_gpu=gpus > 0,
+            resources_per_worker={"CPU": settings.resources.cpus_per_trial, "GPU": gpus},
+            placement_strategy="STRICT_PACK",  # a trial's DDP workers share one node
+        ),
+        run_config=ray.train.RunConfig(
+            name=f"trial-{trial_id}",  # unique per trial: Train V2 resumes a run whose name it has seen
+            storage_path=placement.storage_path,
+            callbacks=[TuneReportCallback()],
+            checkpoint_config=CheckpointConfig(
+                num_to_keep=1, checkpoint_score_attribute=CHECKPOINT_RANK, checkpoint_score_order="max",
+            ),
+            failure_config=FailureConfig(max_failures=settings.sweep.max_failures),
+        ),
+    )
+    trainer.fit()

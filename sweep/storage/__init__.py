@@ -1,0 +1,8 @@
+"""Sources -> a folder on each node: S3 objects and local folders, staged once per node. No Ray.
+
+- ``s3.py``:         the S3 client (retries, clear errors), describe / fetch / upload of objects and prefixes
+- ``archive.py``:    pack a folder as .tgz; unpack one safely (no absolute paths, ``..`` or links out)
+- ``node_cache.py``: a pinned object version downloaded and unpacked at most once per node
+- ``staging.py``:    the sweep's sources: the driver's preflight (pins), a node's ``ensure_local``
+- ``upload.py``:     ``python -m sweep.upload``: pack and upload folders the way ``storage=s3`` reads them
+"""
