@@ -55,7 +55,7 @@ def test_tiny_model_reloads_with_auto_classes(tiny: dict[str, Path], arch: str) 
     tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     assert len(tok) == VOCAB  # transformers 5 can silently build an empty vocabulary
     assert json.loads((model_dir / "config.json").read_text())["vocab_size"] == VOCAB
-    with models._quiet_transformers():
+    with models.quiet_transformers():
         model = AutoModelForSequenceClassification.from_pretrained(
             model_dir, num_labels=3, local_files_only=True
         )
@@ -117,7 +117,7 @@ def test_gpt2_tokenizer_pads_with_eos(tiny: dict[str, Path]) -> None:
 
 def test_same_seed_same_weights(tmp_path: Path) -> None:
     a, b, c = (build(tmp_path / name, "roberta", seed) for name, seed in (("a", 0), ("b", 0), ("c", 1)))
-    with models._quiet_transformers():
+    with models.quiet_transformers():
         wa, wb, wc = (AutoModelForSequenceClassification.from_pretrained(d, num_labels=2).roberta.state_dict()
                       for d in (a, b, c))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
