@@ -113,6 +113,9 @@ class ClusterConfig:
     storage_path: Optional[str] = None
     num_cpus: Optional[int] = None
     verbose: bool = False
+    scale_timeout_s: float = 900.0
+    # What the autoscaler can launch, where the driver cannot read it (KubeRay): [{name, resources, max_workers}]
+    node_types: list[Any] = field(default_factory=list)
 
 
 @dataclass
@@ -202,10 +205,27 @@ def _check_ranges(s: Settings) -> None:
     )
     _check(r.cpus_per_trial > 0, "resources.cpus_per_trial", f"must be > 0, got {r.cpus_per_trial}")
 
+    _check(s.cluster.scale_timeout_s > 0, "cluster.scale_timeout_s", f"must be > 0 seconds, got {s.cluster.scale_timeout_s}")
+    _check_node_types(s.cluster.node_types)
     _check_storage(s.storage)
     _check_choice("tracking.kind", s.tracking.kind)
     if s.model.builder is not None:
         _check_choice("model.builder.arch", s.model.builder.arch)
+
+
+def _check_node_types(node_types: list[Any]) -> None:
+    example = "e.g. cluster.node_types=[{name:gpu-workers,resources:{CPU:8,GPU:1},max_workers:4}]"
+    for i, spec in enumerate(node_types):
+        key = f"cluster.node_types[{i}]"
+        _check(isinstance(spec, dict) and isinstance(spec.get("name"), str), key,
+               f"must be a mapping with name, resources and max_workers; {example}")
+        resources = spec.get("resources")
+        _check(isinstance(resources, dict) and resources and all(isinstance(v, (int, float)) and v >= 0 for v in resources.values()),
+               f"{key}.resources", f"must map resource names to numbers >= 0, got {resources!r}; {example}")
+        most = spec.get("max_workers")
+        _check(isinstance(most, int) and most >= 0, f"{key}.max_workers", f"must be a whole number >= 0, got {most!r}")
+        unknown = set(spec) - {"name", "resources", "min_workers", "max_workers"}
+        _check(not unknown, key, f"unknown keys {sorted(unknown)}; allowed: name, resources, min_workers, max_workers")
 
 
 def _check_no_credentials(storage: Any) -> None:

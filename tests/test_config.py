@@ -158,3 +158,17 @@ def test_plus_experiment_still_means_the_preset():
     assert plain_experiment(["sweep", "+experiment=demo", "task=RTE"]) == ["sweep", "experiment=demo", "task=RTE"]
     assert validate(_compose("experiment=demo")).model.name == "tiny-roberta"
     assert validate(_compose()).model.name == "roberta-base"  # experiment: null by default
+
+
+def test_declared_node_types_compose_and_bad_ones_are_refused():
+    ok = validate(_compose("cluster.node_types=[{name:gpu-workers,resources:{CPU:8,GPU:1},max_workers:4}]"))
+    assert ok.cluster.node_types == [{"name": "gpu-workers", "resources": {"CPU": 8, "GPU": 1}, "max_workers": 4}]
+    for override, message in [
+        ("cluster.node_types=[{name:gpu-workers,resources:{CPU:8,GPU:1}}]", "cluster.node_types[0].max_workers: must be a whole number"),
+        ("cluster.node_types=[{name:gpu-workers,resources:{},max_workers:2}]", "cluster.node_types[0].resources: must map"),
+        ("cluster.node_types=[{resources:{GPU:1},max_workers:2}]", "cluster.node_types[0]: must be a mapping with name"),
+        ("cluster.node_types=[{name:g,resources:{GPU:1},max_workers:2,maxx:3}]", "unknown keys ['maxx']"),
+    ]:
+        with pytest.raises(ConfigError) as error:
+            validate(_compose(override))
+        assert message in str(error.value)

@@ -248,3 +248,20 @@ def test_strict_schema_conversion() -> None:
     assert ok.is_valid({"free": {"anything": 1}, "labels": {"any-key": "v"}})
     assert not ok.is_valid({"unknown": 1})
     assert not ok.is_valid({"labels": {"k": 1}})
+
+
+def test_rayjob_declares_its_gpu_group_to_the_sweep_as_the_group_is() -> None:
+    """The driver cannot read KubeRay's autoscaler (a sidecar): the entrypoint's cluster.node_types
+    must say what the worker group really is, or the plan would wait for the wrong nodes."""
+    import yaml as _yaml
+
+    job = _one("rayjob.yaml", "RayJob")
+    argv = shlex.split(job["spec"]["entrypoint"])
+    declared = _yaml.safe_load(next(a for a in argv if a.startswith("cluster.node_types=")).split("=", 1)[1]
+                               .replace(":", ": ").replace(",", ", "))
+    groups = {g["groupName"]: g for g in job["spec"]["rayClusterSpec"]["workerGroupSpecs"]}
+    for node_type in declared:
+        group = groups[node_type["name"]]
+        limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
+        assert node_type["max_workers"] == group["maxReplicas"]
+        assert node_type["resources"] == {"CPU": int(limits["cpu"]), "GPU": int(limits["nvidia.com/gpu"])}

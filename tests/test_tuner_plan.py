@@ -75,3 +75,57 @@ def test_bad_sweep_options(override, expected):
     with pytest.raises(ConfigError) as e:
         settings(override)
     assert str(e.value).startswith(expected), str(e.value)
+
+
+# ---- an autoscaling cluster: what it can launch counts, GPU trials never silently become CPU ----
+
+def _view(*types, alive_counts=None):
+    from sweep.run.autoscale import AutoscalerView
+
+    return AutoscalerView("v1", tuple(types), None, "test", dict(alive_counts or {}))
+
+
+def _gpu_type(max_workers: int):
+    from sweep.run.autoscale import NodeType
+
+    return NodeType("gpu_worker", {"CPU": 1, "GPU": 1}, 0, max_workers)
+
+
+HEAD_ONLY = [{"CPU": 2}]
+
+
+def test_gpu_trials_wait_for_the_gpu_nodes_the_autoscaler_can_launch():
+    plan = plan_trials(settings("resources.gpus_per_trial=1", "cluster.address=auto"), HEAD_ONLY,
+                       _view(_gpu_type(2)), wanted=4)
+    assert (plan.gpus_per_worker, plan.max_concurrent, plan.warning) == (1.0, 2, None)
+    assert plan.scale.to_launch == {"gpu_worker": 2}
+    assert plan.waiting == "waiting for 2 GPU node(s) (type gpu_worker) from the autoscaler"
+
+
+def test_nodes_already_up_count_against_the_group_maximum():
+    plan = plan_trials(settings("resources.gpus_per_trial=1", "cluster.address=auto"), [*HEAD_ONLY, {"CPU": 1, "GPU": 1}],
+                       _view(_gpu_type(2), alive_counts={"gpu_worker": 1}), wanted=4)
+    assert plan.max_concurrent == 2 and plan.scale.to_launch == {"gpu_worker": 1}
+
+
+def test_a_joined_cluster_that_can_never_have_a_gpu_is_an_error_that_says_how_to_run_on_cpu():
+    for view in (_view(_gpu_type(0)), None):
+        with pytest.raises(ResourceError, match=r"has no GPU node and its autoscaler can launch none.*"
+                                                r"resources\.gpus_per_trial=0"):
+            plan_trials(settings("resources.gpus_per_trial=1", "cluster.address=auto"), HEAD_ONLY, view, wanted=4)
+
+
+def test_cpu_on_purpose_on_a_joined_cluster_launches_nothing():
+    plan = plan_trials(settings("resources.gpus_per_trial=0", "cluster.address=auto"), HEAD_ONLY,
+                       _view(_gpu_type(2)), wanted=2)
+    assert plan.gpus_per_worker == 0 and plan.max_concurrent == 2 + 2 and plan.waiting is None
+
+
+def test_a_trial_no_node_type_can_hold_is_an_error_before_any_trial():
+    with pytest.raises(ResourceError, match=r"one trial needs 2 worker\(s\) x \(1 CPU, 1 GPU\).*no node type the autoscaler"):
+        plan_trials(settings("resources.gpus_per_trial=2", "cluster.address=auto"), HEAD_ONLY, _view(_gpu_type(4)), wanted=4)
+
+
+def test_the_scale_timeout_must_be_positive():
+    with pytest.raises(ConfigError, match="cluster.scale_timeout_s: must be > 0"):
+        settings("cluster.scale_timeout_s=0")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from sweep.config import Settings
 from sweep.errors import ResourceError
+from sweep.run.autoscale import AutoscalerView, ScalePlan, TrialNeeds, format_bundle, plan_scale, trials_fit_on
 
 EXPERIMENT = "tune"  # Tune's experiment folder under the storage path
 
@@ -26,44 +27,71 @@ class TrialPlan:
     workers: int  # Ray Train workers per trial (DDP when > 1)
     gpus_per_worker: float
     cpus_per_worker: float
-    max_concurrent: int  # trials that fit on the cluster at once
+    max_concurrent: int  # trials that fit on the cluster at once (alive nodes + what the autoscaler may add)
     warning: str | None = None  # e.g. "no GPU in the cluster: running on CPU"
+    scale: ScalePlan | None = None  # on an autoscaling cluster: what fits now, at most, and what to launch
+
+    @property
+    def needs(self) -> TrialNeeds:
+        return TrialNeeds(self.workers, self.cpus_per_worker, self.gpus_per_worker)
+
+    @property
+    def waiting(self) -> str | None:
+        """'waiting for 2 GPU node(s) (type gpu_worker) from the autoscaler' (None: nothing to launch)."""
+        return self.scale.waiting_text() if self.scale is not None else None
 
 
-def _fits(node: dict[str, float], workers: int, cpus: float, gpus: float) -> int:
-    """How many trials (all of a trial's workers on this one node) fit on the node."""
-    fit = math.floor(node.get("CPU", 0) / (cpus * workers) + 1e-9)
-    if gpus > 0:
-        fit = min(fit, math.floor(node.get("GPU", 0) / (gpus * workers) + 1e-9))
-    return fit
-
-
-def plan_trials(settings: Settings, nodes: list[dict[str, float]]) -> TrialPlan:
-    """Derive per-trial resources and max concurrency from the alive nodes' total resources.
+def plan_trials(settings: Settings, nodes: list[dict[str, float]], autoscaler: AutoscalerView | None = None,
+                wanted: int | None = None) -> TrialPlan:
+    """Derive per-trial resources and max concurrency from the alive nodes' total resources and, on
+    an autoscaling cluster, the node types it can launch (up to their max counts).
 
     The trial's own driver (the Tune function) and the Train controller ask for no CPU, so what a
     trial holds is exactly its workers; concurrency never exceeds what fits, so no trial waits
-    for a worker group that can never start (the 2-CPU deadlock of DESIGN §5).
+    for a worker group that can never start (the 2-CPU deadlock of DESIGN §5). ``wanted``: the
+    trials the sweep would run at once (its trial count), which bounds what is asked of the autoscaler.
     """
     r = settings.resources
     gpus_per_trial, cpus = float(r.gpus_per_trial), float(r.cpus_per_trial)
     workers = int(gpus_per_trial) if gpus_per_trial > 1 else 1
     gpus = gpus_per_trial / workers if gpus_per_trial > 0 else 0.0
+    types = autoscaler.node_types if autoscaler is not None else ()
     warning = None
     if gpus > 0 and not any(n.get("GPU", 0) > 0 for n in nodes):
-        warning = f"resources.gpus_per_trial={r.gpus_per_trial} but the cluster has no GPU: trials run on CPU"
-        gpus = 0.0
-    per_node = [_fits(n, workers, cpus, gpus) for n in nodes]
-    if not any(per_node):
+        launchable_gpu = [t for t in types if t.gpus > 0 and t.max_workers != 0]
+        if launchable_gpu:
+            pass  # the trials wait for GPU nodes: never silently on CPU
+        elif settings.cluster.address:
+            # A cluster someone else runs: GPU trials on its CPUs would be days of roberta-base on a head.
+            raise ResourceError(
+                f"resources.gpus_per_trial={r.gpus_per_trial}: the Ray cluster at {settings.cluster.address} "
+                "has no GPU node and its autoscaler can launch none"
+                + (f" (node types: {', '.join(f'{t.name} max {t.max_workers}' for t in types)})" if types else "")
+                + "; add a GPU worker group, or run on CPU on purpose with resources.gpus_per_trial=0"
+            )
+        else:  # the laptop: a local Ray the sweep started itself
+            warning = f"resources.gpus_per_trial={r.gpus_per_trial} but the cluster has no GPU: trials run on CPU"
+            gpus = 0.0
+    needs = TrialNeeds(workers, cpus, gpus)
+    scale = plan_scale(nodes, types, autoscaler.alive_counts if autoscaler is not None else {}, needs,
+                       wanted if wanted is not None else sum(trials_fit_on(n, needs) for n in nodes) or 1,
+                       autoscaler.max_total_workers if autoscaler is not None else None)
+    if scale.never_fits:
         biggest_cpu = max((n.get("CPU", 0) for n in nodes), default=0)
         biggest_gpu = max((n.get("GPU", 0) for n in nodes), default=0)
         need = f"{workers} worker(s) x ({cpus:g} CPU" + (f", {gpus:g} GPU)" if gpus else ")")
+        launchable = f" and no node type the autoscaler can launch holds it ({_describe(types)})" if types else ""
         raise ResourceError(
             f"resources: one trial needs {need} on one node, but the largest node has "
-            f"{biggest_cpu:g} CPU and {biggest_gpu:g} GPU; lower resources.gpus_per_trial / "
+            f"{biggest_cpu:g} CPU and {biggest_gpu:g} GPU{launchable}; lower resources.gpus_per_trial / "
             "resources.cpus_per_trial or add bigger nodes"
         )
-    return TrialPlan(workers, gpus, cpus, sum(per_node), warning)
+    fits_alive = sum(trials_fit_on(n, needs) for n in nodes)
+    return TrialPlan(workers, gpus, cpus, max(scale.fits_at_max, fits_alive), warning, scale if types else None)
+
+
+def _describe(types) -> str:
+    return ", ".join(f"{t.name}: {format_bundle(t.resources)} x max {t.max_workers}" for t in types)
 
 
 def trial_count(settings: Settings) -> int:

@@ -30,6 +30,7 @@ class SweepProgress(Callback):
         self.failed = 0
         self.start = time.time()
         self.last_line = ""
+        self.waiting: str | None = None  # what the sweep waits for from the autoscaler (WaitForNodes sets it)
 
     def _eta(self) -> str:
         if not self.done:
@@ -39,20 +40,21 @@ class SweepProgress(Callback):
         per_trial = sum(self.done.values()) / len(self.done)
         return _clock(per_trial * remaining / parallel)
 
-    def _print(self) -> None:
+    def print_line(self) -> None:
         pending = self.total - len(self.done) - len(self.running)
         bests = " | ".join(
             f"{task} {self.metric[task]} best {value:.4f} (seed {seed})" for task, (value, seed) in sorted(self.best.items())
         )
         line = (f"{len(self.done)}/{self.total} done, {len(self.running)} running, {max(pending, 0)} pending, "
-                f"{self.failed} failed" + (f" | {bests}" if bests else "") + f" | ETA {self._eta()}")
+                f"{self.failed} failed" + (f" | {bests}" if bests else "") + f" | ETA {self._eta()}"
+                + (f" | {self.waiting}" if self.waiting else ""))
         if line != self.last_line:
             self.last_line = line
             print(f"[{_clock(time.time() - self.start)}] {line}", flush=True)
 
     def on_trial_start(self, iteration: int, trials: list, trial, **info: Any) -> None:
         self.running.add(trial.trial_id)
-        self._print()
+        self.print_line()
 
     def on_trial_result(self, iteration: int, trials: list, trial, result: dict, **info: Any) -> None:
         task = trial.config.get("task")
@@ -62,7 +64,7 @@ class SweepProgress(Callback):
             # the same order as the final choice
             if old is None or rank_key(self.mode[task], value, seed) > rank_key(self.mode[task], *old):
                 self.best[task] = (float(value), seed)
-        self._print()
+        self.print_line()
 
     def _finish(self, trial) -> None:
         self.running.discard(trial.trial_id)
@@ -70,12 +72,35 @@ class SweepProgress(Callback):
 
     def on_trial_complete(self, iteration: int, trials: list, trial, **info: Any) -> None:
         self._finish(trial)
-        self._print()
+        self.print_line()
 
     def on_trial_error(self, iteration: int, trials: list, trial, **info: Any) -> None:
         self._finish(trial)
         self.failed += 1
-        self._print()
+        self.print_line()
 
     def close(self) -> None:
         print(f"[{_clock(time.time() - self.start)}] sweep finished", flush=True)
+
+
+class WaitForNodes(Callback):
+    """While the autoscaler brings the nodes the plan asked for: what is still awaited goes into the
+    progress line, and no node arriving within cluster.scale_timeout_s ends the sweep with one error
+    (ScaleTimeoutError) naming the node type and the pending request."""
+
+    def __init__(self, wait, progress: SweepProgress, poll_s: float = 2.0):
+        self.wait, self.progress, self.poll_s = wait, progress, poll_s
+        self.next_poll = 0.0
+
+    def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
+        if self.wait is None or time.monotonic() < self.next_poll:
+            return
+        self.next_poll = time.monotonic() + self.poll_s
+        from sweep.run.autoscale import check_wait
+
+        text = check_wait(self.wait)  # raises ScaleTimeoutError past the timeout with no node up
+        if text is None:  # every node asked for is up: stop asking
+            self.wait = None
+        if text != self.progress.waiting:
+            self.progress.waiting = text
+            self.progress.print_line()

@@ -178,15 +178,20 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
     quiet_ray()
     from ray import tune
 
-    from sweep.run.progress import SweepProgress
+    from sweep.run.autoscale import NodeWait, declared_view, read_autoscaler, request_trial_resources, trial_bundles
+    from sweep.run.progress import SweepProgress, WaitForNodes
     from sweep.run.stage_nodes import StageOnNodes
     from sweep.run.trial import Placement, train_driver_fn
 
     connect(settings)
     nodes = alive_nodes()
-    plan = plan_trials(settings, nodes)
+    total = trial_count(settings)
+    # Only a cluster the sweep joined can have an autoscaler; the local Ray it starts itself has none.
+    autoscaler = read_autoscaler() if settings.cluster.address else None
+    if autoscaler is not None and not autoscaler.node_types and settings.cluster.node_types:
+        autoscaler = declared_view(autoscaler, settings.cluster.node_types)
+    plan = plan_trials(settings, nodes, autoscaler, wanted=total)
     if plan.warning:
-        log.warning(plan.warning)
         print(f"warning: {plan.warning}")
     storage = sweep_storage(storage_path(settings, out_dir, len(nodes)))
     launch_id = uuid.uuid4().hex[:8]
@@ -200,12 +205,18 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
     # The trial's driver holds no CPU (its workers do); Ray refuses an empty request, so it asks
     # for 1 MiB of logical memory: the 2-CPU deadlock of DESIGN §5 cannot happen.
     trainable = tune.with_resources(trainable, {"cpu": 0, "memory": 2**20})
-    total = trial_count(settings)
     concurrency = min(plan.max_concurrent, total)
+    grows = f" (+ up to {plan.scale.fits_at_max - plan.scale.fits_now} trial(s) on launched nodes)" if plan.scale else ""
     print(f"sweep: {total} trials ({len(settings.tasks)} task(s) x {len(settings.sweep.seeds)} seed(s)"
-          f"{' x grid' if settings.sweep.grid else ''}), {concurrency} at once on {len(nodes)} node(s); "
+          f"{' x grid' if settings.sweep.grid else ''}), {concurrency} at once on {len(nodes)} node(s){grows}; "
           f"{plan.workers} worker(s) x ({plan.cpus_per_worker:g} CPU, {plan.gpus_per_worker:g} GPU) each")
     progress = SweepProgress(settings, total)
+    callbacks = [StageOnNodes(settings), progress]  # staging on every node first, then the progress lines
+    if plan.waiting:
+        print(plan.waiting)
+        callbacks.append(WaitForNodes(NodeWait(plan.scale, autoscaler.alive_counts, settings.cluster.scale_timeout_s), progress))
+    # Ask the autoscaler for every concurrent trial up front; withdrawn when the sweep ends, however it ends.
+    asked = trial_bundles(plan.needs, concurrency) if autoscaler is not None and autoscaler.can_launch else []
     experiment = storage.experiment
     fresh = not storage.remote and not Path(experiment).exists()  # before the Tuner writes tuner.pkl there
     if settings.resume and tune.Tuner.can_restore(experiment):
@@ -225,13 +236,13 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
             ),
             run_config=tune.RunConfig(
                 name=EXPERIMENT, storage_path=storage.root, verbose=0,
-                # staging on every node first (before the first trial), then the progress lines
-                callbacks=[StageOnNodes(settings), progress],
+                callbacks=callbacks,
                 failure_config=tune.FailureConfig(max_failures=0),  # retries happen in Train, from checkpoints
             ),
         )
     try:
-        grid = tuner.fit()
+        with request_trial_resources(asked):
+            grid = tuner.fit()
     except (*SOURCE_ERRORS, ConfigError):
         # The nodes' staging refused before any trial ran: leave no experiment behind that a later
         # resume=true would try to restore.
