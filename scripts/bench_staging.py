@@ -165,15 +165,11 @@ def main() -> None:
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False)
 
-        from hydra import compose, initialize_config_dir
-
-        from sweep.config import validate
+        from sweep.config import compose_settings
         from sweep.storage.staging import preflight
-        from sweep.tasks import CONF_DIR
 
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            settings = validate(compose("config", overrides=[
-                "task=[WNLI,RTE]", "model=minilm", "tracking=none", "storage=s3", f"storage.bucket={BUCKET}"]))
+        settings = compose_settings("task=[WNLI,RTE]", "model=minilm", "tracking=none", "storage=s3",
+                                    f"storage.bucket={BUCKET}")
         settings = replace(settings, pins=preflight(settings))
         size = settings.pins.model.size + settings.pins.data.size
         # Warm up Ray's worker processes (the imports a trial pays anyway: torch, transformers, the

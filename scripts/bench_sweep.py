@@ -21,13 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
-
-from sweep.config import validate
+from sweep.config import compose_settings
 from sweep.sequential import run_sequential
 from sweep.storage.staging import ensure_local
 from sweep.data.synthetic import write_synthetic_glue
-from sweep.tasks import CONF_DIR
 from sweep.run.tuner import run_tune
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,8 +46,7 @@ def main() -> None:
         f"sweep.seeds=[{','.join(str(38 + i) for i in range(args.trials))}]", f"train.epochs={args.epochs}",
         "train.max_train_samples=null", "train.max_eval_samples=null", "cluster.num_cpus=" + str(os.cpu_count()),
     ]
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        settings = validate(compose("config", overrides=overrides))
+    settings = compose_settings(*overrides)
     sources = ensure_local(settings)  # build the tiny model once, outside both timings
 
     t0 = time.perf_counter()

@@ -309,7 +309,8 @@ def head(tmp_path_factory: pytest.TempPathFactory):
         subprocess.run([str(BIN / "ray"), "stop", "--force"], env=head_env, capture_output=True, timeout=120)
 
 
-SWEEP = ["+experiment=demo", "tracking=none", "sweep.seeds=[38]", "cluster.address=auto"]
+# The head has no GPU and no autoscaler: on a joined cluster that is an error unless CPU is asked for.
+SWEEP = ["experiment=demo", "tracking=none", "sweep.seeds=[38]", "cluster.address=auto", "resources.gpus_per_trial=0"]
 
 
 @pytest.mark.slow
