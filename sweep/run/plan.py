@@ -73,8 +73,9 @@ def plan_trials(settings: Settings, nodes: list[dict[str, float]], autoscaler: A
             warning = f"resources.gpus_per_trial={r.gpus_per_trial} but the cluster has no GPU: trials run on CPU"
             gpus = 0.0
     needs = TrialNeeds(workers, cpus, gpus)
+    fits_alive = sum(trials_fit_on(n, needs) for n in nodes)
     scale = plan_scale(nodes, types, autoscaler.alive_counts if autoscaler is not None else {}, needs,
-                       wanted if wanted is not None else sum(trials_fit_on(n, needs) for n in nodes) or 1,
+                       wanted if wanted is not None else fits_alive or 1,
                        autoscaler.max_total_workers if autoscaler is not None else None)
     if scale.never_fits:
         biggest_cpu = max((n.get("CPU", 0) for n in nodes), default=0)
@@ -86,8 +87,8 @@ def plan_trials(settings: Settings, nodes: list[dict[str, float]], autoscaler: A
             f"{biggest_cpu:g} CPU and {biggest_gpu:g} GPU{launchable}; lower resources.gpus_per_trial / "
             "resources.cpus_per_trial or add bigger nodes"
         )
-    fits_alive = sum(trials_fit_on(n, needs) for n in nodes)
-    return TrialPlan(workers, gpus, cpus, max(scale.fits_at_max, fits_alive), warning, scale if types else None)
+    # fits_at_max is the alive nodes' fit plus what launchable nodes add (no autoscaler: the alive fit)
+    return TrialPlan(workers, gpus, cpus, scale.fits_at_max, warning, scale if types else None)
 
 
 def _describe(types) -> str:
