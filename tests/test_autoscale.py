@@ -149,24 +149,6 @@ def test_alive_nodes_counted_by_shape_when_no_report_names_them():
     assert counts_by_shape(alive, [GPU_WORKER]) == {"gpu_worker": 2}
 
 
-def test_the_request_is_withdrawn_on_error_and_ctrl_c(monkeypatch):
-    from sweep.run import autoscale
-
-    calls = []
-    monkeypatch.setattr(autoscale, "request", lambda bundles: calls.append(("request", list(bundles))))
-    monkeypatch.setattr(autoscale, "withdraw", lambda: calls.append(("withdraw",)))
-    for error in (RuntimeError("trial failed"), KeyboardInterrupt()):
-        calls.clear()
-        with pytest.raises(type(error)):
-            with autoscale.request_trial_resources(trial_bundles(ONE_GPU, 2)):
-                raise error
-        assert calls == [("request", [{"CPU": 1, "GPU": 1}] * 2), ("withdraw",)]
-    calls.clear()
-    with autoscale.request_trial_resources([]):
-        pass
-    assert calls == []  # nothing asked, nothing to withdraw
-
-
 # ---------------------------------------------------------------------------------------------
 # a real autoscaler (fake node provider)
 # ---------------------------------------------------------------------------------------------
@@ -202,7 +184,7 @@ def test_autoscaler_launches_gpu_nodes_on_request_and_lets_them_go(version):
     import ray
 
     from autoscaling import autoscaling_cluster
-    from sweep.run import autoscale
+    from sweep.run import autoscale, cluster_request
 
     if version == "v2" and not _fake_v2_possible():
         pytest.skip("autoscaler v2 with the fake provider needs ray/autoscaler/_private/fake_multi_node/"
@@ -218,7 +200,7 @@ def test_autoscaler_launches_gpu_nodes_on_request_and_lets_them_go(version):
 
         start = time.monotonic()
         arrived: dict[str, float] = {}
-        with autoscale.request_trial_resources(trial_bundles(ONE_GPU, plan.concurrency)):
+        with cluster_request.request_trial_resources("test", trial_bundles(ONE_GPU, plan.concurrency)):
             pending = _wait(lambda: (p := autoscale.pending_status()).requested and p, 20)
             assert pending.requested == [({"CPU": 1.0, "GPU": 1.0}, 2)]
 
@@ -237,7 +219,7 @@ def test_autoscaler_launches_gpu_nodes_on_request_and_lets_them_go(version):
         assert _wait(lambda: not _gpu_nodes(), 60), "GPU nodes still up 60 s after the request was withdrawn"
         print(f"GPU nodes gone {time.monotonic() - gone:.1f} s after the withdrawal")
         if version == "v2":  # v2 also says which requested bundles no node type can hold
-            with autoscale.request_trial_resources([{"CPU": 1, "GPU": 4}]):
+            with cluster_request.request_trial_resources("test", [{"CPU": 1, "GPU": 4}]):
                 assert _wait(lambda: autoscale.pending_status().infeasible == [({"CPU": 1.0, "GPU": 4.0}, 1)], 30)
             assert _wait(lambda: autoscale.pending_status().requested == [], 20)
 

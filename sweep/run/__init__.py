@@ -1,7 +1,8 @@
 """Everything that imports Ray (and nothing outside this package does).
 
 - ``plan.py``:        trials per node and at once, storage paths: plain Python over the cluster's shape
-- ``autoscale.py``:   what an autoscaling cluster can launch; asking it for the sweep's nodes
+- ``autoscale.py``:   what an autoscaling cluster can launch, what it is launching, the wait for nodes
+- ``cluster_request.py``: one standing autoscaler request per cluster, the sum of every sweep's
 - ``tuner.py``:       connect, plan, one Tune run for every trial (or resume it), records from results
 - ``trial.py``:       one trial: the Tune function (``train_driver_fn``) running a TorchTrainer whose
                       workers run ``train_fn_per_worker`` with a typed ``TrialContext``

@@ -7,9 +7,7 @@ Two halves:
   text and ``ScaleTimeoutError``), the texts the progress line and the errors use. Unit-tested
   without a cluster.
 * Ray-facing, imported lazily: ``read_autoscaler`` / ``launchable_node_types`` (the autoscaler's
-  node types and max counts), ``alive_node_resources``, ``request_trial_resources`` (a context
-  manager around ``ray.autoscaler.sdk.request_resources`` that always withdraws),
-  ``pending_status`` (what the autoscaler is launching / what is requested / infeasible, for the
+  node types and max counts), ``alive_node_resources``, ``pending_status`` (what the autoscaler is launching / what is requested / infeasible, for the
   wait line and the timeout error), ``alive_counts`` and ``check_wait`` (``NodeWait`` on live data).
 
 Where the node types come from in Ray 2.60 (checked in the installed source; there is no public
@@ -43,7 +41,6 @@ from the ``RAY_NODE_TYPE_NAME`` the node was started with (KubeRay and the fake 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -473,46 +470,6 @@ def declared_view(view: AutoscalerView, declared: Sequence[Mapping[str, Any]]) -
 def launchable_node_types(gcs_address: str | None = None, config_path: str | None = None) -> list[NodeType]:
     """The autoscaler's worker node types with their min/max counts; [] without an autoscaler."""
     return list(read_autoscaler(gcs_address, config_path).node_types)
-
-
-# --- asking the autoscaler --------------------------------------------------------------------
-
-def request(bundles: Sequence[Mapping[str, float]]) -> None:
-    """Replace the cluster's standing resource request with ``bundles`` (ray/autoscaler/sdk/sdk.py:215).
-
-    v1: JSON in the KV key ``autoscaler_resource_request`` (ray/autoscaler/_private/commands.py:245);
-    v2: a GCS cluster resource constraint. ONE request per cluster: a later call (any driver's)
-    replaces it, and it outlives the driver, hence ``withdraw``.
-    """
-    from ray.autoscaler.sdk import request_resources
-
-    request_resources(bundles=[{k: v for k, v in b.items()} for b in bundles])
-
-
-def withdraw() -> None:
-    """Clear the standing request: ``request_resources(bundles=[])`` writes ``[]`` (v1) / an empty
-    constraint (v2); ``num_cpus=0`` does exactly the same in 2.60 (both build an empty list)."""
-    from ray.autoscaler.sdk import request_resources
-
-    request_resources(bundles=[])
-
-
-@contextlib.contextmanager
-def request_trial_resources(bundles: Sequence[Mapping[str, float]]) -> Iterator[list[dict[str, float]]]:
-    """Ask the autoscaler for ``bundles`` for the block's duration; withdrawn on the way out, whatever
-    happens (an exception, KeyboardInterrupt, GeneratorExit). Nothing is asked for an empty list."""
-    asked = [dict(b) for b in bundles]
-    if not asked:
-        yield asked
-        return
-    request(asked)
-    try:
-        yield asked
-    finally:
-        try:
-            withdraw()
-        except Exception:  # noqa: BLE001 - Ray already gone: nothing to withdraw from
-            pass
 
 
 @dataclass(frozen=True)

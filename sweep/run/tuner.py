@@ -178,7 +178,8 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
     quiet_ray()
     from ray import tune
 
-    from sweep.run.autoscale import NodeWait, declared_view, read_autoscaler, request_trial_resources, trial_bundles
+    from sweep.run.autoscale import NodeWait, declared_view, read_autoscaler, trial_bundles
+    from sweep.run.cluster_request import request_trial_resources
     from sweep.run.progress import SweepProgress, WaitForNodes
     from sweep.run.stage_nodes import StageOnNodes
     from sweep.run.trial import Placement, train_driver_fn
@@ -215,7 +216,8 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
     if plan.waiting:
         print(plan.waiting)
         callbacks.append(WaitForNodes(NodeWait(plan.scale, autoscaler.alive_counts, settings.cluster.scale_timeout_s), progress))
-    # Ask the autoscaler for every concurrent trial up front; withdrawn when the sweep ends, however it ends.
+    # Ask the autoscaler for every concurrent trial up front (added to other sweeps' requests);
+    # withdrawn when the sweep ends, however it ends.
     asked = trial_bundles(plan.needs, concurrency) if autoscaler is not None and autoscaler.can_launch else []
     experiment = storage.experiment
     fresh = not storage.remote and not Path(experiment).exists()  # before the Tuner writes tuner.pkl there
@@ -241,7 +243,7 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
             ),
         )
     try:
-        with request_trial_resources(asked):
+        with request_trial_resources(launch_id, asked):
             grid = tuner.fit()
     except (*SOURCE_ERRORS, ConfigError):
         # The nodes' staging refused before any trial ran: leave no experiment behind that a later
