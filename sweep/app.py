@@ -66,11 +66,11 @@ def register(settings: Settings, tracker, best: dict[str, TrialRecord], out_dir:
         print(f"registry: {result.name} version {result.version}, {verdict} (previous champion: {before})")
 
 
-def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkpoint_root: Path | None,
+def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkpoint_folders: list[Path],
            tracker=None) -> list:
     """Export the best model per task, prune the other checkpoints, write and print results.
 
-    ``checkpoint_root`` holds every trial's checkpoints; with keep_checkpoints=best it goes once
+    ``checkpoint_folders`` hold every trial's checkpoints; with keep_checkpoints=best they go once
     the best models are exported.
     """
     from sweep.report import plot_seed_scores
@@ -80,8 +80,9 @@ def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkp
     for task, record in best.items():
         exported = export_best(record, out_dir / "best" / task, settings.model.name)
         print(f"best {task}: seed {record.seed}, {metric[task]} {record.score:.4f} -> {exported}")
-    if settings.sweep.keep_checkpoints == "best" and checkpoint_root is not None:
-        shutil.rmtree(checkpoint_root, ignore_errors=True)
+    if settings.sweep.keep_checkpoints == "best" and checkpoint_folders:
+        for folder in checkpoint_folders:
+            shutil.rmtree(folder, ignore_errors=True)
         for r in records:
             r.checkpoint = None
     summaries = summarize(records, settings.tasks)
@@ -133,8 +134,8 @@ def run(cfg: DictConfig, out_dir: Path) -> list:
     from sweep.run.tuner import run_tune
 
     try:
-        records, checkpoint_root = run_tune(settings, Path(out_dir), tracking)
-        summaries = finish(settings, records, Path(out_dir), checkpoint_root, tracker)
+        records, checkpoint_folders = run_tune(settings, Path(out_dir), tracking)
+        summaries = finish(settings, records, Path(out_dir), checkpoint_folders, tracker)
         if settings.storage.output_prefix:
             upload_outputs(settings, Path(out_dir))
         return summaries

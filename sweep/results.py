@@ -47,6 +47,8 @@ class TrialRecord:
     checkpoint: str | None = None  # folder of the best checkpoint (None once pruned)
     trial_id: str = ""
     run_id: str = ""  # the trial's MLflow run (tracking=mlflow)
+    pid: int | None = None  # the process that ran the loop: a reused process runs trial after trial
+    started_at: float = 0.0  # unix time the trial began (its process start, for a process's first trial)
 
     @property
     def ok(self) -> bool:

@@ -72,7 +72,7 @@ def test_demo_runs_and_keeps_exactly_the_best_model(tmp_path):
     made_by = json.loads((out / "best" / "WNLI" / MADE_BY).read_text())
     assert str(made_by["seed"]) == best_seed
     assert (out / "best" / "WNLI" / "config.json").exists()
-    assert not (out / "ray" / "train").exists(), "pruned checkpoints left behind"
+    assert not list((out / "ray").rglob("checkpoint_*")), "pruned checkpoints left behind"
     assert f"best WNLI: seed {best_seed}" in r.stdout
 
 
@@ -100,7 +100,8 @@ def _launch_ids(out: Path) -> dict[str, set[str]]:
     for progress in (out / "ray" / "tune").glob("*/progress.csv"):
         rows = list(csv.DictReader(progress.open()))
         if rows:
-            ids[progress.parent.name.split("_")[3]] = {r["launch_id"] for r in rows}
+            # train_driver_fn_<experiment>_<index>_...: the trial is experiment + index
+            ids["_".join(progress.parent.name.split("_")[3:5])] = {r["launch_id"] for r in rows}
     return ids
 
 

@@ -364,7 +364,8 @@ def test_no_wait_then_status_logs_and_list(head: Head):
 
 
 def train_state(head: Head) -> tuple[list, list]:
-    """The head's live placement groups and Train worker actors, through Ray's state API."""
+    """The head's live placement groups and the processes running trials (Tune's trial actors,
+    where a one-worker trial's loop runs, and Train workers), through Ray's state API."""
     from ray.util.state.api import StateApiClient
     from ray.util.state.common import ListApiOptions, StateResource
 
@@ -376,7 +377,7 @@ def train_state(head: Head) -> tuple[list, list]:
         groups = client.list(StateResource.PLACEMENT_GROUPS, ListApiOptions(limit=1000), raise_on_missing_output=False)
         actors = client.list(StateResource.ACTORS, ListApiOptions(limit=1000), raise_on_missing_output=False)
     live_groups = [g for g in groups if g.state != "REMOVED"]
-    workers = [a for a in actors if a.class_name == "RayTrainWorker" and a.state != "DEAD"]
+    workers = [a for a in actors if a.class_name in ("ImplicitFunc", "RayTrainWorker") and a.state != "DEAD"]
     return live_groups, workers
 
 

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import signal
 import statistics
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import ray
@@ -49,31 +47,41 @@ def two_gpu_nodes():
     cluster.shutdown()
 
 
-def registered_checkpoint(snapshot: Path) -> bool:
-    """Whether Train's checkpoint manager snapshot names a checkpoint (it is written in place: may be partial)."""
-    try:
-        return json.loads(snapshot.read_text()).get("latest_checkpoint_result") is not None
-    except (OSError, ValueError):
-        return False
+TRAIN_WORKER = "RayTrainWorker"  # a DDP trial's workers
+TRIAL_PROCESS = "ImplicitFunc"  # Tune's actor for a function trainable: a one-worker trial runs in it
 
 
-def alive_train_workers() -> list[dict]:
+def actors(class_name: str, alive_only: bool = True) -> list[dict]:
     # The GCS's actor table (the public state API needs the dashboard, which tests don't start).
     from ray._private import state
 
-    return [a for a in state.actors().values() if a["ActorClassName"] == "RayTrainWorker" and a["State"] == "ALIVE"]
+    return [a for a in state.actors().values()
+            if a["ActorClassName"] == class_name and (a["State"] == "ALIVE" or not alive_only)]
+
+
+def most_at_once(records) -> int:
+    """The most trials holding their resources at one time: a trial holds them from its start (its
+    process's start, for the first trial of a process) to its last report."""
+    events = sorted([(r.started_at, 1) for r in records] + [(r.started_at + r.wall_seconds, -1) for r in records])
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    return peak
 
 
 class WorkerWatch:
-    """Polls the GCS for alive Train workers: how many at once, and on which nodes."""
+    """Polls the GCS for alive actors of one class (the processes holding trials' resources): how
+    many at once, and on which nodes."""
 
-    def __init__(self):
+    def __init__(self, class_name: str = TRIAL_PROCESS):
+        self.class_name = class_name
         self.max_alive, self.nodes, self._stop = 0, set(), threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
     def _poll(self):
         while not self._stop.is_set():
-            alive = alive_train_workers()
+            alive = actors(self.class_name)
             self.max_alive = max(self.max_alive, len(alive))
             self.nodes |= {a["Address"]["NodeID"] for a in alive}
             time.sleep(0.5)
@@ -105,7 +113,10 @@ def test_two_tasks_three_seeds_end_to_end(local_ray, cache_dir, tmp_path, monkey
         made_by = (out / "best" / s.task / MADE_BY).read_text()
         assert f'"seed": {best.seed}' in made_by
     assert sorted(p.name for p in (out / "best").iterdir()) == ["RTE", "WNLI"]
-    assert not (out / "ray" / "train").exists(), "checkpoints of pruned trials left behind"
+    assert not list((out / "ray").rglob("checkpoint_*")), "checkpoints of pruned trials left behind"
+    assert not actors(TRAIN_WORKER, alive_only=False)  # one-worker trials start no Train worker group
+    pids = {r.pid for r in records}
+    assert None not in pids and len(pids) <= 2  # 6 trials, 2 CPUs: at most 2 (reused) trial processes
     assert (out / "summary.csv").exists() and (out / "results.csv").exists()
 
 
@@ -114,18 +125,17 @@ def test_gpu_packing_on_two_nodes(two_gpu_nodes, cache_dir, tmp_path, monkeypatc
     base = ["train.epochs=1", "train.max_train_samples=32", f"cluster.storage_path={tmp_path / 'storage'}"]
 
     one = validate(compose_cfg(*base, "sweep.seeds=[1,2,3,4,5,6]", "resources.gpus_per_trial=1"))
-    with WorkerWatch() as watch:
-        records, _ = run_tune(one, tmp_path / "one")
+    records, _ = run_tune(one, tmp_path / "one")
     assert [r.status for r in records] == ["TERMINATED"] * 6, [r.error for r in records]
-    assert 2 <= watch.max_alive <= 4, watch.max_alive
-    assert len(watch.nodes) == 2 and len({r.node for r in records}) == 2
+    assert 2 <= most_at_once(records) <= 4, most_at_once(records)  # 4 GPUs in all
+    assert len({r.node for r in records}) == 2
 
     half = validate(compose_cfg(*base, "sweep.seeds=[1,2,3,4,5,6,7,8]", "resources.gpus_per_trial=0.5",
                                 f"cluster.storage_path={tmp_path / 'storage2'}"))
-    with WorkerWatch() as watch:
-        records, _ = run_tune(half, tmp_path / "half")
+    records, _ = run_tune(half, tmp_path / "half")
     assert [r.status for r in records] == ["TERMINATED"] * 8, [r.error for r in records]
-    assert watch.max_alive == 8, watch.max_alive
+    assert most_at_once(records) == 8  # two trials per GPU
+    assert len({r.pid for r in records}) == 8
 
     t0 = time.time()
     with pytest.raises(ResourceError, match="the largest node has 4 CPU and 2 GPU"):
@@ -138,39 +148,64 @@ def test_multi_node_without_storage_path_is_an_error(two_gpu_nodes, tmp_path):
         run_tune(validate(compose_cfg()), tmp_path)
 
 
-def test_a_killed_worker_is_retried_from_its_checkpoint(local_ray, cache_dir, tmp_path, monkeypatch):
+def test_a_killed_trial_is_retried_from_its_checkpoint(local_ray, cache_dir, tmp_path, monkeypatch):
+    """The trial's process (its loop runs there) is SIGKILLed after its second epoch: Tune retries the
+    trial from its latest registered checkpoint, and the retry reports the remaining epochs."""
     monkeypatch.setenv("SWEEP_CACHE_DIR", str(cache_dir))
     data = write_synthetic_glue(tmp_path / "data", ["RTE"], n_train=1500, n_dev=64)
     settings = validate(compose_cfg("task=RTE", "sweep.seeds=[38]", "train.epochs=4", "train.max_train_samples=null",
                                     f"storage.data_dir={data}"))
     killed, epochs_at_kill = [], []
 
-    def kill_after_first_checkpoint():
+    def kill_after_two_epochs():
         deadline = time.time() + 240
         while time.time() < deadline and not killed:
-            # Kill once Train's controller has registered a checkpoint (its snapshot names one), so the
-            # restart must resume from it: the worker's own report returning is too early (the
-            # controller polls for it), and Tune's progress.csv can lag until the trial is all done.
-            if any(registered_checkpoint(p) for p in (tmp_path / "out" / "ray").rglob("checkpoint_manager_snapshot.json")):
-                for actor in alive_train_workers():
+            # After epoch 2 is on record the driver has long registered epoch 1's checkpoint (a
+            # kill right after the first report could beat the driver to it: a restart from scratch).
+            history = next((tmp_path / "out").rglob("history/*.json"), None)
+            done = len(json.loads(history.read_text())) if history and history.stat().st_size else 0
+            if done >= 2:
+                for actor in actors(TRIAL_PROCESS):
                     os.kill(actor["Pid"], signal.SIGKILL)
                     killed.append(actor["Pid"])
-                history = next((tmp_path / "out").rglob("history/*.json"), None)
-                epochs_at_kill.append(len(json.loads(history.read_text())) if history else 0)
+                epochs_at_kill.append(done)
             time.sleep(0.05)
 
-    killer = threading.Thread(target=kill_after_first_checkpoint, daemon=True)
+    killer = threading.Thread(target=kill_after_two_epochs, daemon=True)
     killer.start()
-    records, root = run_tune(settings, tmp_path / "out")
+    records, _ = run_tune(settings, tmp_path / "out")
     killer.join()
-    assert killed, "no worker was killed"
-    assert epochs_at_kill[0] < 4, f"the worker was killed after its last epoch ({epochs_at_kill}): nothing left to resume"
+    assert killed, "no trial process was killed"
+    assert epochs_at_kill[0] < 4, f"the trial was killed after its last epoch ({epochs_at_kill}): nothing left to resume"
     (record,) = records
-    assert record.status == "TERMINATED" and record.epochs_done == 4
-    progress = next((tmp_path / "out" / "ray" / "tune").glob("*/progress.csv"))
-    rows = list(csv.DictReader(progress.open()))
-    assert [r["epoch"] for r in rows] == ["1", "2", "3", "4"]
-    assert "True" in {r["resumed"] for r in rows}, "no epoch was reported by a resumed worker"
+    assert record.status == "TERMINATED" and record.epochs_done == 4, record.error
+    history = json.loads(next((tmp_path / "out").rglob("history/*.json")).read_text())
+    assert [r["epoch"] for r in history if not r["resumed"]][:2] == [1, 2]
+    resumed = [r["epoch"] for r in history if r["resumed"]]
+    assert resumed and resumed[-1] == 4 and resumed[0] in (2, 3), history  # went on from a checkpoint, not epoch 1
+    assert len({r["pid"] for r in history}) == 2  # the retry ran in a new process
+
+
+def test_trial_after_trial_in_one_reused_process_without_growing(cache_dir, tmp_path, monkeypatch):
+    """One CPU: one trial at a time, each in the same Tune trial process (no worker group, no
+    re-import); what a trial leaves behind does not add up: memory after the 10th trial is within
+    10% of after the 1st."""
+    monkeypatch.setenv("SWEEP_CACHE_DIR", str(cache_dir))
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        settings = validate(compose_cfg("sweep.seeds=[1,2,3,4,5,6,7,8,9,10,11]", "train.epochs=1",
+                                        "train.max_train_samples=32", "train.max_eval_samples=32"))
+        records, _ = run_tune(settings, tmp_path / "out")
+        assert all(r.status == "TERMINATED" for r in records), [r.error for r in records]
+        assert not actors(TRAIN_WORKER, alive_only=False) and not actors("TrainController", alive_only=False)
+    finally:
+        ray.shutdown()
+    firsts = sorted((json.loads(p.read_text())[0] for p in (tmp_path / "out" / "ray" / "history").glob("*.json")),
+                    key=lambda row: row["driver_started"])
+    assert len(firsts) == 11 and len({row["pid"] for row in firsts}) == 1  # all 11 trials in one process
+    rss = [row["rss_at_start_mb"] for row in firsts]  # trial k+1 starts with what trial k left
+    print(f"\nRSS at each trial's start (MiB): {[round(x) for x in rss]}")
+    assert rss[10] <= 1.10 * rss[1], f"after the 10th trial {rss[10]:.0f} MiB vs after the 1st {rss[1]:.0f} MiB"
 
 
 def test_a_trial_that_keeps_failing_is_recorded_and_the_others_finish(local_ray, cache_dir, tmp_path, monkeypatch):
@@ -195,7 +230,7 @@ def test_a_trial_that_keeps_failing_is_recorded_and_the_others_finish(local_ray,
 def test_two_gpus_per_trial_is_a_ddp_run_with_two_workers(local_ray, cache_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("SWEEP_CACHE_DIR", str(cache_dir))
     settings = validate(compose_cfg("sweep.seeds=[38]", "train.epochs=2", "resources.gpus_per_trial=2"))
-    with WorkerWatch() as watch:
+    with WorkerWatch(TRAIN_WORKER) as watch:
         (record,), _ = run_tune(settings, tmp_path / "out")  # no GPU here: 2 CPU workers over gloo
     assert record.status == "TERMINATED" and record.epochs_done == 2, record.error
     assert watch.max_alive == 2

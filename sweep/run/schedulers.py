@@ -1,10 +1,11 @@
 """Asynchronous successive halving (ASHA), decided inside the trials, with rungs per task.
 
-Tune's own schedulers stop a trial by stopping its function trainable; with Train V2 that
-leaves the trial's TorchTrainer (controller and workers) running and holding its resources, and
-the sweep hangs. So the trial asks after each epoch and ends itself cleanly. Scores of different
-tasks are not comparable (a CoLA MCC of 0.3 is good, an SST-2 accuracy of 0.3 is awful): each
-task has its own rungs.
+Why not Tune's ``ASHAScheduler``: it ranks every trial of the Tune run in one bracket, and a sweep
+runs all its tasks in one Tune run, whose scores are not comparable (a CoLA MCC of 0.3 is good, an
+SST-2 accuracy of 0.3 is awful): each task needs its own rungs. (Tune stopping the function
+trainable is clean now for one-worker trials, which run in Train's local mode inside the trial's
+process; for a DDP trial it would leave the worker group running.) So the trial asks after each
+epoch and ends itself cleanly, the same way on either path.
 """
 
 from __future__ import annotations

@@ -2,14 +2,25 @@
 ``TorchTrainer`` whose workers run ``train_fn_per_worker``.
 
 Train V2 (Ray >= 2.43) cannot be wrapped by ``Tuner(TorchTrainer(...))``; the supported pattern
-is a function trainable that builds and fits a TorchTrainer, with ``TuneReportCallback`` passing
-the workers' reports on to Tune (DESIGN §5). Everything below the worker loop is plain Python
-(``sweep.finetune``).
+is a function trainable that builds and fits a TorchTrainer (DESIGN §5). Two ways to run it:
+
+* One worker (every single-GPU or CPU trial): Train's local mode (``num_workers=0``) runs the loop
+  in the Tune trial's own process, which holds the trial's resources and reports with
+  ``ray.tune.report``; Tune reuses that process for the next trial (``reuse_actors``), so torch
+  and transformers are imported once per process, not once per trial, and no worker group, Train
+  controller or placement group is started. A killed trial is retried by Tune from its last
+  checkpoint (``tune.FailureConfig``).
+* Several workers (multi-GPU DDP): real Train workers, ``TuneReportCallback`` passing their reports
+  on to Tune, a killed worker retried by Train from the last checkpoint.
+
+Everything below the worker loop is plain Python (``sweep.finetune``).
 """
 
 from __future__ import annotations
 
+import gc
 import json
+import os
 import platform
 import shutil
 import tempfile
@@ -36,6 +47,7 @@ from sweep.tasks import TaskSpec
 # restart). Among equal scores the EARLIER epoch ranks higher, as in finetune's own choice.
 CHECKPOINT_RANK = "checkpoint_rank"
 CHECKPOINT_EPOCH = "sweep_epoch.json"  # in each checkpoint folder: which epoch it holds
+TRIAL_DONE = "trial_done"  # on the last history row of a trial that ended
 PROCESS_STARTED = psutil.Process().create_time()  # this worker process's start (before its imports)
 
 
@@ -52,6 +64,11 @@ class Placement:
     storage_path: str  # Train's storage for this sweep's trials (a folder or s3://…)
     history_dir: str | None  # the trials' own epoch records (None on remote storage)
 
+    @property
+    def in_trial_process(self) -> bool:
+        """One worker: the loop runs in the Tune trial's own (reused) process, Train's local mode."""
+        return self.workers == 1
+
 
 @dataclass(frozen=True)
 class TrialContext:
@@ -67,6 +84,7 @@ class TrialContext:
     history_dir: str | None
     asha_board: str | None = None
     tracking: Any = None  # tracking.TrialTracking, or None
+    in_trial_process: bool = False  # Train's local mode: report to Tune directly
 
     @property
     def spec(self) -> TaskSpec:
@@ -121,14 +139,16 @@ class EpochReporter:
             self.mlflow_run.log_epoch(epoch.epoch, {"train_loss": epoch.train_loss, "score": epoch.score, **epoch.metrics})
 
     def report(self, metrics: dict[str, Any], epoch, save) -> None:
+        # In the trial's own process Tune takes the report (ray.train.report refuses there).
+        report = tune.report if self.ctx.in_trial_process else ray.train.report
         if self.rank != 0:  # every worker reports; only rank 0 writes the model
-            ray.train.report(metrics)
+            report(metrics)
             return
         folder = Path(tempfile.mkdtemp(prefix="sweep-ckpt-"))
         try:
             save(folder)
             write_json(folder / CHECKPOINT_EPOCH, {"epoch": epoch.epoch})  # found again without Tune's log
-            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(folder))
+            report(metrics, checkpoint=Checkpoint.from_directory(folder))  # persisted before it returns
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -147,8 +167,18 @@ class EpochReporter:
             raise EarlyStop  # cut by ASHA: every rank gets the same answer and stops here
 
     def end(self, status: str, error: str | None = None) -> None:
+        if status == "FINISHED":
+            self.mark_done()
         if self.mlflow_run is not None:
             self.mlflow_run.end(status, error)
+
+    def mark_done(self) -> None:
+        """The history says the trial is over (all epochs, or cut by ASHA): a resumed sweep whose
+        Tune state missed the end (Tune saves it every 10 s at most) does not run it again."""
+        history_file = self.ctx.history_file
+        if self.rank == 0 and history_file is not None and self.history:
+            self.history[-1][TRIAL_DONE] = True
+            write_json(history_file, self.history)
 
 
 def _read_history(path: Path) -> list[dict[str, Any]]:
@@ -161,20 +191,24 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     from sweep.finetune import Distributed, finetune
     from sweep.storage.staging import cache_root, ensure_local
 
-    timing = {"imported": time.time()}
+    # rss_at_start_mb: what the previous trial left in a reused process (tests check it does not grow)
+    timing = {"imported": time.time(), "pid": os.getpid(), "rss_at_start_mb": psutil.Process().memory_info().rss / 2**20}
     ctx: TrialContext = config["context"]
     sources = ensure_local(ctx.settings)
-    train_ctx = ray.train.get_context()
-    rank, world = train_ctx.get_world_rank(), train_ctx.get_world_size()
+    if ctx.in_trial_process:  # ray.train's API refuses to run inside a Tune function: one worker, rank 0
+        rank, world = 0, 1
+    else:
+        train_ctx = ray.train.get_context()
+        rank, world = train_ctx.get_world_rank(), train_ctx.get_world_size()
     timing["loop_started"] = time.time()
-    resume_dir = _restore_latest()
+    resume_dir = _restore_latest(ctx.in_trial_process)
     reporter = EpochReporter(ctx, rank, resumed=resume_dir is not None, timing=timing)
     try:
         finetune(
             ctx.spec, sources.model_dir, sources.data_dir, ctx.train, ctx.seed,
             cache_dir=cache_root(ctx.settings.storage), on_epoch=reporter, resume_from=resume_dir,
             dist=Distributed(rank=rank, world_size=world, wrap_model=ray.train.torch.prepare_model if world > 1 else None),
-            device=_device(),
+            device=_device(ctx.in_trial_process),
         )
     except EarlyStop:
         reporter.end("FINISHED")  # a finished trial with fewer epochs; its best checkpoint is already reported
@@ -186,11 +220,31 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     finally:
         if resume_dir is not None:
             shutil.rmtree(resume_dir, ignore_errors=True)
+        if ctx.in_trial_process:
+            _free_for_the_next_trial()
 
 
-def _restore_latest() -> Path | None:
-    """After a crash, Train hands the restarted worker the latest checkpoint: go on from its epoch."""
-    checkpoint = ray.train.get_checkpoint()
+def _free_for_the_next_trial() -> None:
+    """The process serves the next trial: drop this one's model, optimizer and batches now (they
+    are garbage once finetune returned, but cycles wait for a collection) and the CUDA cache."""
+    gc.collect()
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _finished_before(ctx: TrialContext) -> dict[str, Any] | None:
+    """The last epoch's record of a trial that already ended (in an earlier launch), else None."""
+    history_file = ctx.history_file
+    rows = _read_history(history_file) if history_file is not None else []
+    return rows[-1] if rows and rows[-1].get(TRIAL_DONE) else None
+
+
+def _restore_latest(in_trial_process: bool) -> Path | None:
+    """After a crash the retried trial (Tune) or restarted worker (Train) gets the latest checkpoint:
+    go on from its epoch."""
+    checkpoint = tune.get_checkpoint() if in_trial_process else ray.train.get_checkpoint()
     if checkpoint is None:
         return None
     return Path(checkpoint.to_directory(tempfile.mkdtemp(prefix="sweep-resume-")))
@@ -216,14 +270,17 @@ def _start_trial_run(ctx: TrialContext):
     return logger
 
 
-def _device():
+def _device(in_trial_process: bool):
     import torch
 
     from sweep.models import pick_device
 
     # Ray assigns GPUs by its own accounting (fake GPUs in tests, a CPU-only torch build):
-    # use the assigned GPU only when torch can.
-    return ray.train.torch.get_device() if torch.cuda.is_available() else pick_device("cpu")
+    # use the assigned GPU only when torch can. In the trial's own process Ray has set
+    # CUDA_VISIBLE_DEVICES to the trial's GPU (cuda:0 here, also for a fractional share).
+    if not torch.cuda.is_available():
+        return pick_device("cpu")
+    return pick_device("cuda") if in_trial_process else ray.train.torch.get_device()
 
 
 def train_driver_fn(config: dict[str, Any], settings: Settings, placement: Placement, launch_id: str,
@@ -233,14 +290,23 @@ def train_driver_fn(config: dict[str, Any], settings: Settings, placement: Place
     ctx = TrialContext(
         settings=settings, task=config["task"], seed=int(config["seed"]), hparams=dict(config.get("hparams") or {}),
         trial_id=trial_id, launch_id=launch_id, driver_started=time.time(), history_dir=placement.history_dir,
-        asha_board=asha_board, tracking=tracking,
+        asha_board=asha_board, tracking=tracking, in_trial_process=placement.in_trial_process,
     )
+    done = _finished_before(ctx)
+    if done is not None:  # finished before a killed driver's Tune state recorded it: report, don't rerun
+        tune.report(done)
+        return
+    if placement.in_trial_process:
+        # Local mode: the loop runs right here; this process holds the trial's CPU/GPU (tune.with_resources).
+        TorchTrainer(train_fn_per_worker, train_loop_config={"context": ctx},
+                     scaling_config=ScalingConfig(num_workers=0)).fit()
+        return
     workers, gpus = placement.workers, placement.gpus_per_worker
     trainer = TorchTrainer(
         train_fn_per_worker,
         train_loop_config={"context": ctx},
-        # One worker needs no collectives: gloo works on any node; NCCL only for multi-GPU DDP.
-        torch_config=TorchConfig(backend="nccl" if workers > 1 and gpus > 0 else "gloo"),
+        # NCCL between GPUs; gloo where the workers are CPU processes (tests, a GPU-less cluster).
+        torch_config=TorchConfig(backend="nccl" if gpus > 0 else "gloo"),
         scaling_config=ScalingConfig(
             num_workers=workers,
             use_gpu=gpus > 0,

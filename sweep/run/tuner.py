@@ -46,10 +46,11 @@ def records_from_results(grid, settings: Settings, plan: TrialPlan, history_dir:
     from sweep.run.trial import CHECKPOINT_RANK
 
     records = []
-    for result in grid:
+    histories = [(result, _history(result, history_dir)) for result in grid]
+    first_in_process = _first_trial_per_process([df for _, df in histories])
+    for result, df in histories:
         cfg = result.config or {}
         trial_id = _trial_id(result)
-        df = _history(result, history_dir)
         record = TrialRecord(
             task=cfg.get("task", "?"), seed=int(cfg.get("seed", -1)), hparams=dict(cfg.get("hparams") or {}),
             gpus=plan.gpus_per_worker * plan.workers, trial_id=result.path.rsplit("/", 1)[-1] if result.path else "",
@@ -61,15 +62,18 @@ def records_from_results(grid, settings: Settings, plan: TrialPlan, history_dir:
             record.score = record.metrics.get(spec.metric)
             record.best_epoch = int(best["epoch"])
             record.epochs_done = int(df["epoch"].max())
-            record.wall_seconds = float(df["reported_at"].max() - df["driver_started"].min())
-            record.loop_seconds = float((df["train_seconds"] + df["eval_seconds"]).sum())
             first = df.iloc[0]
+            started = _trial_started(first, first_in_process)
+            record.wall_seconds = float(df["reported_at"].max() - started)
+            record.loop_seconds = float((df["train_seconds"] + df["eval_seconds"]).sum())
             first_batch = first["reported_at"] - first["train_seconds"] - first["eval_seconds"]
-            record.startup_seconds = float(first_batch - first["driver_started"])
+            record.startup_seconds = float(first_batch - started)
+            record.started_at = started
+            record.pid = int(first["pid"]) if "pid" in first and first["pid"] == first["pid"] else None
             record.node = str(best.get("node", ""))
             run_id = best.get("mlflow_run_id")
             record.run_id = run_id if isinstance(run_id, str) else ""
-            record.checkpoint = _best_checkpoint(best, train_dir / f"trial-{trial_id}" if train_dir and trial_id else None)
+            record.checkpoint = _best_checkpoint(best, _checkpoint_dirs(result, train_dir, trial_id))
         if result.error is not None or record.score is None:
             record.status = "ERROR"
             record.error = _error_text(result.error) if result.error is not None else "trial reported no result"
@@ -77,19 +81,62 @@ def records_from_results(grid, settings: Settings, plan: TrialPlan, history_dir:
     return records
 
 
+def _first_trial_per_process(histories) -> dict[int, float]:
+    """pid -> the driver start of the first trial that process ran (a reused process runs several)."""
+    first: dict[int, float] = {}
+    for df in histories:
+        if df is not None and len(df) and "pid" in df and df.iloc[0]["pid"] == df.iloc[0]["pid"]:  # not NaN
+            row = df.iloc[0]
+            pid = int(row["pid"])
+            first[pid] = min(first.get(pid, row["driver_started"]), row["driver_started"])
+    return first
+
+
+def _trial_started(first_row, first_in_process: dict[int, float]) -> float:
+    """When the trial began costing time: the process start for the first trial a process ran (it
+    paid for starting the process and importing torch), the trial's own start for a reused one."""
+    started = float(first_row["driver_started"])
+    pid = first_row.get("pid")
+    if pid is not None and pid == pid and first_in_process.get(int(pid)) == started:
+        started = min(started, float(first_row["process_started"]))
+    return started
+
+
 def _trial_id(result) -> str | None:
     """The id the trial reported with every epoch (None: it never reported)."""
     return (result.metrics or {}).get("trial_id")
 
 
-def _best_checkpoint(best_row, run_dir: Path | None) -> str | None:
+def _checkpoint_dirs(result, train_dir: Path | None, trial_id: str | None) -> list[Path]:
+    """Where a trial's checkpoints are: its Tune trial folder (a trial run in its own process) and
+    its Train run folder (a DDP trial); only on local storage."""
+    local = _local_path(result.path)
+    if train_dir is None or not local:  # remote storage: nothing on this machine's disk
+        return []
+    return [Path(local)] + ([train_dir / f"trial-{trial_id}"] if trial_id else [])
+
+
+def checkpoint_folders(grid, train_dir: Path | None) -> list[Path]:
+    """Every local folder holding the sweep's checkpoints (pruned once the best models are exported):
+    Train's runs (DDP trials) and the ``checkpoint_*`` folders in Tune's trial folders."""
+    if train_dir is None:
+        return []
+    folders = [train_dir] if train_dir.exists() else []
+    for result in grid:
+        local = _local_path(result.path)
+        if local:
+            folders += sorted(Path(local).glob("checkpoint_*"))
+    return folders
+
+
+def _best_checkpoint(best_row, run_dirs: list[Path]) -> str | None:
     """The best epoch's checkpoint folder: from Tune's report, else found by the epoch marker."""
     from sweep.run.trial import CHECKPOINT_EPOCH
 
     path = _local_path(best_row.get("checkpoint_path"))
     if path and Path(path).is_dir():
         return path
-    if run_dir is not None:
+    for run_dir in run_dirs:
         for marker in run_dir.glob(f"checkpoint_*/{CHECKPOINT_EPOCH}"):
             if json.loads(marker.read_text())["epoch"] == int(best_row["epoch"]):
                 return str(marker.parent)
@@ -153,6 +200,32 @@ def alive_nodes() -> list[dict[str, float]]:
     return [n["Resources"] for n in ray.nodes() if n.get("Alive")]
 
 
+def trial_process_resources(plan: TrialPlan) -> dict[str, float]:
+    """What the Tune trial's own process asks for. One worker: the trial's CPU/GPU, since the loop
+    runs there (Train's local mode). DDP: nothing (its Train workers hold the resources); Ray refuses
+    an empty request, so 1 MiB of logical memory, and the 2-CPU deadlock of DESIGN §5 cannot happen."""
+    if plan.workers == 1:
+        return {"cpu": plan.cpus_per_worker, "gpu": plan.gpus_per_worker}
+    return {"cpu": 0, "memory": 2**20}
+
+
+def retries_and_checkpoints(settings: Settings, placement) -> dict[str, Any]:
+    """Who keeps the checkpoints and retries a killed trial from the latest: Tune for a trial running
+    in its own process, Train (per trial, in trial.py) for a DDP worker group."""
+    from ray import tune
+
+    from sweep.run.trial import CHECKPOINT_RANK
+
+    if not placement.in_trial_process:
+        return {"failure_config": tune.FailureConfig(max_failures=0)}
+    return {
+        "failure_config": tune.FailureConfig(max_failures=settings.sweep.max_failures),
+        # the best by score, plus always the latest (Tune keeps it for a retry)
+        "checkpoint_config": tune.CheckpointConfig(num_to_keep=1, checkpoint_score_attribute=CHECKPOINT_RANK,
+                                                   checkpoint_score_order="max"),
+    }
+
+
 def start_asha_board(settings: Settings, launch_id: str):
     """The named actor that holds the ASHA rungs (sweep.scheduler=asha); trials ask it each epoch.
 
@@ -170,10 +243,10 @@ def start_asha_board(settings: Settings, launch_id: str):
     return name, handle
 
 
-def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[TrialRecord], Path | None]:
+def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[TrialRecord], list[Path]]:
     """Run every trial of the sweep in one Tune run (or resume it).
 
-    Returns the records and the local folder of the trials' checkpoints (None on remote storage).
+    Returns the records and the local folders holding the trials' checkpoints ([] on remote storage).
     """
     quiet_ray()
     from ray import tune
@@ -203,9 +276,7 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
         train_driver_fn, settings=settings, placement=placement, launch_id=launch_id,
         asha_board=asha_board, tracking=tracking,
     )
-    # The trial's driver holds no CPU (its workers do); Ray refuses an empty request, so it asks
-    # for 1 MiB of logical memory: the 2-CPU deadlock of DESIGN §5 cannot happen.
-    trainable = tune.with_resources(trainable, {"cpu": 0, "memory": 2**20})
+    trainable = tune.with_resources(trainable, trial_process_resources(plan))
     concurrency = min(plan.max_concurrent, total)
     grows = f" (+ up to {plan.scale.fits_at_max - plan.scale.fits_now} trial(s) on launched nodes)" if plan.scale else ""
     print(f"sweep: {total} trials ({len(settings.tasks)} task(s) x {len(settings.sweep.seeds)} seed(s)"
@@ -238,8 +309,7 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
             ),
             run_config=tune.RunConfig(
                 name=EXPERIMENT, storage_path=storage.root, verbose=0,
-                callbacks=callbacks,
-                failure_config=tune.FailureConfig(max_failures=0),  # retries happen in Train, from checkpoints
+                callbacks=callbacks, **retries_and_checkpoints(settings, placement),
             ),
         )
     try:
@@ -253,4 +323,4 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
         raise
     progress.close()
     train_dir = storage.local_train_dir
-    return records_from_results(grid, settings, plan, storage.history_dir, train_dir), train_dir
+    return records_from_results(grid, settings, plan, storage.history_dir, train_dir), checkpoint_folders(grid, train_dir)
