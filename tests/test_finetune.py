@@ -90,3 +90,29 @@ def test_group_by_length_pads_less_and_stays_seeded(synthetic_glue_dir, tiny_rob
     assert a.train_tokens == plain.train_tokens
     assert a.padded_tokens < plain.padded_tokens
     assert a.train_loss == b.train_loss
+
+
+def test_optimizer_is_fused_adamw_with_the_same_update_as_the_default():
+    # Fused AdamW (the Trainer's default) is the speed fix for CPU; the update must stay AdamW's.
+    import torch
+
+    from sweep.finetune import _optimizer
+
+    def trained(fused: bool):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 2))
+        opt = _optimizer(model, lr=1e-2, weight_decay=0.01)
+        if not fused:  # the loop as it was: torch's default implementation
+            opt = torch.optim.AdamW([{**g, "fused": None} for g in opt.param_groups], lr=1e-2)
+        for _ in range(5):
+            opt.zero_grad()
+            model(torch.randn(4, 8)).pow(2).mean().backward()
+            opt.step()
+        return opt, [p.detach().clone() for p in model.parameters()]
+
+    fused_opt, fused_params = trained(fused=True)
+    _, plain_params = trained(fused=False)
+    assert all(g["fused"] for g in fused_opt.param_groups)
+    assert [g["weight_decay"] for g in fused_opt.param_groups] == [0.01, 0.0]
+    for a, b in zip(fused_params, plain_params):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
