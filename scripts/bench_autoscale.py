@@ -114,6 +114,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trials", type=int, default=4)
     p.add_argument("--rounds", type=int, default=2, help="each round runs both cases; the order flips every round")
+    p.add_argument("--start-with", choices=["up", "zero"], default="up",
+                   help="the case the first round runs first (to add the other order to an earlier run)")
     p.add_argument("--out", type=Path, default=ROOT / "bench_results" / "autoscale.json")
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -125,7 +127,7 @@ def main() -> None:
 
         ensure_local(compose_settings(*overrides(work, "warm", [38])))  # the tiny model and data, built once for all
         for r in range(args.rounds):
-            flip = r % 2 == 1
+            flip = (r % 2 == 1) != (args.start_with == "zero")
             row: dict = {"order": "from zero first" if flip else "nodes up first"}
             for case, min_workers in (("zero", 0), ("up", 2)) if flip else (("up", 2), ("zero", 0)):
                 row[case] = one_sweep(work, f"{case}{r}", min_workers, args.trials, parallel_first=flip)
