@@ -18,6 +18,7 @@ import pytest
 
 from autoscaling import GPU_TYPE, autoscaling_cluster, gpu_worker_type, never_starting_gpu_worker_type
 from configs import demo_config
+from overlap import most_at_once
 from sweep.app import run
 from sweep.errors import ResourceError
 from sweep.results import load_records
@@ -52,15 +53,6 @@ def trial_intervals(history_dir: Path) -> list[tuple[float, float]]:
         rows = json.loads(path.read_text())
         spans.append((min(r["loop_started"] for r in rows), max(r["reported_at"] for r in rows)))
     return spans
-
-
-def most_at_once(spans: list[tuple[float, float]]) -> int:
-    events = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
-    running = peak = 0
-    for _, step in events:
-        running += step
-        peak = max(peak, running)
-    return peak
 
 
 def sweep_overrides(tmp_path: Path, name: str, seeds: str) -> list[str]:

@@ -14,6 +14,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 from configs import demo_config
+from overlap import most_at_once
 from sweep.app import run
 from sweep.config import validate
 from sweep.results import MADE_BY, load_records
@@ -59,22 +60,17 @@ def actors(class_name: str, alive_only: bool = True) -> list[dict]:
             if a["ActorClassName"] == class_name and (a["State"] == "ALIVE" or not alive_only)]
 
 
-def most_at_once(records) -> int:
-    """The most trials holding their resources at one time: a trial holds them from its start (its
-    process's start, for the first trial of a process) to its last report."""
-    events = sorted([(r.started_at, 1) for r in records] + [(r.started_at + r.wall_seconds, -1) for r in records])
-    running = peak = 0
-    for _, step in events:
-        running += step
-        peak = max(peak, running)
-    return peak
+def holding_spans(records) -> list[tuple[float, float]]:
+    """Each trial holds its resources from its start (its process's start, for the first trial of a
+    process) to its last report."""
+    return [(r.started_at, r.started_at + r.wall_seconds) for r in records]
 
 
 class WorkerWatch:
     """Polls the GCS for alive actors of one class (the processes holding trials' resources): how
     many at once, and on which nodes."""
 
-    def __init__(self, class_name: str = TRIAL_PROCESS):
+    def __init__(self, class_name: str):
         self.class_name = class_name
         self.max_alive, self.nodes, self._stop = 0, set(), threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
@@ -127,14 +123,14 @@ def test_gpu_packing_on_two_nodes(two_gpu_nodes, cache_dir, tmp_path, monkeypatc
     one = validate(compose_cfg(*base, "sweep.seeds=[1,2,3,4,5,6]", "resources.gpus_per_trial=1"))
     records, _ = run_tune(one, tmp_path / "one")
     assert [r.status for r in records] == ["TERMINATED"] * 6, [r.error for r in records]
-    assert 2 <= most_at_once(records) <= 4, most_at_once(records)  # 4 GPUs in all
+    assert 2 <= most_at_once(holding_spans(records)) <= 4, holding_spans(records)  # 4 GPUs in all
     assert len({r.node for r in records}) == 2
 
     half = validate(compose_cfg(*base, "sweep.seeds=[1,2,3,4,5,6,7,8]", "resources.gpus_per_trial=0.5",
                                 f"cluster.storage_path={tmp_path / 'storage2'}"))
     records, _ = run_tune(half, tmp_path / "half")
     assert [r.status for r in records] == ["TERMINATED"] * 8, [r.error for r in records]
-    assert most_at_once(records) == 8  # two trials per GPU
+    assert most_at_once(holding_spans(records)) == 8  # two trials per GPU
     assert len({r.pid for r in records}) == 8
 
     t0 = time.time()

@@ -200,11 +200,11 @@ def alive_nodes() -> list[dict[str, float]]:
     return [n["Resources"] for n in ray.nodes() if n.get("Alive")]
 
 
-def trial_process_resources(plan: TrialPlan) -> dict[str, float]:
+def trial_process_resources(plan: TrialPlan, placement) -> dict[str, float]:
     """What the Tune trial's own process asks for. One worker: the trial's CPU/GPU, since the loop
     runs there (Train's local mode). DDP: nothing (its Train workers hold the resources); Ray refuses
     an empty request, so 1 MiB of logical memory, and the 2-CPU deadlock of DESIGN §5 cannot happen."""
-    if plan.workers == 1:
+    if placement.in_trial_process:
         return {"cpu": plan.cpus_per_worker, "gpu": plan.gpus_per_worker}
     return {"cpu": 0, "memory": 2**20}
 
@@ -276,7 +276,7 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
         train_driver_fn, settings=settings, placement=placement, launch_id=launch_id,
         asha_board=asha_board, tracking=tracking,
     )
-    trainable = tune.with_resources(trainable, trial_process_resources(plan))
+    trainable = tune.with_resources(trainable, trial_process_resources(plan, placement))
     concurrency = min(plan.max_concurrent, total)
     grows = f" (+ up to {plan.scale.fits_at_max - plan.scale.fits_now} trial(s) on launched nodes)" if plan.scale else ""
     print(f"sweep: {total} trials ({len(settings.tasks)} task(s) x {len(settings.sweep.seeds)} seed(s)"
