@@ -37,3 +37,25 @@ def tiny_roberta_dir(cache_dir: Path) -> Path:
     from sweep.models import resolve_model_dir
 
     return resolve_model_dir(TINY_ROBERTA, cache_dir)
+
+
+# Ray's core worker keeps C++ threads that can crash while the interpreter tears down after many
+# ray.init/shutdown cycles in one process (ray-project/ray#31145): CI once saw "Segmentation fault"
+# after pytest had printed its result. Every result is in by then, so leave with pytest's own status
+# and skip the teardown.
+_EXIT_STATUS = pytest.StashKey[int]()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config.stash[_EXIT_STATUS] = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import os
+    import sys
+
+    if "ray" in sys.modules and _EXIT_STATUS in config.stash:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(config.stash[_EXIT_STATUS])
