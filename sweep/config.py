@@ -19,7 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from sweep.errors import ConfigError
 from sweep.secrets import secret_name
-from sweep.tasks import TaskConfigError, TaskSpec, tasks_from_config
+from sweep.tasks import CONF_DIR, TaskConfigError, TaskSpec, tasks_from_config
 
 
 def default_cache_dir() -> str:
@@ -77,9 +77,30 @@ class SweepConfig:
 
 
 @dataclass
+class TaskResources:
+    """One task's own trial size (null: the sweep-wide ``resources`` value)."""
+
+    gpus_per_trial: Optional[float] = None
+    cpus_per_trial: Optional[float] = None
+
+
+AUTO = "auto"  # resources.gpus_per_trial=auto: the planner picks each task's GPUs (sweep.schedule.auto_shares)
+
+
+@dataclass
 class ResourcesConfig:
-    gpus_per_trial: float = 1.0
+    gpus_per_trial: Any = 1.0  # a number, or "auto"
     cpus_per_trial: float = 1.0
+    tasks: dict[str, TaskResources] = field(default_factory=dict)  # per task: +resources.tasks.MNLI.gpus_per_trial=2
+
+    def gpus_for(self, task: str) -> float | str:
+        """The task's GPUs per trial: its own setting, else the sweep's (a number or "auto")."""
+        own = self.tasks.get(task)
+        return own.gpus_per_trial if own is not None and own.gpus_per_trial is not None else self.gpus_per_trial
+
+    def cpus_for(self, task: str) -> float:
+        own = self.tasks.get(task)
+        return own.cpus_per_trial if own is not None and own.cpus_per_trial is not None else self.cpus_per_trial
 
 
 @dataclass
@@ -196,14 +217,7 @@ def _check_ranges(s: Settings) -> None:
     _check(s.sweep.max_failures >= 0, "sweep.max_failures", f"must be >= 0, got {s.sweep.max_failures}")
     _check_hparams(s)
 
-    r = s.resources
-    _check(r.gpus_per_trial >= 0, "resources.gpus_per_trial", f"must be >= 0, got {r.gpus_per_trial}")
-    _check(
-        r.gpus_per_trial <= 1 or float(r.gpus_per_trial).is_integer(),
-        "resources.gpus_per_trial",
-        f"above 1 must be a whole number of GPUs (DDP workers), got {r.gpus_per_trial}",
-    )
-    _check(r.cpus_per_trial > 0, "resources.cpus_per_trial", f"must be > 0, got {r.cpus_per_trial}")
+    _check_resources(s)
 
     _check(s.cluster.scale_timeout_s > 0, "cluster.scale_timeout_s", f"must be > 0 seconds, got {s.cluster.scale_timeout_s}")
     _check_node_types(s.cluster.node_types)
@@ -276,6 +290,34 @@ def _check_hparams(s: Settings) -> None:
                     _check(isinstance(low, (int, float)) and isinstance(high, (int, float)) and 0 < low < high if dist == "loguniform"
                            else isinstance(low, (int, float)) and isinstance(high, (int, float)) and low < high,
                            f"sweep.search.{key}", f"needs numbers low < high{' (both > 0 for loguniform)' if dist == 'loguniform' else ''}, got low={low!r} high={high!r}")
+
+def _check_resources(s: Settings) -> None:
+    r = s.resources
+    _check_gpus("resources.gpus_per_trial", r.gpus_per_trial, auto_ok=True)
+    _check_cpus("resources.cpus_per_trial", r.cpus_per_trial)
+    # A preset may size every GLUE task and run a few: only a name no task has is a mistake (a typo).
+    known = {t.name for t in s.tasks} | {p.stem for p in (CONF_DIR / "task").glob("*.yaml") if p.stem != "glue"}
+    for name, own in r.tasks.items():
+        key = f"resources.tasks.{name}"
+        _check(name in known, key, f"there is no task {name!r} (tasks: {', '.join(sorted(known))})")
+        if own.gpus_per_trial is not None:
+            _check_gpus(f"{key}.gpus_per_trial", own.gpus_per_trial, auto_ok=False)
+        if own.cpus_per_trial is not None:
+            _check_cpus(f"{key}.cpus_per_trial", own.cpus_per_trial)
+
+
+def _check_gpus(key: str, value: Any, auto_ok: bool) -> None:
+    if auto_ok and value == AUTO:
+        return
+    what = "a number of GPUs" + (' or "auto"' if auto_ok else "")
+    _check(isinstance(value, (int, float)) and not isinstance(value, bool), key, f"must be {what}, got {value!r}")
+    _check(value >= 0, key, f"must be >= 0, got {value}")
+    _check(value <= 1 or float(value).is_integer(), key,
+           f"above 1 must be a whole number of GPUs (DDP workers), got {value}")
+
+
+def _check_cpus(key: str, value: float) -> None:
+    _check(value > 0, key, f"must be > 0, got {value}")
 
 
 def _check_ranges_of(s: Settings, key: str, value: Any, where: str) -> None:

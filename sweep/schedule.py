@@ -83,6 +83,7 @@ class TrialWork:
     task: str
     seed: int
     gpu_seconds: float  # predicted duration on ONE whole GPU
+    point: int = 0  # which grid point of the sweep (0 without a grid)
 
     def __post_init__(self) -> None:
         if not self.gpu_seconds > 0:
@@ -124,10 +125,11 @@ def share_of(shares: Mapping[str, float], task: str) -> float:
 
 def order_longest_first(trials: Iterable[TrialWork], shares: Mapping[str, float] | None = None,
                         speedup: Speedup = DEFAULT_SPEEDUP) -> list[TrialWork]:
-    """Longest predicted duration at the trial's share first (no shares: 1 GPU each); ties: lower seed, then task."""
-    def key(t: TrialWork) -> tuple[float, int, str]:
+    """Longest predicted duration at the trial's share first (no shares: 1 GPU each); ties: lower
+    seed, then task, then grid point."""
+    def key(t: TrialWork) -> tuple[float, int, str, int]:
         share = share_of(shares, t.task) if shares is not None else 1.0
-        return (-speedup.seconds(t.gpu_seconds, share), t.seed, t.task)
+        return (-speedup.seconds(t.gpu_seconds, share), t.seed, t.task, t.point)
 
     return sorted(trials, key=key)
 
@@ -433,7 +435,8 @@ def make_plan(trials: Sequence[TrialWork], total_gpus: int, gpus_per_node: int =
     order = order_longest_first(trials, chosen, speedup)
     makespan = simulate(order, chosen, total_gpus, gpus_per_node, "given", speedup)
     bound = lower_bound(trials, total_gpus, max(node_sizes(total_gpus, gpus_per_node)), speedup)
-    return Plan(_task_plans(trials, tasks, chosen, speedup), chosen, tuple(order), makespan, bound,
+    in_order = list(dict.fromkeys(t.task for t in order))  # the plan lists tasks as they are dispatched
+    return Plan(_task_plans(trials, in_order, chosen, speedup), chosen, tuple(order), makespan, bound,
                 total_gpus, gpus_per_node)
 
 

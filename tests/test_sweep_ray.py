@@ -138,6 +138,33 @@ def test_gpu_packing_on_two_nodes(two_gpu_nodes, cache_dir, tmp_path, monkeypatc
     assert time.time() - t0 < 10
 
 
+def test_longest_task_first_and_a_ddp_task_beside_one_gpu_trials(two_gpu_nodes, cache_dir, tmp_path, monkeypatch):
+    """Config order puts the smallest task first; the plan starts the biggest: RTE (6000 rows) as a
+    2-GPU DDP run on one node, SST-2 (300) and MRPC (200) on the other node's two GPUs; WNLI (40
+    rows) waits for a GPU to free. In config order WNLI would have started first."""
+    monkeypatch.setenv("SWEEP_CACHE_DIR", str(cache_dir))
+    data = tmp_path / "data"
+    # RTE trains long enough (~15 s) after its workers are up for the 1-GPU trials to start beside it
+    for task, rows in (("RTE", 6000), ("SST-2", 300), ("MRPC", 200), ("WNLI", 40)):
+        write_synthetic_glue(data, [task], n_train=rows, n_dev=32)
+    settings = validate(compose_cfg(
+        "task=[WNLI,MRPC,SST-2,RTE]", "sweep.seeds=[1]", "+resources.tasks.RTE.gpus_per_trial=2",
+        "train.epochs=1", "train.max_train_samples=null", f"storage.data_dir={data}",
+        f"cluster.storage_path={tmp_path / 'storage'}",
+    ))
+    with WorkerWatch(TRAIN_WORKER) as watch:
+        records, _ = run_tune(settings, tmp_path / "out")
+    assert all(r.status == "TERMINATED" for r in records), [r.error for r in records]
+    by_task = {r.task: r for r in records}
+    assert {task: r.gpus for task, r in by_task.items()} == {"RTE": 2.0, "SST-2": 1.0, "MRPC": 1.0, "WNLI": 1.0}
+    assert watch.max_alive == 2  # the DDP trial's two Train workers (one-GPU trials start none)
+    # RTE's two GPUs and the other node's two held at one time: the DDP run beside two 1-GPU trials
+    assert most_at_once(holding_spans([by_task[t] for t in ("RTE", "SST-2", "MRPC")])) == 3
+    # WNLI, first in the config, started only once a trial had freed its GPU
+    first_end = min(end for _, end in holding_spans(records))
+    assert by_task["WNLI"].started_at >= first_end - 1.0, {r.task: holding_spans([r]) for r in records}
+
+
 def test_multi_node_without_storage_path_is_an_error(two_gpu_nodes, tmp_path):
     with pytest.raises(ResourceError, match="cluster.storage_path: this Ray cluster has 2 nodes"):
         run_tune(validate(compose_cfg()), tmp_path)
@@ -245,3 +272,28 @@ def test_asha_search_samples_and_completes(local_ray, cache_dir, tmp_path, monke
     lrs = {r.hparams["lr"] for r in records}
     assert len(lrs) == 4 and all(1e-6 <= lr <= 1e-2 for lr in lrs)
     assert all(1 <= r.epochs_done <= 3 for r in records)
+
+
+def test_asha_stops_the_weak_trial_and_its_process_serves_the_next(cache_dir, tmp_path, monkeypatch):
+    """One CPU, so trials run one at a time in dispatch order: the trial with a useful lr passes the
+    rungs (epochs 1 and 2) first; the one with lr=1e-9 (a model that cannot move) arrives below it
+    and ends there as a finished trial; the CPU it held goes to the next trial, and the sweep ends
+    with nothing pending (a trial that held on to its CPU would hang it)."""
+    monkeypatch.setenv("SWEEP_CACHE_DIR", str(cache_dir))
+    data = write_synthetic_glue(tmp_path / "data", ["RTE"], n_train=600, n_dev=64)
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        settings = validate(compose_cfg(
+            "task=RTE", "sweep.seeds=[1,2]", "train.epochs=3", "train.max_train_samples=null", "train.lr=2e-3",
+            "sweep.scheduler=asha", "+sweep.grid.lr=[2e-3,1e-9]", f"storage.data_dir={data}"))
+        records, _ = run_tune(settings, tmp_path / "out")
+        assert not actors("ImplicitFunc")  # no trial process left holding a CPU
+    finally:
+        ray.shutdown()
+    assert [r.status for r in records] == ["TERMINATED"] * 4, [r.error for r in records]
+    done = {(r.seed, r.hparams["lr"]): r.epochs_done for r in records}
+    first = min(records, key=lambda r: r.started_at)
+    assert (first.seed, first.hparams["lr"]) == (1, 2e-3) and first.epochs_done == 3
+    assert done[(1, 1e-9)] < 3, done  # cut at a rung (epoch 1 or 2: at epoch 1 both may still be at chance)
+    scores = {(r.seed, r.hparams["lr"]): r.score for r in records}
+    assert scores[(1, 1e-9)] < scores[(1, 2e-3)], scores

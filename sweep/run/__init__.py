@@ -3,6 +3,8 @@
 - ``plan.py``:        trials per node and at once, storage paths: plain Python over the cluster's shape
 - ``autoscale.py``:   what an autoscaling cluster can launch, what it is launching, the wait for nodes
 - ``cluster_request.py``: one standing autoscaler request per cluster, the sum of every sweep's
+- ``dispatch.py``:    each task's GPUs per trial ("auto" included) and the longest-first order: plain Python
+- ``gate.py``:        Tune's trial generator in dispatch order, shut while a DDP trial places its workers
 - ``tuner.py``:       connect, plan, one Tune run for every trial (or resume it), records from results
 - ``trial.py``:       one trial: the Tune function (``train_driver_fn``) running a TorchTrainer whose
                       workers run ``train_fn_per_worker`` with a typed ``TrialContext``

@@ -42,7 +42,7 @@ class TrialPlan:
 
 
 def plan_trials(settings: Settings, nodes: list[dict[str, float]], autoscaler: AutoscalerView | None = None,
-                wanted: int | None = None) -> TrialPlan:
+                wanted: int | None = None, task: str | None = None, gpus_per_trial: float | None = None) -> TrialPlan:
     """Derive per-trial resources and max concurrency from the alive nodes' total resources and, on
     an autoscaling cluster, the node types it can launch (up to their max counts).
 
@@ -50,9 +50,15 @@ def plan_trials(settings: Settings, nodes: list[dict[str, float]], autoscaler: A
     trial holds is exactly its workers; concurrency never exceeds what fits, so no trial waits
     for a worker group that can never start (the 2-CPU deadlock of DESIGN §5). ``wanted``: the
     trials the sweep would run at once (its trial count), which bounds what is asked of the autoscaler.
+    ``task``: plan that task's trials (its own ``resources.tasks.<task>`` sizes); ``gpus_per_trial``:
+    the share the dispatch chose for it (``resources.gpus_per_trial=auto``).
     """
     r = settings.resources
-    gpus_per_trial, cpus = float(r.gpus_per_trial), float(r.cpus_per_trial)
+    if gpus_per_trial is None:
+        gpus_per_trial = r.gpus_for(task) if task else r.gpus_per_trial
+    gpus_per_trial, cpus = float(gpus_per_trial), float(r.cpus_for(task) if task else r.cpus_per_trial)
+    own = task is not None and task in r.tasks and r.tasks[task].gpus_per_trial is not None
+    key = f"resources.tasks.{task}.gpus_per_trial" if own else "resources.gpus_per_trial"
     workers = int(gpus_per_trial) if gpus_per_trial > 1 else 1
     gpus = gpus_per_trial / workers if gpus_per_trial > 0 else 0.0
     types = autoscaler.node_types if autoscaler is not None else ()
@@ -64,13 +70,13 @@ def plan_trials(settings: Settings, nodes: list[dict[str, float]], autoscaler: A
         elif settings.cluster.address:
             # A cluster someone else runs: GPU trials on its CPUs would be days of roberta-base on a head.
             raise ResourceError(
-                f"resources.gpus_per_trial={r.gpus_per_trial}: the Ray cluster at {settings.cluster.address} "
+                f"{key}={gpus_per_trial:g}: the Ray cluster at {settings.cluster.address} "
                 "has no GPU node and its autoscaler can launch none"
                 + (f" (node types: {', '.join(f'{t.name} max {t.max_workers}' for t in types)})" if types else "")
-                + "; add a GPU worker group, or run on CPU on purpose with resources.gpus_per_trial=0"
+                + f"; add a GPU worker group, or run on CPU on purpose with {key}=0"
             )
         else:  # the laptop: a local Ray the sweep started itself
-            warning = f"resources.gpus_per_trial={r.gpus_per_trial} but the cluster has no GPU: trials run on CPU"
+            warning = f"{key}={gpus_per_trial:g} but the cluster has no GPU: trials run on CPU"
             gpus = 0.0
     needs = TrialNeeds(workers, cpus, gpus)
     fits_alive = sum(trials_fit_on(n, needs) for n in nodes)
@@ -80,12 +86,12 @@ def plan_trials(settings: Settings, nodes: list[dict[str, float]], autoscaler: A
     if scale.never_fits:
         biggest_cpu = max((n.get("CPU", 0) for n in nodes), default=0)
         biggest_gpu = max((n.get("GPU", 0) for n in nodes), default=0)
-        need = f"{workers} worker(s) x ({cpus:g} CPU" + (f", {gpus:g} GPU)" if gpus else ")")
+        need = (f"{task}: " if task else "") + f"{workers} worker(s) x ({cpus:g} CPU" + (f", {gpus:g} GPU)" if gpus else ")")
         launchable = f" and no node type the autoscaler can launch holds it ({_describe(types)})" if types else ""
         raise ResourceError(
             f"resources: one trial needs {need} on one node, but the largest node has "
-            f"{biggest_cpu:g} CPU and {biggest_gpu:g} GPU{launchable}; lower resources.gpus_per_trial / "
-            "resources.cpus_per_trial or add bigger nodes"
+            f"{biggest_cpu:g} CPU and {biggest_gpu:g} GPU{launchable}; lower {key} / "
+            f"{key.replace('gpus_per_trial', 'cpus_per_trial')} or add bigger nodes"
         )
     # fits_at_max is the alive nodes' fit plus what launchable nodes add (no autoscaler: the alive fit)
     return TrialPlan(workers, gpus, cpus, scale.fits_at_max, warning, scale if types else None)

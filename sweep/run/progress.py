@@ -12,6 +12,7 @@ from ray.tune import Callback
 
 from sweep.config import Settings
 from sweep.results import rank_key
+from sweep.run.trial import trial_key, trial_of
 
 
 def _clock(seconds: float) -> str:
@@ -20,8 +21,9 @@ def _clock(seconds: float) -> str:
 
 
 class SweepProgress(Callback):
-    def __init__(self, settings: Settings, total: int):
+    def __init__(self, settings: Settings, total: int, forecast=None):
         self.total = total
+        self.forecast = forecast  # sweep.costs.Forecast: the ETA from the trials' costs, refined as they report
         self.metric = {t.name: t.metric for t in settings.tasks}
         self.mode = {t.name: t.mode for t in settings.tasks}
         self.best: dict[str, tuple[float, int]] = {}  # task -> (metric value, seed)
@@ -33,6 +35,9 @@ class SweepProgress(Callback):
         self.waiting: str | None = None  # what the sweep waits for from the autoscaler (WaitForNodes sets it)
 
     def _eta(self) -> str:
+        left = self.forecast.remaining() if self.forecast is not None else None
+        if left is not None:
+            return _clock(left)
         if not self.done:
             return "?"
         remaining = self.total - len(self.done)
@@ -57,10 +62,12 @@ class SweepProgress(Callback):
         self.print_line()
 
     def on_trial_result(self, iteration: int, trials: list, trial, result: dict, **info: Any) -> None:
-        task = trial.config.get("task")
+        task, seed, _ = trial_of(trial.config)
+        if self.forecast is not None and "train_tokens" in result:
+            self.forecast.observe(task, result["train_tokens"], result.get("train_seconds", 0))
         value = result.get(f"eval/{self.metric.get(task)}")
         if task in self.metric and value is not None:
-            old, seed = self.best.get(task), int(trial.config.get("seed"))
+            old = self.best.get(task)
             # the same order as the final choice
             if old is None or rank_key(self.mode[task], value, seed) > rank_key(self.mode[task], *old):
                 self.best[task] = (float(value), seed)
@@ -68,6 +75,8 @@ class SweepProgress(Callback):
 
     def _finish(self, trial) -> None:
         self.running.discard(trial.trial_id)
+        if self.forecast is not None:
+            self.forecast.finish(trial_key(trial.config))
         self.done[trial.trial_id] = time.time() - (trial.run_metadata.start_time or self.start)
 
     def on_trial_complete(self, iteration: int, trials: list, trial, **info: Any) -> None:

@@ -27,6 +27,7 @@ import tempfile
 import time
 import traceback
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from ray.tune.integration.ray_train import TuneReportCallback
 
 from sweep.config import Settings, TrainConfig
 from sweep.files import write_json
+from sweep.run.gate import WORKERS_READY
 from sweep.run.schedulers import ASHA_NAMESPACE, EarlyStop
 from sweep.tasks import TaskSpec
 
@@ -55,12 +57,25 @@ def checkpoint_rank(score: float, epoch: int) -> float:
     return score - 1e-9 * epoch
 
 
+def trial_of(config: dict[str, Any]) -> tuple[str, int, dict[str, Any]]:
+    """A Tune trial's (task, seed, hparams) from its config: ``trial`` is the point of the dispatch
+    order (task, seed, grid values), ``hparams`` the search samples (tuner.param_space)."""
+    point = config["trial"]
+    return point["task"], int(point["seed"]), {**(point.get("grid") or {}), **(config.get("hparams") or {})}
+
+
+def trial_key(config: dict[str, Any]) -> str:
+    """The dispatch point a trial runs (task, seed, grid values), as one hashable key."""
+    return json.dumps(config["trial"], sort_keys=True)
+
+
 @dataclass(frozen=True)
 class Placement:
-    """Where a trial's workers run: decided once by the plan, the same for every trial."""
+    """Where a task's trials run: decided once by the plan, the same for every trial of the task."""
 
     workers: int
     gpus_per_worker: float
+    cpus_per_worker: float
     storage_path: str  # Train's storage for this sweep's trials (a folder or s3://…)
     history_dir: str | None  # the trials' own epoch records (None on remote storage)
 
@@ -200,15 +215,20 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     else:
         train_ctx = ray.train.get_context()
         rank, world = train_ctx.get_world_rank(), train_ctx.get_world_size()
+    if not ctx.in_trial_process:  # every worker reports (Train V2); the sweep's dispatch waits for this one
+        ray.train.report({"trial_id": ctx.trial_id, WORKERS_READY: 1})
     timing["loop_started"] = time.time()
+    device = _device(ctx.in_trial_process)
     resume_dir = _restore_latest(ctx.in_trial_process)
     reporter = EpochReporter(ctx, rank, resumed=resume_dir is not None, timing=timing)
     try:
         finetune(
             ctx.spec, sources.model_dir, sources.data_dir, ctx.train, ctx.seed,
             cache_dir=cache_root(ctx.settings.storage), on_epoch=reporter, resume_from=resume_dir,
-            dist=Distributed(rank=rank, world_size=world, wrap_model=ray.train.torch.prepare_model if world > 1 else None),
-            device=_device(ctx.in_trial_process),
+            # DDP on the device chosen here: Train's own choice is cuda for a (fake) GPU torch cannot use
+            dist=Distributed(rank=rank, world_size=world,
+                             wrap_model=partial(ray.train.torch.prepare_model, move_to_device=device) if world > 1 else None),
+            device=device,
         )
     except EarlyStop:
         reporter.end("FINISHED")  # a finished trial with fewer epochs; its best checkpoint is already reported
@@ -283,12 +303,20 @@ def _device(in_trial_process: bool):
     return pick_device("cuda") if in_trial_process else ray.train.torch.get_device()
 
 
-def train_driver_fn(config: dict[str, Any], settings: Settings, placement: Placement, launch_id: str,
+def _has_nccl() -> bool:
+    import torch.distributed  # the one torch import in a DDP trial's driver (its workers import the rest)
+
+    return torch.distributed.is_nccl_available()
+
+
+def train_driver_fn(config: dict[str, Any], settings: Settings, placements: dict[str, Placement], launch_id: str,
                     asha_board: str | None = None, tracking=None) -> None:
     """The Tune trainable: one TorchTrainer run for this (task, seed, hparams)."""
     trial_id = tune.get_context().get_trial_id()
+    task, seed, hparams = trial_of(config)
+    placement = placements[task]
     ctx = TrialContext(
-        settings=settings, task=config["task"], seed=int(config["seed"]), hparams=dict(config.get("hparams") or {}),
+        settings=settings, task=task, seed=seed, hparams=hparams,
         trial_id=trial_id, launch_id=launch_id, driver_started=time.time(), history_dir=placement.history_dir,
         asha_board=asha_board, tracking=tracking, in_trial_process=placement.in_trial_process,
     )
@@ -305,12 +333,13 @@ def train_driver_fn(config: dict[str, Any], settings: Settings, placement: Place
     trainer = TorchTrainer(
         train_fn_per_worker,
         train_loop_config={"context": ctx},
-        # NCCL between GPUs; gloo where the workers are CPU processes (tests, a GPU-less cluster).
-        torch_config=TorchConfig(backend="nccl" if gpus > 0 else "gloo"),
+        # NCCL between GPUs; gloo where the workers are CPU processes (a GPU-less cluster, or fake
+        # GPUs in tests with a CPU build of torch, which has no NCCL).
+        torch_config=TorchConfig(backend="nccl" if gpus > 0 and _has_nccl() else "gloo"),
         scaling_config=ScalingConfig(
             num_workers=workers,
             use_gpu=gpus > 0,
-            resources_per_worker={"CPU": settings.resources.cpus_per_trial, "GPU": gpus},
+            resources_per_worker={"CPU": placement.cpus_per_worker, "GPU": gpus},
             placement_strategy="STRICT_PACK",  # a trial's DDP workers share one node
         ),
         run_config=ray.train.RunConfig(

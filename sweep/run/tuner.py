@@ -11,9 +11,12 @@ import shutil
 import uuid
 import warnings
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from sweep.config import Settings
+from sweep.costs import grid_points
+from sweep.schedule import TrialWork
 from sweep.errors import SOURCE_ERRORS, ConfigError
 from sweep.run.plan import EXPERIMENT, TrialPlan, plan_trials, storage_path, sweep_storage, trial_count
 from sweep.results import TrialRecord
@@ -21,15 +24,15 @@ from sweep.results import TrialRecord
 log = logging.getLogger(__name__)
 
 
-def param_space(settings: Settings) -> dict[str, Any]:
-    """Tasks x seeds x grid points (x search samples): one Tune trial each, all in ONE run."""
+def param_space(settings: Settings, order: Sequence[TrialWork]) -> dict[str, Any]:
+    """One Tune trial per (task, seed, grid point) in the dispatch order (x search samples), all in
+    ONE run. Tune generates grid trials in list order and starts them in that order, so the order
+    is one grid over the trial points, not a grid per key (whose product order is Tune's)."""
     from ray import tune
 
-    space: dict[str, Any] = {
-        "task": tune.grid_search([t.name for t in settings.tasks]),
-        "seed": tune.grid_search(list(settings.sweep.seeds)),
-        "hparams": {k: tune.grid_search(list(v)) for k, v in settings.sweep.grid.items()},
-    }
+    points = grid_points(settings)
+    trials = [point_of(t, points) for t in order]
+    space: dict[str, Any] = {"trial": tune.grid_search(trials), "hparams": {}}
     for key, spec in settings.sweep.search.items():
         if spec["dist"] == "choice":
             space["hparams"][key] = tune.choice(list(spec["values"]))
@@ -40,20 +43,26 @@ def param_space(settings: Settings) -> dict[str, Any]:
     return space
 
 
-def records_from_results(grid, settings: Settings, plan: TrialPlan, history_dir: Path | None = None,
+def point_of(trial: TrialWork, points: list[dict[str, Any]]) -> dict[str, Any]:
+    """A trial's entry in the param space: what ``trial.trial_of`` reads back."""
+    return {"task": trial.task, "seed": trial.seed, "grid": points[trial.point]}
+
+
+def records_from_results(grid, settings: Settings, plans: dict[str, TrialPlan], history_dir: Path | None = None,
                          train_dir: Path | None = None) -> list[TrialRecord]:
-    """One TrialRecord per Tune trial, with the best epoch's metrics and checkpoint."""
-    from sweep.run.trial import CHECKPOINT_RANK
+    """One TrialRecord per Tune trial (``plans``: each task's), with the best epoch's metrics and checkpoint."""
+    from sweep.run.trial import CHECKPOINT_RANK, trial_of
 
     records = []
     histories = [(result, _history(result, history_dir)) for result in grid]
     first_in_process = _first_trial_per_process([df for _, df in histories])
     for result, df in histories:
-        cfg = result.config or {}
+        task, seed, hparams = trial_of(result.config) if result.config and "trial" in result.config else ("?", -1, {})
+        plan = plans.get(task)
         trial_id = _trial_id(result)
         record = TrialRecord(
-            task=cfg.get("task", "?"), seed=int(cfg.get("seed", -1)), hparams=dict(cfg.get("hparams") or {}),
-            gpus=plan.gpus_per_worker * plan.workers, trial_id=result.path.rsplit("/", 1)[-1] if result.path else "",
+            task=task, seed=seed, hparams=hparams, gpus=plan.gpus_per_worker * plan.workers if plan else 0.0,
+            trial_id=result.path.rsplit("/", 1)[-1] if result.path else "",
         )
         if df is not None and len(df) and CHECKPOINT_RANK in df:
             best = df.loc[df[CHECKPOINT_RANK].idxmax()]
@@ -154,7 +163,10 @@ def _history(result, history_dir: Path | None):
         own = history_dir / f"{trial_id}.json"
         if own.is_file():
             return pd.DataFrame(json.loads(own.read_text()))
-    return result.metrics_dataframe
+    df = result.metrics_dataframe
+    if df is not None:  # only epochs: a DDP trial's first report only says its workers are up
+        df = df[df["epoch"].notna()] if "epoch" in df else df.iloc[0:0]
+    return df
 
 
 def _local_path(path: Any) -> str | None:
@@ -200,23 +212,38 @@ def alive_nodes() -> list[dict[str, float]]:
     return [n["Resources"] for n in ray.nodes() if n.get("Alive")]
 
 
-def trial_process_resources(plan: TrialPlan, placement) -> dict[str, float]:
+def trial_process_resources(placement) -> dict[str, float]:
     """What the Tune trial's own process asks for. One worker: the trial's CPU/GPU, since the loop
     runs there (Train's local mode). DDP: nothing (its Train workers hold the resources); Ray refuses
     an empty request, so 1 MiB of logical memory, and the 2-CPU deadlock of DESIGN §5 cannot happen."""
     if placement.in_trial_process:
-        return {"cpu": plan.cpus_per_worker, "gpu": plan.gpus_per_worker}
-    return {"cpu": 0, "memory": 2**20}
+        return {"CPU": placement.cpus_per_worker, "GPU": placement.gpus_per_worker}
+    return {"CPU": 0, "memory": 2**20}
 
 
-def retries_and_checkpoints(settings: Settings, placement) -> dict[str, Any]:
+class ResourcesByTask:
+    """``tune.with_resources``' per-trial request: the trial's task decides (each task has its size)."""
+
+    def __init__(self, placements: dict[str, Any]):
+        self.requests = {task: trial_process_resources(p) for task, p in placements.items()}
+
+    def __call__(self, config: dict[str, Any]):
+        from ray.tune.execution.placement_groups import resource_dict_to_pg_factory
+
+        from sweep.run.trial import trial_of
+
+        return resource_dict_to_pg_factory(self.requests[trial_of(config)[0]])
+
+
+def retries_and_checkpoints(settings: Settings, placements: dict[str, Any]) -> dict[str, Any]:
     """Who keeps the checkpoints and retries a killed trial from the latest: Tune for a trial running
-    in its own process, Train (per trial, in trial.py) for a DDP worker group."""
+    in its own process, Train (per trial, in trial.py) for a DDP worker group. A sweep with both
+    lets Tune retry too: a DDP trial retried by Tune resumes its Train run (named by the trial)."""
     from ray import tune
 
     from sweep.run.trial import CHECKPOINT_RANK
 
-    if not placement.in_trial_process:
+    if not any(p.in_trial_process for p in placements.values()):
         return {"failure_config": tune.FailureConfig(max_failures=0)}
     return {
         "failure_config": tune.FailureConfig(max_failures=settings.sweep.max_failures),
@@ -251,7 +278,8 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
     quiet_ray()
     from ray import tune
 
-    from sweep.run.autoscale import NodeWait, declared_view, read_autoscaler, trial_bundles
+    from sweep.run.autoscale import NodeWait, declared_view, read_autoscaler
+    from sweep.run.gate import DdpFirst
     from sweep.run.cluster_request import request_trial_resources
     from sweep.run.progress import SweepProgress, WaitForNodes
     from sweep.run.stage_nodes import StageOnNodes
@@ -264,32 +292,35 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
     autoscaler = read_autoscaler() if settings.cluster.address else None
     if autoscaler is not None and not autoscaler.node_types and settings.cluster.node_types:
         autoscaler = declared_view(autoscaler, settings.cluster.node_types)
-    plan = plan_trials(settings, nodes, autoscaler, wanted=total)
-    if plan.warning:
-        print(f"warning: {plan.warning}")
+    sizes, params, cluster, chosen, plans = _plan(settings, nodes, autoscaler, total)
+    plan = plans[chosen.order[0].task]  # the first trials' size drives the wait for launched nodes
     storage = sweep_storage(storage_path(settings, out_dir, len(nodes)))
     launch_id = uuid.uuid4().hex[:8]
     asha_board, _board_handle = start_asha_board(settings, launch_id)  # the handle keeps the board alive
-    placement = Placement(plan.workers, plan.gpus_per_worker, storage.train,
-                          str(storage.history_dir) if storage.history_dir else None)
+    placements = {task: Placement(p.workers, p.gpus_per_worker, p.cpus_per_worker, storage.train,
+                                  str(storage.history_dir) if storage.history_dir else None)
+                  for task, p in plans.items()}
     trainable = tune.with_parameters(
-        train_driver_fn, settings=settings, placement=placement, launch_id=launch_id,
+        train_driver_fn, settings=settings, placements=placements, launch_id=launch_id,
         asha_board=asha_board, tracking=tracking,
     )
-    trainable = tune.with_resources(trainable, trial_process_resources(plan, placement))
-    concurrency = min(plan.max_concurrent, total)
+    trainable = tune.with_resources(trainable, ResourcesByTask(placements))
+    concurrency = min(max(p.max_concurrent for p in plans.values()), total)
+    for line in chosen.describe(sizes, params):
+        print(f"plan: {line}")
     grows = f" (+ up to {plan.scale.fits_at_max - plan.scale.fits_now} trial(s) on launched nodes)" if plan.scale else ""
     print(f"sweep: {total} trials ({len(settings.tasks)} task(s) x {len(settings.sweep.seeds)} seed(s)"
-          f"{' x grid' if settings.sweep.grid else ''}), {concurrency} at once on {len(nodes)} node(s){grows}; "
-          f"{plan.workers} worker(s) x ({plan.cpus_per_worker:g} CPU, {plan.gpus_per_worker:g} GPU) each")
-    progress = SweepProgress(settings, total)
+          f"{' x grid' if settings.sweep.grid else ''}), up to {concurrency} at once on {len(nodes)} node(s){grows}; "
+          + _describe_sizes(plans))
+    progress = SweepProgress(settings, total, _forecast(settings, chosen, params, cluster, concurrency))
     callbacks = [StageOnNodes(settings), progress]  # staging on every node first, then the progress lines
     if plan.waiting:
         print(plan.waiting)
         callbacks.append(WaitForNodes(NodeWait(plan.scale, autoscaler.alive_counts, settings.cluster.scale_timeout_s), progress))
     # Ask the autoscaler for every concurrent trial up front (added to other sweeps' requests);
     # withdrawn when the sweep ends, however it ends.
-    asked = trial_bundles(plan.needs, concurrency) if autoscaler is not None and autoscaler.can_launch else []
+    asked = ([plans[t.task].needs.bundle for t in chosen.order[:concurrency]]
+             if autoscaler is not None and autoscaler.can_launch else [])
     experiment = storage.experiment
     fresh = not storage.remote and not Path(experiment).exists()  # before the Tuner writes tuner.pkl there
     if settings.resume and tune.Tuner.can_restore(experiment):
@@ -301,15 +332,17 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
             print(f"resume: nothing to resume in {experiment}; starting the sweep")
         tuner = tune.Tuner(
             trainable,
-            param_space=param_space(settings),
+            param_space=param_space(settings, chosen.order),
             tune_config=tune.TuneConfig(
-                num_samples=settings.sweep.num_samples, max_concurrent_trials=concurrency,
+                num_samples=settings.sweep.num_samples,
+                # the dispatch order as given; no trial after a DDP one until its workers are placed
+                search_alg=DdpFirst({t for t, p in placements.items() if not p.in_trial_process}, concurrency),
                 # A trial's driver process serves the next trial: no new process, no re-import.
                 reuse_actors=True,
             ),
             run_config=tune.RunConfig(
                 name=EXPERIMENT, storage_path=storage.root, verbose=0,
-                callbacks=callbacks, **retries_and_checkpoints(settings, placement),
+                callbacks=callbacks, **retries_and_checkpoints(settings, placements),
             ),
         )
     try:
@@ -323,4 +356,44 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
         raise
     progress.close()
     train_dir = storage.local_train_dir
-    return records_from_results(grid, settings, plan, storage.history_dir, train_dir), checkpoint_folders(grid, train_dir)
+    return records_from_results(grid, settings, plans, storage.history_dir, train_dir), checkpoint_folders(grid, train_dir)
+
+
+def _plan(settings: Settings, nodes, autoscaler, total: int):
+    """Cost every trial from the staged data, choose each task's GPUs and the dispatch order, and
+    size each task's trials on this cluster (ResourceError before any trial when one cannot fit)."""
+    from sweep.costs import measure_sizes, sweep_trials
+    from sweep.run.dispatch import cluster_gpus, dispatch
+    from sweep.storage.staging import ensure_local
+
+    sizes, params = measure_sizes(settings, ensure_local(settings))
+    cluster = cluster_gpus(nodes, autoscaler, total)
+    chosen = dispatch(settings, sweep_trials(settings, sizes, params), cluster)
+    plans = {task: plan_trials(settings, nodes, autoscaler, wanted=total, task=task, gpus_per_trial=share)
+             for task, share in chosen.gpus.items()}
+    for warning in dict.fromkeys(p.warning for p in plans.values() if p.warning):
+        print(f"warning: {warning}")
+    return sizes, params, cluster, chosen, plans
+
+
+def _forecast(settings: Settings, chosen, params: int, cluster, concurrency: int):
+    """The progress line's ETA: every trial's predicted cost (Tune repeats the grid per search sample)."""
+    from sweep.costs import Forecast
+    from sweep.run.trial import trial_key
+
+    points = grid_points(settings)
+    every = list(chosen.order) * settings.sweep.num_samples
+    return Forecast(every, [trial_key({"trial": point_of(t, points)}) for t in every],
+                    chosen.gpus if cluster.total else {}, params, cluster.total or concurrency,
+                    on_gpus=cluster.total > 0)
+
+
+def _describe_sizes(plans: dict[str, TrialPlan]) -> str:
+    """'1 worker(s) x (1 CPU, 0 GPU) each', or per task when the tasks differ."""
+    def size(p: TrialPlan) -> str:
+        return f"{p.workers} worker(s) x ({p.cpus_per_worker:g} CPU, {p.gpus_per_worker:g} GPU)"
+
+    sizes = {task: size(p) for task, p in plans.items()}
+    if len(set(sizes.values())) == 1:
+        return f"{next(iter(sizes.values()))} each"
+    return "per trial: " + ", ".join(f"{task} {text}" for task, text in sizes.items())
