@@ -7,7 +7,7 @@ Same run, same 3-node Ray cluster (``ray.cluster_utils``), same objects in a rea
 - original: the driver GETs each object once and puts its bytes in Ray's object store; each of
   the N trials then fetches the bytes to its node and unpacks its own copy;
 - sweep: one staging task per node downloads and unpacks each object once into the node cache
-  (``StageOnNodes``); each trial's ``ensure_local`` finds it staged;
+  (``stage_all_nodes``, run by ``run_tune`` before it plans); each trial's ``ensure_local`` finds it staged;
 - sweep, second sweep: the same again on the warm nodes (nothing should move).
 
     python scripts/bench_staging.py [--trials 10] [--nodes 3]
@@ -126,7 +126,7 @@ def bench_sweep(trials: int, settings) -> dict:
     from sweep.run.stage_nodes import stage_all_nodes
 
     started = time.perf_counter()
-    staged = stage_all_nodes(settings)  # what the StageOnNodes callback runs at sweep start
+    staged = stage_all_nodes(settings)  # what run_tune runs at sweep start
     task = ray.remote(num_cpus=1)(sweep_trial).options(scheduling_strategy="SPREAD")
     results = ray.get([task.remote(settings) for _ in range(trials)])
     seconds = time.perf_counter() - started

@@ -1,6 +1,7 @@
 """Staging on every node at sweep start: one task pinned to each alive node, all in parallel.
 
-A Ray Tune callback runs it in ``setup``, before the first trial; each trial still calls the same
+``run_tune`` runs it before it plans (the plan reads the staged data) and before the first trial;
+each trial still calls the same
 ``ensure_local`` (a no-op on a staged node), so a node that joins later stages on first use.
 Each node also checks every task's data files (and an LM block size against the staged model), so
 a missing file fails the sweep before any trial asks for a GPU. A long download's progress lines
@@ -15,7 +16,6 @@ import time
 from dataclasses import dataclass
 
 import ray
-from ray import tune
 from ray.exceptions import RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -92,13 +92,3 @@ def stage_all_nodes(settings: Settings) -> list[NodeStaging]:
         moved = f"{r.downloaded / 2**20:.1f} MiB downloaded" if r.downloaded else "already staged"
         print(f"staging: node {r.node_id[:8]} ({r.host}): {moved} in {r.seconds:.1f} s")
     return results
-
-
-class StageOnNodes(tune.Callback):
-    """Stages the sweep's model and data on every node before Tune starts the first trial."""
-
-    def __init__(self, settings: Settings):
-        self.settings = settings
-
-    def setup(self, **info) -> None:
-        stage_all_nodes(self.settings)

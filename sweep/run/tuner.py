@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import uuid
 import warnings
 from pathlib import Path
@@ -17,7 +16,6 @@ from typing import Any
 from sweep.config import Settings
 from sweep.costs import grid_points
 from sweep.schedule import TrialWork
-from sweep.errors import SOURCE_ERRORS, ConfigError
 from sweep.run.plan import EXPERIMENT, TrialPlan, plan_trials, storage_path, sweep_storage, trial_count
 from sweep.results import TrialRecord
 
@@ -282,7 +280,7 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
     from sweep.run.gate import DdpFirst
     from sweep.run.cluster_request import request_trial_resources
     from sweep.run.progress import SweepProgress, WaitForNodes
-    from sweep.run.stage_nodes import StageOnNodes
+    from sweep.run.stage_nodes import stage_all_nodes
     from sweep.run.trial import Placement, train_driver_fn
 
     connect(settings)
@@ -292,6 +290,7 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
     autoscaler = read_autoscaler() if settings.cluster.address else None
     if autoscaler is not None and not autoscaler.node_types and settings.cluster.node_types:
         autoscaler = declared_view(autoscaler, settings.cluster.node_types)
+    stage_all_nodes(settings)  # every node stages (and checks the task files) before anything is planned or asked
     sizes, params, cluster, chosen, plans = _plan(settings, nodes, autoscaler, total)
     plan = plans[chosen.order[0].task]  # the first trials' size drives the wait for launched nodes
     storage = sweep_storage(storage_path(settings, out_dir, len(nodes)))
@@ -313,7 +312,7 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
           f"{' x grid' if settings.sweep.grid else ''}), up to {concurrency} at once on {len(nodes)} node(s){grows}; "
           + _describe_sizes(plans))
     progress = SweepProgress(settings, total, _forecast(settings, chosen, params, cluster, concurrency))
-    callbacks = [StageOnNodes(settings), progress]  # staging on every node first, then the progress lines
+    callbacks = [progress]
     if plan.waiting:
         print(plan.waiting)
         callbacks.append(WaitForNodes(NodeWait(plan.scale, autoscaler.alive_counts, settings.cluster.scale_timeout_s), progress))
@@ -322,7 +321,6 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
     asked = ([plans[t.task].needs.bundle for t in chosen.order[:concurrency]]
              if autoscaler is not None and autoscaler.can_launch else [])
     experiment = storage.experiment
-    fresh = not storage.remote and not Path(experiment).exists()  # before the Tuner writes tuner.pkl there
     if settings.resume and tune.Tuner.can_restore(experiment):
         print(f"resume: continuing the sweep in {experiment}; finished trials are not run again")
         tuner = tune.Tuner.restore(experiment, trainable=trainable, resume_unfinished=True, resume_errored=False)
@@ -345,15 +343,8 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
                 callbacks=callbacks, **retries_and_checkpoints(settings, placements),
             ),
         )
-    try:
-        with request_trial_resources(launch_id, asked):
-            grid = tuner.fit()
-    except (*SOURCE_ERRORS, ConfigError):
-        # The nodes' staging refused before any trial ran: leave no experiment behind that a later
-        # resume=true would try to restore.
-        if fresh:
-            shutil.rmtree(experiment, ignore_errors=True)
-        raise
+    with request_trial_resources(launch_id, asked):
+        grid = tuner.fit()
     progress.close()
     train_dir = storage.local_train_dir
     return records_from_results(grid, settings, plans, storage.history_dir, train_dir), checkpoint_folders(grid, train_dir)
@@ -362,11 +353,10 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
 def _plan(settings: Settings, nodes, autoscaler, total: int):
     """Cost every trial from the staged data, choose each task's GPUs and the dispatch order, and
     size each task's trials on this cluster (ResourceError before any trial when one cannot fit)."""
-    from sweep.costs import measure_sizes, sweep_trials
+    from sweep.costs import sweep_trials
     from sweep.run.dispatch import cluster_gpus, dispatch
-    from sweep.storage.staging import ensure_local
 
-    sizes, params = measure_sizes(settings, ensure_local(settings))
+    sizes, params = _staged_sizes(settings)
     cluster = cluster_gpus(nodes, autoscaler, total)
     chosen = dispatch(settings, sweep_trials(settings, sizes, params), cluster)
     plans = {task: plan_trials(settings, nodes, autoscaler, wanted=total, task=task, gpus_per_trial=share)
@@ -374,6 +364,22 @@ def _plan(settings: Settings, nodes, autoscaler, total: int):
     for warning in dict.fromkeys(p.warning for p in plans.values() if p.warning):
         print(f"warning: {warning}")
     return sizes, params, cluster, chosen, plans
+
+
+def _staged_sizes(settings: Settings):
+    """Each task's size and the model's parameters, read where the sources are staged: here for local
+    storage; for S3 on a node (the driver downloads nothing; the nodes have staged already)."""
+    from sweep.costs import measure_sizes
+    from sweep.storage.staging import ensure_local
+
+    if settings.storage.kind != "s3":
+        return measure_sizes(settings, ensure_local(settings))
+    import ray
+
+    def on_a_node(settings: Settings):
+        return measure_sizes(settings, ensure_local(settings))
+
+    return ray.get(ray.remote(num_cpus=0)(on_a_node).remote(settings))
 
 
 def _forecast(settings: Settings, chosen, params: int, cluster, concurrency: int):
