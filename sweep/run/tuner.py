@@ -13,7 +13,7 @@ from pathlib import Path
 from collections.abc import Sequence
 from typing import Any
 
-from sweep.config import Settings
+from sweep.config import AUTO, Settings
 from sweep.costs import grid_points
 from sweep.schedule import TrialWork
 from sweep.run.plan import EXPERIMENT, TrialPlan, plan_trials, storage_path, sweep_storage, trial_count
@@ -290,7 +290,10 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
     autoscaler = read_autoscaler() if settings.cluster.address else None
     if autoscaler is not None and not autoscaler.node_types and settings.cluster.node_types:
         autoscaler = declared_view(autoscaler, settings.cluster.node_types)
-    stage_all_nodes(settings)  # every node stages (and checks the task files) before anything is planned or asked
+    for spec in settings.tasks:  # a trial no node can hold is an error before any staging
+        if settings.resources.gpus_for(spec.name) != AUTO:
+            plan_trials(settings, nodes, autoscaler, wanted=total, task=spec.name)
+    stage_all_nodes(settings)  # every node stages (and checks the task files) before the plan reads them
     sizes, params, cluster, chosen, plans = _plan(settings, nodes, autoscaler, total)
     plan = plans[chosen.order[0].task]  # the first trials' size drives the wait for launched nodes
     storage = sweep_storage(storage_path(settings, out_dir, len(nodes)))
