@@ -17,6 +17,10 @@ Models, stated once and used by the planner, the simulator and ``scripts/bench_s
   fraction s it holds ``s * t1 / s = t1``; the cluster supplies ``total_gpus`` GPU-seconds per
   second, so the trials' work needs at least ``sum(t1) / total_gpus``. Span: a trial cannot end
   sooner than its duration at the most GPUs it may use, however early it starts.
+* The plan is judged against ``tight_lower_bound``, never below ``lower_bound`` and still a bound
+  no plan beats: to end by M a trial needs the fewest GPUs that make it that short, and at eff < 1
+  those GPUs hold more than t1 GPU-seconds, so the work term grows with every trial DDP must speed
+  up (proof in its docstring). At eff = 1, or when no trial needs DDP, the two bounds agree.
 * Dispatch (``simulate``): greedy list scheduling as Ray Tune does it. Whenever trials end (and at
   time 0) the pending trials are tried in dispatch order and every one that fits starts at once,
   also past one that does not fit (backfill: Tune tries each pending trial, not only the first).
@@ -422,8 +426,9 @@ def make_plan(trials: Sequence[TrialWork], total_gpus: int, gpus_per_node: int =
     """The plan for a sweep: shares per task ("auto": ``auto_shares``; a number: the same for every
     task; a mapping: as given), longest-first dispatch order, predicted makespan and lower bound.
 
-    The lower bound lets a trial use a whole node, whatever shares were chosen: it is the bound of
-    the problem, so a fixed-share plan far below 1.0 says other shares could do better.
+    The lower bound (``tight_lower_bound``) lets a trial use a whole node, whatever shares were
+    chosen: it is the bound of the problem, so a fixed-share plan far below 1.0 says other shares
+    could do better.
     """
     tasks = _tasks(trials)
     if shares == "auto":
@@ -434,7 +439,7 @@ def make_plan(trials: Sequence[TrialWork], total_gpus: int, gpus_per_node: int =
         chosen = {task: share_of(shares, task) for task in tasks}
     order = order_longest_first(trials, chosen, speedup)
     makespan = simulate(order, chosen, total_gpus, gpus_per_node, "given", speedup)
-    bound = lower_bound(trials, total_gpus, max(node_sizes(total_gpus, gpus_per_node)), speedup)
+    bound = tight_lower_bound(trials, total_gpus, max(node_sizes(total_gpus, gpus_per_node)), speedup)
     in_order = list(dict.fromkeys(t.task for t in order))  # the plan lists tasks as they are dispatched
     return Plan(_task_plans(trials, in_order, chosen, speedup), chosen, tuple(order), makespan, bound,
                 total_gpus, gpus_per_node)

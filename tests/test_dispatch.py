@@ -37,7 +37,9 @@ def test_longest_first_whatever_the_config_order():
     assert [(t.task, t.seed) for t in chosen.order] == [("RTE", 1), ("WNLI", 1), ("WNLI", 2)]
     # A on GPU 0 for 100 s, both B trials one after the other on GPU 1: makespan 100 s
     assert chosen.plan.makespan == pytest.approx(LONG)
-    assert chosen.plan.lower_bound == pytest.approx(max((LONG + 2 * SHORT) / 2, LONG / 1.9))
+    # the bound: to end before 100 s, A needs both GPUs (100 / 1.9 s, holding 2 x 100 / 1.9 GPU-s),
+    # so no plan ends before (200 / 1.9 + 2 x 10) / 2 = 62.6 s (the loose bound says 60 s)
+    assert chosen.plan.lower_bound == pytest.approx((2 * LONG / 1.9 + 2 * SHORT) / 2)
 
 
 def test_auto_gives_the_long_task_both_gpus_when_that_finishes_sooner():
