@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -38,10 +36,10 @@ from sweep.serving.protocol import (
 )
 from sweep.serving.source import ModelSourceError, published_name, resolve_model_source
 from sweep.serving.tiny import export_tiny_classifier, export_tiny_lm
+from serve_fixtures import Server, free_port, start_server, stop_server, wait_ready
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy" / "kserve"
-SERVER_START_TIMEOUT = 120.0
 CLASSIFIER_NAME = "tiny-roberta-RTE"
 LM_NAME = "tiny-gpt2-wikitext-2"
 LM_CONTEXT = 256
@@ -362,55 +360,6 @@ def test_containerfile_serves_with_the_command_the_deploy_yaml_names() -> None:
 # ---------------------------------------------------------------------------------------------
 # The real server.
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class Server:
-    name: str
-    url: str
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    def log_tail(self) -> str:
-        return self.log.read_text(errors="replace")[-3000:]
-
-
-def _start_server(name: str, model_dir: Path, log: Path, cache: Path, *args: str) -> Server:
-    port = _free_port()
-    env = {**os.environ, "SWEEP_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "sweep.serve", f"model={model_dir}", f"port={port}", "max_latency_ms=10", "threads=1", *args]
-    with log.open("wb") as sink:  # a file, not a pipe: a full pipe would block the server
-        proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    return Server(name, f"http://127.0.0.1:{port}", proc, log)
-
-
-def _wait_ready(server: Server) -> None:
-    deadline = time.monotonic() + SERVER_START_TIMEOUT
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"server exited with {server.proc.returncode}:\n{server.log_tail()}")
-        try:
-            if httpx.get(f"{server.url}/v2/health/ready", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"server not ready after {SERVER_START_TIMEOUT} s:\n{server.log_tail()}")
-
-
-def _stop(server: Server) -> None:
-    server.proc.terminate()
-    try:
-        server.proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        server.proc.kill()
-        server.proc.wait()
-
-
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Iterator[dict[str, Server]]:
     """Both servers, started together (start-up is mostly imports) and stopped at the end."""
@@ -418,16 +367,16 @@ def servers(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Iterat
     classifier_dir = export_tiny_classifier(root / "best" / "RTE", cache_dir)
     lm_dir = export_tiny_lm(root / "best" / "wikitext-2", cache_dir)
     started = {
-        "classifier": _start_server(CLASSIFIER_NAME, classifier_dir, root / "classifier.log", cache_dir),
-        "lm": _start_server(LM_NAME, lm_dir, root / "lm.log", cache_dir),
+        "classifier": start_server(CLASSIFIER_NAME, classifier_dir, root / "classifier.log", cache_dir),
+        "lm": start_server(LM_NAME, lm_dir, root / "lm.log", cache_dir),
     }
     try:
         for server in started.values():
-            _wait_ready(server)
+            wait_ready(server)
         yield started
     finally:
         for server in started.values():
-            _stop(server)
+            stop_server(server)
 
 
 def _infer(server: Server, body: Any, name: str | None = None) -> httpx.Response:
@@ -605,7 +554,7 @@ def test_infer_cli_prints_label_and_score(servers: dict[str, Server]) -> None:
 def test_infer_cli_errors_are_one_clear_line(servers: dict[str, Server]) -> None:
     unknown = _infer_cli("--url", servers["lm"].url, "--model", "no-such-model", "hello")
     assert unknown.returncode == 1 and unknown.stderr.startswith("error: the server answered 404: Model with name no-such-model")
-    refused = _infer_cli("--url", f"http://127.0.0.1:{_free_port()}", "hello")
+    refused = _infer_cli("--url", f"http://127.0.0.1:{free_port()}", "hello")
     assert refused.returncode == 1 and "cannot reach the model server" in refused.stderr, shlex.join(refused.args)
 
 

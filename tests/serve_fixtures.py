@@ -1,0 +1,65 @@
+"""Real ``python -m sweep.serve`` processes for the serving tests: start on a free port, wait, stop."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+SERVER_START_TIMEOUT = 120.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    name: str
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
+
+
+def start_server(name: str, model_dir: Path, log: Path, cache: Path, *args: str) -> Server:
+    port = free_port()
+    env = {**os.environ, "SWEEP_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "sweep.serve", f"model={model_dir}", f"port={port}", "max_latency_ms=10", "threads=1", *args]
+    with log.open("wb") as sink:  # a file, not a pipe: a full pipe would block the server
+        proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    return Server(name, f"http://127.0.0.1:{port}", proc, log)
+
+
+def wait_ready(server: Server) -> None:
+    deadline = time.monotonic() + SERVER_START_TIMEOUT
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"server exited with {server.proc.returncode}:\n{server.log_tail()}")
+        try:
+            if httpx.get(f"{server.url}/v2/health/ready", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"server not ready after {SERVER_START_TIMEOUT} s:\n{server.log_tail()}")
+
+
+def stop_server(server: Server) -> None:
+    server.proc.terminate()
+    try:
+        server.proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+        server.proc.wait()
