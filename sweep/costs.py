@@ -144,6 +144,7 @@ class Forecast:
             copies = self.predicted.get(key, (t.task, t.gpu_seconds, 0))[2]
             self.predicted[key] = (t.task, t.gpu_seconds, copies + 1)
         self.done: dict[Any, int] = {}
+        self.running: dict[str, tuple[Any, float]] = {}  # trial id -> key, share of its epochs done
         self.measured = on_gpus  # the prior is only worth showing where trials run on GPUs
 
     def observe(self, task: str, tokens: float, seconds: float) -> None:
@@ -152,8 +153,13 @@ class Forecast:
             self.cost.refine(tokens / seconds * share_factor, self.params)
             self.measured = True
 
-    def finish(self, key: Any) -> None:
+    def advance(self, trial_id: str, key: Any, fraction: float) -> None:
+        """A running trial has done ``fraction`` of its epochs: only the rest of it is left."""
+        self.running[trial_id] = (key, min(max(fraction, 0.0), 1.0))
+
+    def finish(self, key: Any, trial_id: str | None = None) -> None:
         self.done[key] = self.done.get(key, 0) + 1
+        self.running.pop(trial_id, None)
 
     def remaining(self) -> float | None:
         """The work left (GPU- or slot-seconds: a trial's duration at its share x the share) over the
@@ -161,8 +167,12 @@ class Forecast:
         if not self.measured:
             return None
         scale = self.cost.seconds_per_token_param / self.prior
+        started: dict[Any, float] = {}  # key -> the epochs its running trials have done, in trials
+        for key, fraction in self.running.values():
+            started[key] = started.get(key, 0.0) + fraction
         left = 0.0
         for key, (task, seconds, copies) in self.predicted.items():
             share = self.shares.get(task, 1.0)
-            left += max(0, copies - self.done.get(key, 0)) * self.speedup.seconds(seconds * scale, share) * share
+            trials_left = max(0.0, copies - self.done.get(key, 0) - started.get(key, 0.0))
+            left += trials_left * self.speedup.seconds(seconds * scale, share) * share
         return left / self.capacity

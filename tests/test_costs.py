@@ -76,6 +76,11 @@ def test_the_forecast_is_the_work_left_over_the_gpus_and_follows_measured_throug
     assert forecast.remaining() == pytest.approx(2 * (2 * 100 / 1.9 + 2 * 20 * 0.5) / 2)
     forecast.finish("a1")
     assert forecast.remaining() == pytest.approx(2 * (2 * 20 * 0.5) / 2)
+    # B seed 1 is running and has done 3 of its 4 epochs: a quarter of it is left
+    forecast.advance("trial-b1", "b1", 0.75)
+    assert forecast.remaining() == pytest.approx(2 * (1.25 * 20 * 0.5) / 2)
+    forecast.finish("b1", "trial-b1")  # finished: counted once, not as done and as running
+    assert forecast.remaining() == pytest.approx(2 * (20 * 0.5) / 2)
 
 
 def test_on_cpus_the_gpu_prior_is_not_shown_until_an_epoch_is_measured():

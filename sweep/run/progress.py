@@ -24,6 +24,7 @@ class SweepProgress(Callback):
     def __init__(self, settings: Settings, total: int, forecast=None):
         self.total = total
         self.forecast = forecast  # sweep.costs.Forecast: the ETA from the trials' costs, refined as they report
+        self.epochs = settings.train.epochs
         self.metric = {t.name: t.metric for t in settings.tasks}
         self.mode = {t.name: t.mode for t in settings.tasks}
         self.best: dict[str, tuple[float, int]] = {}  # task -> (metric value, seed)
@@ -65,6 +66,8 @@ class SweepProgress(Callback):
         task, seed, _ = trial_of(trial.config)
         if self.forecast is not None and "train_tokens" in result:
             self.forecast.observe(task, result["train_tokens"], result.get("train_seconds", 0))
+            if "epoch" in result and self.epochs:
+                self.forecast.advance(trial.trial_id, trial_key(trial.config), result["epoch"] / self.epochs)
         value = result.get(f"eval/{self.metric.get(task)}")
         if task in self.metric and value is not None:
             old = self.best.get(task)
@@ -76,7 +79,7 @@ class SweepProgress(Callback):
     def _finish(self, trial) -> None:
         self.running.discard(trial.trial_id)
         if self.forecast is not None:
-            self.forecast.finish(trial_key(trial.config))
+            self.forecast.finish(trial_key(trial.config), trial.trial_id)
         self.done[trial.trial_id] = time.time() - (trial.run_metadata.start_time or self.start)
 
     def on_trial_complete(self, iteration: int, trials: list, trial, **info: Any) -> None:
