@@ -27,6 +27,17 @@ def shared_data_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def crds() -> dict:
+    """The CRDs in ``../shared/reference/crds`` by (group, kind) (skips when this checkout lacks them)."""
+    from manifests import load_crds
+
+    path = Path(__file__).resolve().parents[2] / "shared" / "reference" / "crds"
+    if not path.is_dir():
+        pytest.skip(f"CRD schemas not present at {path}")
+    return load_crds(path)
+
+
+@pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One per-machine cache for the session (tiny models, tokenized data), as a node would have."""
     return tmp_path_factory.mktemp("cache")

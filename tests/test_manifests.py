@@ -19,7 +19,6 @@ from manifests import (
     PLACEHOLDER,
     QUEUE_LABEL,
     installed_ray_version,
-    load_crds,
     load_yaml_documents,
     manifest_errors,
     storage_version,
@@ -31,15 +30,6 @@ DEPLOY = REPO / "deploy"
 KUBERAY = DEPLOY / "kuberay"
 MANIFEST_FILES = sorted(KUBERAY.glob("*.yaml")) + sorted((DEPLOY / "kserve").glob("*.yaml"))
 DOCUMENTS = [(path, i, doc) for path in MANIFEST_FILES for i, doc in enumerate(load_yaml_documents(path))]
-
-
-@pytest.fixture(scope="session")
-def crds() -> dict[tuple[str, str], dict[str, Any]]:
-    """The CRDs in ``../shared/reference/crds`` (skips when this checkout lacks them)."""
-    path = Path(__file__).resolve().parents[2] / "shared" / "reference" / "crds"
-    if not path.is_dir():
-        pytest.skip(f"CRD schemas not present at {path}")
-    return load_crds(path)
 
 
 def _one(name: str, kind: str) -> dict[str, Any]:
@@ -58,7 +48,8 @@ def _ray_containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
 
 def test_deploy_has_the_expected_manifests() -> None:
     kinds = {doc["kind"] for _, _, doc in DOCUMENTS}
-    assert {"RayCluster", "RayJob", "ResourceFlavor", "ClusterQueue", "LocalQueue", "Secret", "InferenceService"} <= kinds
+    assert {"RayCluster", "RayJob", "ResourceFlavor", "ClusterQueue", "LocalQueue", "Secret", "InferenceService",
+            "ServingRuntime", "ServiceAccount"} <= kinds
 
 
 @pytest.mark.parametrize(("path", "index", "doc"), DOCUMENTS,
@@ -136,9 +127,9 @@ def test_containerfile_is_one_image_for_ray_and_the_server() -> None:
     copied = [args.split()[0] for word, args in instructions if word == "COPY"]
     assert {"sweep", "conf"} <= set(copied)
     assert not (DEPLOY / "kserve" / "Containerfile").exists(), "one image: deploy/Containerfile"
-    isvc = load_yaml_documents(DEPLOY / "kserve" / "inferenceservice.yaml")[0]
+    [runtime] = load_yaml_documents(DEPLOY / "kserve" / "servingruntime.yaml")
     images = {c["image"] for c in _ray_containers(_one("raycluster.yaml", "RayCluster")["spec"])}
-    images |= {c["image"] for c in isvc["spec"]["predictor"]["containers"]}
+    images |= {c["image"] for c in runtime["spec"]["containers"]}
     assert images == {"registry.example.com/sweep:latest"}
 
 
