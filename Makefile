@@ -1,9 +1,12 @@
 # The two commands of README.md. Each creates (or reuses) the virtualenv in .venv,
 # installing torch FIRST (torch==2.13.0 is the CPU wheel on these machines; a bare `torch`
-# would pull a multi-GB CUDA build), then this package with its dev extra.
+# would pull a multi-GB CUDA build), then this package with its dev and openai extras, then vLLM
+# alone (--no-deps): KServe's OpenAI endpoints take their request types from it, but its own
+# requirements (torch==2.11, a CUDA stack) are for its engine, which the server never runs.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
+VLLM ?= vllm==0.24.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
@@ -15,7 +18,8 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,openai]"
+	$(PY) -m pip install -q --no-deps "$(VLLM)"
 	touch $(STAMP)
 
 demo: $(STAMP)

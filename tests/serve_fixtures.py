@@ -28,6 +28,7 @@ class Server:
     url: str
     proc: subprocess.Popen[bytes]
     log: Path
+    grpc_address: str = ""  # HOST:PORT of its gRPC port (nothing listens there with grpc=false)
 
     def log_tail(self) -> str:
         return self.log.read_text(errors="replace")[-3000:]
@@ -35,11 +36,15 @@ class Server:
 
 def start_server(name: str, model_dir: Path, log: Path, cache: Path, *args: str) -> Server:
     port = free_port()
+    grpc_port = free_port()  # never the default 8081: servers run side by side (and gRPC shares ports: SO_REUSEPORT)
+    while grpc_port == port:
+        grpc_port = free_port()
     env = {**os.environ, "SWEEP_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "sweep.serve", f"model={model_dir}", f"port={port}", "max_latency_ms=10", "threads=1", *args]
+    command = [sys.executable, "-m", "sweep.serve", f"model={model_dir}", f"port={port}", f"grpc_port={grpc_port}",
+               "max_latency_ms=10", "threads=1", *args]
     with log.open("wb") as sink:  # a file, not a pipe: a full pipe would block the server
         proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    return Server(name, f"http://127.0.0.1:{port}", proc, log)
+    return Server(name, f"http://127.0.0.1:{port}", proc, log, f"127.0.0.1:{grpc_port}")
 
 
 def wait_ready(server: Server) -> None:
@@ -54,6 +59,17 @@ def wait_ready(server: Server) -> None:
             pass
         time.sleep(0.2)
     raise RuntimeError(f"server not ready after {SERVER_START_TIMEOUT} s:\n{server.log_tail()}")
+
+
+def wait_grpc_ready(server: Server, timeout: float = 30.0) -> None:
+    """Until the gRPC port takes connections (it starts next to the REST one, in the same event loop)."""
+    import grpc
+
+    with grpc.insecure_channel(server.grpc_address) as channel:
+        try:
+            grpc.channel_ready_future(channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise RuntimeError(f"gRPC not ready at {server.grpc_address} after {timeout} s:\n{server.log_tail()}") from None
 
 
 def stop_server(server: Server) -> None:

@@ -318,25 +318,40 @@ def test_registered_champion_is_downloaded_and_named(tmp_path: Path, cache_dir: 
 # ---------------------------------------------------------------------------------------------
 # Deploy files.
 
+def _kserve_container() -> dict[str, Any]:
+    """The container KServe runs for the InferenceService: the ServingRuntime's kserve-container."""
+    runtime = yaml.safe_load((DEPLOY / "servingruntime.yaml").read_text())
+    assert (runtime["apiVersion"], runtime["kind"]) == ("serving.kserve.io/v1alpha1", "ServingRuntime")
+    (container,) = runtime["spec"]["containers"]
+    assert container["name"] == "kserve-container"
+    return container
+
+
 def test_inferenceservice_runs_the_same_server_command_and_port() -> None:
+    """The InferenceService selects the runtime; the runtime runs this server on its ports (the
+    schemas and KServe's own rules: tests/test_kserve_manifests.py)."""
     from sweep.serving.serve import DEFAULT_PORT, OPTIONS
 
+    runtime = yaml.safe_load((DEPLOY / "servingruntime.yaml").read_text())
     isvc = yaml.safe_load((DEPLOY / "inferenceservice.yaml").read_text())
     assert (isvc["apiVersion"], isvc["kind"]) == ("serving.kserve.io/v1beta1", "InferenceService")
-    predictor = isvc["spec"]["predictor"]
-    (container,) = predictor["containers"]
-    assert container["name"] == "kserve-container"
+    model = isvc["spec"]["predictor"]["model"]
+    assert model["runtime"] == runtime["metadata"]["name"]
+    assert model["modelFormat"]["name"] in {f["name"] for f in runtime["spec"]["supportedModelFormats"]}
+    assert model["storageUri"].startswith("s3://")
+    container = _kserve_container()
     assert container["command"] == ["python", "-m", "sweep.serve"]
-    options = parse_key_values(container["args"], OPTIONS)  # the server itself accepts these arguments
+    args = [a.replace("{{.Name}}", isvc["metadata"]["name"]) for a in container["args"]]  # as KServe renders them
+    options = parse_key_values(args, OPTIONS)  # the server itself accepts these arguments
     assert options["model"] == "/mnt/models" and options["port"] == DEFAULT_PORT
-    assert [p["containerPort"] for p in container["ports"]] == [DEFAULT_PORT]
+    assert options["name"] == isvc["metadata"]["name"]
+    assert [(p["name"], p["containerPort"]) for p in container["ports"]] == [("http", DEFAULT_PORT), ("h2c", options["grpc_port"])]
     assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": DEFAULT_PORT}
     assert container["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": DEFAULT_PORT}
-    env = {e["name"]: e["value"] for e in container["env"]}
-    assert env["STORAGE_URI"].startswith("s3://")
 
-    secret, account = yaml.safe_load_all((DEPLOY / "s3-secret.yaml").read_text())
-    assert (account["kind"], account["metadata"]["name"]) == ("ServiceAccount", predictor["serviceAccountName"])
+    (secret,) = yaml.safe_load_all((DEPLOY / "s3-secret.yaml").read_text())
+    (account,) = yaml.safe_load_all((DEPLOY / "serviceaccount.yaml").read_text())
+    assert (account["kind"], account["metadata"]["name"]) == ("ServiceAccount", isvc["spec"]["predictor"]["serviceAccountName"])
     assert account["secrets"] == [{"name": secret["metadata"]["name"]}]
     assert secret["kind"] == "Secret" and "serving.kserve.io/s3-endpoint" in secret["metadata"]["annotations"]
     assert set(secret["stringData"]) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
@@ -347,14 +362,13 @@ def test_containerfile_serves_with_the_command_the_deploy_yaml_names() -> None:
 
     lines = (REPO / "deploy" / "Containerfile").read_text().splitlines()
     instruction = {line.split()[0]: line.split(None, 1)[1] for line in lines if line and not line.startswith(("#", " "))}
-    assert "ENTRYPOINT" not in instruction  # KubeRay and KServe set the command; the InferenceService names it
-    isvc = yaml.safe_load((DEPLOY / "inferenceservice.yaml").read_text())
-    command = isvc["spec"]["predictor"]["containers"][0]["command"]
+    assert "ENTRYPOINT" not in instruction  # KubeRay and KServe set the command; the ServingRuntime names it
+    command = _kserve_container()["command"]
     cmd = json.loads(instruction["CMD"])  # a bare `podman run` serves /mnt/models the same way
     assert cmd[: len(command)] == command == ["python", "-m", "sweep.serve"]
     options = parse_key_values(cmd[len(command):], OPTIONS)
     assert options["model"] == "/mnt/models" and options["port"] == DEFAULT_PORT
-    assert str(DEFAULT_PORT) in instruction["EXPOSE"].split()
+    assert {str(DEFAULT_PORT), str(options["grpc_port"])} <= set(instruction["EXPOSE"].split())
 
 
 # ---------------------------------------------------------------------------------------------

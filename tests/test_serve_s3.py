@@ -9,7 +9,8 @@ import boto3
 import httpx
 import pytest
 from s3_fixtures import SECRET_KEY, moto_server, s3_env  # noqa: F401
-from test_serve import LM_NAME, _start_server, _stop, _wait_ready
+from serve_fixtures import start_server, stop_server, wait_ready
+from test_serve import LM_NAME
 
 from sweep.storage.s3 import make_client, upload_tree
 from sweep.serving.tiny import export_tiny_lm
@@ -24,9 +25,9 @@ def test_a_model_uploaded_by_a_sweep_is_served_from_s3(moto_server, monkeypatch,
     exported = export_tiny_lm(tmp_path / "out" / "best" / "wikitext-2", cache_dir)
     # what storage.output_prefix=s3://served/runs/one uploads after a sweep
     upload_tree(make_client(), tmp_path / "out" / "best", f"s3://{BUCKET}/runs/one/best")
-    server = _start_server(LM_NAME, f"s3://{BUCKET}/runs/one/best/wikitext-2", tmp_path / "s3.log", tmp_path / "cache")
+    server = start_server(LM_NAME, f"s3://{BUCKET}/runs/one/best/wikitext-2", tmp_path / "s3.log", tmp_path / "cache")
     try:
-        _wait_ready(server)
+        wait_ready(server)
         assert httpx.get(f"{server.url}/v2/models/{LM_NAME}/ready", timeout=10).status_code == 200
         body = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["The meaning of life is"]}],
                 "parameters": {"max_new_tokens": 4}}
@@ -34,7 +35,7 @@ def test_a_model_uploaded_by_a_sweep_is_served_from_s3(moto_server, monkeypatch,
         assert r.status_code == 200, r.text
         assert {o["name"] for o in r.json()["outputs"]} >= {"text", "completion_tokens"}
     finally:
-        _stop(server)
+        stop_server(server)
     staged = list((tmp_path / "cache").rglob("config.json"))
     assert len(staged) == 1 and staged[0].read_bytes() == (exported / "config.json").read_bytes()
     assert SECRET_KEY not in server.log_tail()

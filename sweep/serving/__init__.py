@@ -2,13 +2,17 @@
 
 - ``serve.py``:       the command: arguments -> a model source -> a KServe ModelServer
 - ``kserve_model.py``: the kserve.Model subclasses that answer the Open Inference Protocol
+- ``openai_model.py``: the causal LM over KServe's OpenAI endpoints too (completions, chat, streaming)
 - ``infer.py``:       one inference call to a running server
 - ``tiny.py``:        tiny trained-shape models built offline (tests, demos)
 
 - ``source.py``:     where the model comes from (folder, ``models:/name@alias``, ``s3://``) and its name
 - ``protocol.py``:   Open Inference Protocol v2 requests -> validated, typed requests (or a clear error)
+- ``openai_protocol.py``: OpenAI completion / chat requests -> the same typed settings (or a clear error)
 - ``batcher.py``:    the asyncio micro-batcher that merges concurrent requests into one forward pass
 - ``engines.py``:    the loaded classifier / causal LM and one batched forward pass each
 - ``generation.py``: what a generated sequence becomes: text cut at a stop sequence, token counts
 - ``cli_args.py``:   ``key=value`` command-line arguments
+- ``server_metrics.py``: the ``sweep_`` Prometheus metrics on ``GET /metrics``
+- ``kserve_import.py``: import kserve without it reading our ``sys.argv``
 """

@@ -54,12 +54,14 @@ class MicroBatcher(Generic[Item, Result]):
         enabled: bool = True,
         max_batch_size: int = 32,
         max_latency_ms: float = 0.0,
+        observe_batch: Callable[[int], None] | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size: must be >= 1, got {max_batch_size}")
         if max_latency_ms < 0:
             raise ValueError(f"max_latency_ms: must be >= 0, got {max_latency_ms}")
         self._run_batch = run_batch
+        self._observe_batch = observe_batch  # told the size of every forward pass (metrics)
         self.enabled = enabled
         self.max_batch_size = max_batch_size
         self.max_latency_s = max_latency_ms / 1000.0
@@ -82,6 +84,14 @@ class MicroBatcher(Generic[Item, Result]):
         self._arrived.set()
         return await pending.future
 
+    async def run_alone(self, fn: Callable[[], Result]) -> Result:
+        """``fn()`` on the forward-pass thread, outside any batch: after the pass in progress, before the next batch.
+
+        For work that cannot share a batch (a streamed generation); it still never runs beside a
+        forward pass, so torch's global seed and the engine's tokenizer stay single-threaded.
+        """
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
     def close(self) -> None:
         if self._worker is not None:
             self._worker.cancel()
@@ -90,6 +100,8 @@ class MicroBatcher(Generic[Item, Result]):
     # -----------------------------------------------------------------------------------------
 
     def _call(self, key: Hashable | None, items: list[Item]) -> list[Result]:
+        if self._observe_batch is not None:
+            self._observe_batch(len(items))
         results = list(self._run_batch(key, items))
         if len(results) != len(items):  # a bug in run_batch; never hand out misaligned results
             raise RuntimeError(f"run_batch returned {len(results)} results for {len(items)} items")

@@ -2,14 +2,17 @@
 
 The folder's ``config.json`` says what it is: a ``*ForSequenceClassification`` (a GLUE task;
 ``num_labels == 1`` is a regression head) or a causal LM (``*ForCausalLM`` / ``*LMHeadModel``).
-The methods here run on the batcher's single worker thread; only ``count_tokens`` runs on the
-event loop, with its own tokenizer (a fast tokenizer is not safe to share across threads).
+The methods here run on the batcher's single worker thread; only ``count_tokens`` and
+``render_chat`` run on the event loop, with their own tokenizer (a fast tokenizer is not safe to
+share across threads). A streamed ``generate`` hands each row's text to a callback after every
+decoding step, and stops at once when its ``cancelled`` event is set (the client went away).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Hashable, Sequence
+import threading
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +25,10 @@ from transformers import (
     StoppingCriteria,
     StoppingCriteriaList,
 )
+from transformers.generation.streamers import BaseStreamer
 
 from sweep.models import load_tokenizer, pick_device, position_offset, quiet_transformers
-from sweep.serving.generation import finish_completion
+from sweep.serving.generation import finish_completion, streamable_text
 from sweep.serving.protocol import Classification, Completion, GenerationParams
 
 CLASSIFIER = "classification"
@@ -115,6 +119,45 @@ class StopOnText(StoppingCriteria):
         return torch.tensor(hits, dtype=torch.bool, device=input_ids.device)
 
 
+class StopWhenCancelled(StoppingCriteria):
+    """Ends every row once ``cancelled`` is set: a streamed request whose client disconnected."""
+
+    def __init__(self, cancelled: threading.Event) -> None:
+        self.cancelled = cancelled
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
+        return torch.full((input_ids.shape[0],), self.cancelled.is_set(), dtype=torch.bool, device=input_ids.device)
+
+
+class RowTextStreamer(BaseStreamer):
+    """Hands ``on_texts`` every row's streamable text after each decoding step that changed one.
+
+    ``generate`` first puts the prompts, then each step's new token of every row; the texts are read
+    with ``streamable_text``, the same reading ``finish_completion`` makes of the finished rows.
+    """
+
+    def __init__(self, decode: Callable[[Sequence[int]], str], eos_token_id: int | None, stops: Sequence[str],
+                 on_texts: Callable[[list[str]], None]) -> None:
+        self.decode, self.eos_token_id, self.stops, self.on_texts = decode, eos_token_id, tuple(stops), on_texts
+        self.rows: list[list[int]] | None = None
+        self.texts: list[str] = []
+
+    def put(self, value: torch.Tensor) -> None:
+        if self.rows is None:  # the prompts
+            self.rows = [[] for _ in range(value.shape[0])]
+            self.texts = [""] * len(self.rows)
+            return
+        for row, token in zip(self.rows, value.reshape(-1).tolist()):
+            row.append(token)
+        texts = [streamable_text(row, self.decode, self.eos_token_id, self.stops) for row in self.rows]
+        if texts != self.texts:
+            self.texts = texts
+            self.on_texts(texts)
+
+    def end(self) -> None:
+        pass
+
+
 class Generator:
     kind = CAUSAL_LM
 
@@ -135,8 +178,27 @@ class Generator:
     def count_tokens(self, prompts: Sequence[str]) -> list[int]:
         return [len(ids) for ids in self._counting_tokenizer(list(prompts))["input_ids"]]
 
-    def generate(self, params: GenerationParams, prompts: Sequence[str]) -> list[Completion]:
-        """One ``generate`` call for prompts that share ``params`` (the batch key carries them)."""
+    @property
+    def has_chat_template(self) -> bool:
+        return self._counting_tokenizer.chat_template is not None
+
+    def render_chat(self, messages: Sequence[Mapping[str, str]], chat_template: str | None = None) -> str:
+        """A chat as the prompt text its template makes, ending where the assistant's answer begins."""
+        return self._counting_tokenizer.apply_chat_template(
+            list(messages), chat_template=chat_template, tokenize=False, add_generation_prompt=True
+        )
+
+    def generate(
+        self,
+        params: GenerationParams,
+        prompts: Sequence[str],
+        on_texts: Callable[[list[str]], None] | None = None,
+        cancelled: threading.Event | None = None,
+    ) -> list[Completion]:
+        """One ``generate`` call for prompts that share ``params`` (the batch key carries them).
+
+        Streamed: ``on_texts`` gets every row's text so far after each step; ``cancelled`` stops it.
+        """
         encoded = self.tokenizer(list(prompts), padding=True, return_tensors="pt").to(self.device)
         kwargs: dict[str, Any] = {
             "max_new_tokens": params.max_new_tokens,
@@ -147,14 +209,21 @@ class Generator:
         if params.sampling:
             kwargs.update(temperature=params.temperature, top_p=params.top_p, top_k=0)
         prompt_width = encoded["input_ids"].shape[1]
+        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        criteria: list[StoppingCriteria] = []
         if params.stop:  # stop a row early; its text is cut at the stop sequence below
-            kwargs["stopping_criteria"] = StoppingCriteriaList([StopOnText(self.tokenizer, params.stop, prompt_width)])
+            criteria.append(StopOnText(self.tokenizer, params.stop, prompt_width))
+        if cancelled is not None:
+            criteria.append(StopWhenCancelled(cancelled))
+        if criteria:
+            kwargs["stopping_criteria"] = StoppingCriteriaList(criteria)
+        if on_texts is not None:
+            kwargs["streamer"] = RowTextStreamer(decode, self.eos_token_id, params.stop, on_texts)
         if params.seed is not None:
             torch.manual_seed(params.seed)  # safe: forward passes run one at a time
         with torch.inference_mode(), quiet_transformers():
             output = self.model.generate(**encoded, **kwargs)
         prompt_tokens = encoded["attention_mask"].sum(dim=1).tolist()
-        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
         return [
             finish_completion(row[prompt_width:].tolist(), n, decode, self.eos_token_id, params.stop, params.max_new_tokens)
             for row, n in zip(output, prompt_tokens)

@@ -3,19 +3,26 @@
 One inference call to a model server (``python -m sweep.serve``, or the same server running as a
 KServe InferenceService): prints the completion of a causal LM, or ``label<TAB>score`` of a
 classifier, one line per text. What kind of model it is comes from ``GET /v2/models/NAME``.
+``--grpc HOST:PORT`` makes the same call over the v2 gRPC protocol (KServe's InferenceGRPCClient):
+the same request, the answer turned into the REST response it equals, printed the same way.
+``--stream`` asks a causal LM through the server's OpenAI completions endpoint with
+``stream=true`` instead, printing the tokens as they arrive.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import logging
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TextIO
 
 import httpx
 
-from sweep.serving.protocol import STOP, TEXT, TEXT_PAIR, tensor_by_name
+from sweep.serving.protocol import STOP, TEXT, TEXT_PAIR, parameters_for_grpc, tensor_by_name
 
 
 class InferError(RuntimeError):
@@ -33,6 +40,8 @@ def _check(response: httpx.Response) -> dict[str, Any]:
         body = {"error": response.text.strip()[:300]}
     if response.status_code >= 400:
         message = body.get("error") if isinstance(body, dict) else None
+        if isinstance(message, dict):  # an OpenAI endpoint's error: {"error": {"message": ...}}
+            message = message.get("message")
         raise InferError(f"the server answered {response.status_code}: {message or body}")
     return body
 
@@ -51,7 +60,13 @@ def pick_model(client: httpx.Client, name: str | None) -> str:
     return models[0]
 
 
+def model_kind(output_names: Iterable[str]) -> str:
+    """``generator`` (a causal LM answers ``text``) or ``classifier``, from the model's metadata."""
+    return "generator" if "text" in set(output_names) else "classifier"
+
+
 def build_request(kind: str, texts: Sequence[str], args: argparse.Namespace) -> dict[str, Any]:
+    """The v2 request as REST sends it (gRPC sends the same, converted by ``_grpc_request``)."""
     if kind == "classifier":
         inputs = [_bytes_tensor(TEXT, texts)]
         if args.pair:
@@ -73,8 +88,7 @@ def infer(url: str, model: str | None, texts: Sequence[str], args: argparse.Name
     try:
         with httpx.Client(base_url=url.rstrip("/"), timeout=args.timeout) as client:
             name = pick_model(client, model)
-            outputs = {o["name"] for o in _get(client, f"/v2/models/{name}").get("outputs", [])}
-            kind = "generator" if "text" in outputs else "classifier"
+            kind = model_kind(o["name"] for o in _get(client, f"/v2/models/{name}").get("outputs", []))
             return kind, _check(client.post(f"/v2/models/{name}/infer", json=build_request(kind, texts, args)))
     except httpx.ConnectError as e:
         raise InferError(f"cannot reach the model server at {url} ({e}); is `python -m sweep.serve` running there?") from None
@@ -82,6 +96,124 @@ def infer(url: str, model: str | None, texts: Sequence[str], args: argparse.Name
         raise InferError(f"no answer from {url} within {args.timeout:g} s (--timeout)") from None
     except httpx.HTTPError as e:
         raise InferError(f"request to {url} failed: {e}") from None
+
+
+@contextmanager
+def _http_errors(url: str, timeout: float) -> Iterator[None]:
+    """httpx's failures as one-line InferErrors."""
+    try:
+        yield
+    except httpx.ConnectError as e:
+        raise InferError(f"cannot reach the model server at {url} ({e}); is `python -m sweep.serve` running there?") from None
+    except httpx.TimeoutException:
+        raise InferError(f"no answer from {url} within {timeout:g} s (--timeout)") from None
+    except httpx.HTTPError as e:
+        raise InferError(f"request to {url} failed: {e}") from None
+
+
+def completion_request(model: str, prompt: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The OpenAI completion request ``--stream`` sends: the settings of the v2 request, streamed."""
+    body: dict[str, Any] = {
+        "model": model, "prompt": prompt, "max_tokens": args.max_new_tokens, "temperature": args.temperature,
+        "top_p": args.top_p, "stream": True, "stream_options": {"include_usage": True},
+    }
+    if args.seed is not None:
+        body["seed"] = args.seed
+    if args.stop:
+        body["stop"] = args.stop
+    return body
+
+
+def sse_events(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
+    """The JSON events of a Server-Sent Events stream, up to ``data: [DONE]``."""
+    for line in lines:
+        if not line.startswith("data:"):
+            continue
+        data = line[len("data:"):].strip()
+        if data == "[DONE]":
+            return
+        yield json.loads(data)
+
+
+def stream_completions(url: str, model: str | None, texts: Sequence[str], args: argparse.Namespace,
+                       out: TextIO = sys.stdout) -> list[str]:
+    """Print each prompt's completion to ``out`` as its tokens arrive, a line each; the notes for stderr."""
+    notes = []
+    with _http_errors(url, args.timeout), httpx.Client(base_url=url.rstrip("/"), timeout=args.timeout) as client:
+        name = pick_model(client, model)
+        if model_kind(o["name"] for o in _get(client, f"/v2/models/{name}").get("outputs", [])) != "generator":
+            raise InferError("--stream is for causal LMs; this model is a classifier")
+        for text in texts:
+            with client.stream("POST", "/openai/v1/completions", json=completion_request(name, text, args)) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    _check(response)
+                finish, usage = None, None
+                for event in sse_events(response.iter_lines()):
+                    if "error" in event:
+                        raise InferError(f"the server failed mid-stream: {event['error'].get('message')}")
+                    for choice in event.get("choices", []):
+                        out.write(choice.get("text", ""))
+                        out.flush()
+                        finish = choice.get("finish_reason") or finish
+                    usage = event.get("usage") or usage
+            out.write("\n")
+            out.flush()
+            if usage:
+                notes.append(f"[{usage['prompt_tokens']} prompt + {usage['completion_tokens']} completion tokens, finish: {finish}]")
+    return notes
+
+
+def _check_grpc_address(address: str) -> None:
+    host, sep, port = address.rpartition(":")
+    if not (sep and host and port.isdigit() and 1 <= int(port) <= 65535):
+        raise InferError(f"--grpc {address!r}: expected HOST:PORT, e.g. 127.0.0.1:8081")
+
+
+def _grpc_request(model: str, body: dict[str, Any]) -> Any:
+    """``build_request``'s REST body as KServe's InferRequest, which its gRPC client sends."""
+    from kserve.protocol.infer_type import InferInput, InferRequest
+
+    inputs = [InferInput(i["name"], i["shape"], i["datatype"], i["data"]) for i in body["inputs"]]
+    return InferRequest(model, inputs, parameters=parameters_for_grpc(body.get("parameters", {})) or None)
+
+
+async def _infer_grpc(address: str, model: str, texts: Sequence[str], args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    import grpc
+    from kserve.inference_client import InferenceGRPCClient
+    from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
+    from kserve.protocol.grpc.grpc_predict_v2_pb2_grpc import GRPCInferenceServiceStub
+
+    # The client has no metadata call: ask KServe's generated stub, on a channel of our own.
+    async with grpc.aio.insecure_channel(address) as channel:
+        metadata = await GRPCInferenceServiceStub(channel).ModelMetadata(pb.ModelMetadataRequest(name=model), timeout=args.timeout)
+    kind = model_kind(o.name for o in metadata.outputs)
+    async with InferenceGRPCClient(address, timeout=args.timeout) as client:
+        response = await client.infer(_grpc_request(model, build_request(kind, texts, args)))
+    body, _ = response.to_rest()  # KServe's own conversion: what the REST endpoint would have answered
+    return kind, body
+
+
+def infer_grpc(address: str, model: str | None, texts: Sequence[str], args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """(kind, v2 response as REST gives it) of one call over gRPC to ``address`` (HOST:PORT)."""
+    _check_grpc_address(address)
+    if not model:
+        raise InferError("--grpc needs --model NAME: the v2 gRPC protocol has no list of models")
+    from sweep.serving.kserve_import import import_kserve
+
+    import_kserve()  # before grpc and kserve.*: kserve reads sys.argv (``--grpc`` would be its flag)
+    logging.getLogger("kserve.trace").setLevel(logging.CRITICAL)  # its client logs each failed call with a traceback
+    import grpc
+
+    try:
+        return asyncio.run(_infer_grpc(address, model, texts, args))
+    except grpc.RpcError as e:
+        code, details = e.code(), " ".join(str(e.details() or "").split())
+        if code == grpc.StatusCode.UNAVAILABLE:
+            raise InferError(f"cannot reach the gRPC server at {address} ({details}); is `python -m sweep.serve` serving gRPC there?") from None
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise InferError(f"no answer from {address} within {args.timeout:g} s (--timeout)") from None
+        raise InferError(f"the server answered {code.name}: {details}") from None
 
 
 def format_response(kind: str, response: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -103,6 +235,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m sweep.infer", description=__doc__.splitlines()[0])
     parser.add_argument("texts", nargs="+", help="prompts (causal LM) or texts to classify")
     parser.add_argument("--url", default="http://127.0.0.1:8080", help="the server's base URL")
+    parser.add_argument("--grpc", metavar="HOST:PORT", default=None,
+                        help="call the server's v2 gRPC service at HOST:PORT instead of REST at --url (needs --model)")
     parser.add_argument("--model", default=None, help="the published model name (default: the server's only model)")
     parser.add_argument("--pair", action="append", help="second text of a pair, once per text (RTE, MRPC, ...)")
     parser.add_argument("--max-new-tokens", type=int, default=32)
@@ -112,7 +246,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--stop", action="append", help="stop sequence (repeatable)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds")
     parser.add_argument("--json", action="store_true", help="print the raw v2 response")
+    parser.add_argument("--stream", action="store_true",
+                        help="causal LM: print tokens as they arrive (the OpenAI completions endpoint, stream=true)")
     args = parser.parse_args(argv)
+    if args.stream and (args.grpc or args.json):
+        parser.error("--stream prints text as it arrives from the OpenAI REST endpoint: not with --grpc or --json")
     if args.pair and len(args.pair) != len(args.texts):
         parser.error(f"--pair given {len(args.pair)} time(s) for {len(args.texts)} text(s): one per text")
     return args
@@ -121,7 +259,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     try:
-        kind, response = infer(args.url, args.model, args.texts, args)
+        if args.stream:
+            for note in stream_completions(args.url, args.model, args.texts, args):
+                print(note, file=sys.stderr)
+            return
+        if args.grpc:
+            kind, response = infer_grpc(args.grpc, args.model, args.texts, args)
+        else:
+            kind, response = infer(args.url, args.model, args.texts, args)
     except InferError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)

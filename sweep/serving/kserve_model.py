@@ -7,34 +7,21 @@ Imported only once the command line is valid: kserve takes seconds to import, an
 from __future__ import annotations
 
 import logging
-import sys
 import uuid
 from collections.abc import Hashable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from sweep.serving.engines import CLASSIFIER, Classifier, Generator, model_kind
+from sweep.serving.engines import Classifier, Generator
+from sweep.serving.kserve_import import import_kserve
 
-
-def _import_kserve() -> Any:
-    """Import kserve without letting it read our argv: it parses sys.argv when imported."""
-    saved = sys.argv
-    sys.argv = saved[:1]
-    try:
-        import kserve
-        import kserve.model_server
-    finally:
-        sys.argv = saved
-    return kserve
-
-
-kserve = _import_kserve()
+kserve = import_kserve()
 from fastapi import Request  # noqa: E402 - after kserve, which builds the app
 from fastapi.exceptions import RequestValidationError  # noqa: E402
 from fastapi.responses import JSONResponse  # noqa: E402
 from kserve.errors import InvalidInput  # noqa: E402
-from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse  # noqa: E402
+from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse, to_http_parameters  # noqa: E402
 
+from sweep.serving import server_metrics  # noqa: E402
 from sweep.serving.batcher import MicroBatcher  # noqa: E402
 from sweep.serving.protocol import (  # noqa: E402
     STOP,
@@ -45,6 +32,7 @@ from sweep.serving.protocol import (  # noqa: E402
     check_context,
     classification_outputs,
     generation_outputs,
+    parameters_from_grpc,
     parse_classify,
     parse_generate,
 )
@@ -53,7 +41,9 @@ from sweep.serving.protocol import (  # noqa: E402
 def _tensor(infer_input: Any) -> Tensor:
     """Our view of a request input; binary-encoded tensors (the v2 binary extension) are decoded."""
     data = infer_input.data
-    if data is None:
+    # Binary data: REST's binary extension, or gRPC's raw_input_contents (data is then an empty
+    # list); KServe keeps those bytes in _raw_data, which only as_numpy() reads.
+    if data is None or getattr(infer_input, "_raw_data", None) is not None:
         try:
             data = infer_input.as_numpy().tolist()
         except Exception as e:  # noqa: BLE001 - any decoding failure is the client's payload
@@ -61,11 +51,14 @@ def _tensor(infer_input: Any) -> Tensor:
     return Tensor(infer_input.name, list(infer_input.shape or []), infer_input.datatype, data)
 
 
+# KServe's OpenAI routes that take a body (under its prefix, /openai by default).
+
+
 def _io_spec(name: str, datatype: str, shape: Sequence[int]) -> dict[str, Any]:
     return {"name": name, "datatype": datatype, "shape": list(shape)}
 
 
-class _BatchedTextModel(kserve.Model):
+class BatchedTextModel(kserve.Model):
     """A KServe model whose predict decodes the request, batches it with others, encodes the answer."""
 
     def __init__(self, name: str, batcher: MicroBatcher[Any, Any]) -> None:
@@ -89,8 +82,11 @@ class _BatchedTextModel(kserve.Model):
     async def predict(self, payload: InferRequest, headers: dict[str, str] | None = None) -> InferResponse:
         if not isinstance(payload, InferRequest):  # a v1 body: this server speaks v2
             raise InvalidInput(f"use the v2 protocol: POST /v2/models/{self.name}/infer")
+        parameters = payload.parameters
+        if payload.from_grpc and parameters:  # InferParameter messages -> the values REST would carry
+            parameters = parameters_from_grpc(to_http_parameters(parameters))
         try:
-            key, items = self.parse([_tensor(i) for i in payload.inputs], payload.parameters)
+            key, items = self.parse([_tensor(i) for i in payload.inputs], parameters)
         except RequestError as e:
             raise InvalidInput(str(e)) from None
         batched = await self.batcher.submit(key, items)
@@ -104,7 +100,7 @@ class _BatchedTextModel(kserve.Model):
         )
 
 
-class ClassifierModel(_BatchedTextModel):
+class ClassifierModel(BatchedTextModel):
     def __init__(self, name: str, engine: Classifier, batcher_options: Mapping[str, Any]) -> None:
         super().__init__(name, MicroBatcher(engine.classify, **batcher_options))
         self.engine = engine
@@ -126,10 +122,12 @@ class ClassifierModel(_BatchedTextModel):
         return outputs
 
 
-class GeneratorModel(_BatchedTextModel):
+class GeneratorModel(BatchedTextModel):
     def __init__(self, name: str, engine: Generator, batcher_options: Mapping[str, Any]) -> None:
         def run_batch(_key: Hashable | None, items: list[tuple[str, Any]]) -> list[Any]:
-            return engine.generate(items[0][1], [prompt for prompt, _ in items])  # one key: one params
+            completions = engine.generate(items[0][1], [prompt for prompt, _ in items])  # one key: one params
+            server_metrics.count_tokens(name, [c.prompt_tokens for c in completions], [c.completion_tokens for c in completions])
+            return completions
 
         super().__init__(name, MicroBatcher(run_batch, **batcher_options))
         self.engine = engine
@@ -154,8 +152,8 @@ class GeneratorModel(_BatchedTextModel):
         ]
 
 
-async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-    """FastAPI answers a body that is not JSON, or not a v2 request, with 422 and a list; v2 says 400 + error."""
+def validation_problems(exc: RequestValidationError) -> str:
+    """FastAPI's list of what is wrong with a body, as one line."""
     problems = []
     for err in exc.errors():
         loc = [str(p) for p in err.get("loc", ()) if p != "body"]
@@ -167,31 +165,36 @@ async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResp
             continue
         where = ".".join(loc[1:] if loc and loc[0] == "InferenceRequest" else loc) or "the body"
         problems.append(f"{where}: {err.get('msg', 'invalid')}")
-    message = "; ".join(problems) or "not a v2 inference request"
+    return "; ".join(problems)
+
+
+async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    """FastAPI answers a body that is not JSON, or not a v2 request, with 422 and a list; v2 says 400 + error.
+    (The OpenAI model puts its own handler, with OpenAI's error body, in front of this one.)"""
+    message = validation_problems(exc) or "not a v2 inference request"
     return JSONResponse(status_code=400, content={"error": f"malformed request: {message}"})
 
 
-def build_model(model_dir: Path, name: str, options: Mapping[str, Any]) -> _BatchedTextModel:
-    if options["threads"]:
-        import torch
-
-        torch.set_num_threads(options["threads"])
-    batcher_options = {
-        "enabled": options["batching"],
-        "max_batch_size": options["max_batch_size"],
-        "max_latency_ms": options["max_latency_ms"],
-    }
-    if model_kind(model_dir) == CLASSIFIER:
-        return ClassifierModel(name, Classifier(model_dir, options["device"]), batcher_options)
-    return GeneratorModel(name, Generator(model_dir, options["device"]), batcher_options)
+def _not_a_grpc_call_line(record: logging.LogRecord) -> bool:
+    """False for KServe's per-call gRPC log line ("grpc method: ..."), which log_requests=false drops."""
+    return not str(record.msg).startswith("grpc method:")
 
 
-def serve(model: _BatchedTextModel, port: int, log_requests: bool) -> None:
-    """Run KServe's ModelServer with ``model`` until SIGINT/SIGTERM."""
-    server = kserve.ModelServer(http_port=port, enable_grpc=False, enable_latency_logging=log_requests, workers=1)
+def serve(model: BatchedTextModel, port: int, log_requests: bool, grpc_port: int | None = None) -> None:
+    """Run KServe's ModelServer with ``model`` until SIGINT/SIGTERM: REST on ``port``, and the v2
+    gRPC service (KServe's own gRPC server) on ``grpc_port`` unless it is None."""
+    server = kserve.ModelServer(
+        http_port=port,
+        grpc_port=grpc_port or 0,  # unused when gRPC is off
+        enable_grpc=grpc_port is not None,
+        enable_latency_logging=log_requests,
+        workers=1,
+    )
     if not log_requests:
         for logger_name in ("uvicorn.access", "kserve.trace"):
             logging.getLogger(logger_name).setLevel(logging.WARNING)
-    kserve.model_server.app.add_exception_handler(RequestValidationError, _validation_error)
+        logging.getLogger("kserve").addFilter(_not_a_grpc_call_line)
+    kserve.model_server.app.add_exception_handler(RequestValidationError, validation_error)
+    kserve.model_server.app.add_middleware(server_metrics.RequestMetrics)  # sweep_http_* on GET /metrics
     model.load()
     server.start([model])

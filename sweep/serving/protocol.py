@@ -224,15 +224,39 @@ def parse_generate(
     return GenerateRequest(tuple(prompts), generation)
 
 
-def check_context(prompt_tokens: Sequence[int], max_new_tokens: int, context_length: int) -> None:
+def check_context(prompt_tokens: Sequence[int], max_new_tokens: int, context_length: int, field: str = "max_new_tokens") -> None:
     """A prompt that cannot fit, with the tokens it asks for, in the model's context is refused."""
     for i, n in enumerate(prompt_tokens):
         if n + max_new_tokens > context_length:
             room = context_length - max_new_tokens
             raise RequestError(
-                f"prompt {i} is {n} tokens; with max_new_tokens={max_new_tokens} that exceeds the model's "
+                f"prompt {i} is {n} tokens; with {field}={max_new_tokens} that exceeds the model's "
                 f"context of {context_length} tokens (prompts may be at most {room} tokens, or ask for fewer new tokens)"
             )
+
+
+# ---------------------------------------------------------------------------------------------
+# gRPC request parameters. KServe's v2 gRPC ``InferParameter`` holds a bool, an int64 or a string,
+# no double: a float parameter (temperature, top_p) travels over gRPC as its decimal string.
+
+FLOAT_PARAMETERS = frozenset({"temperature", "top_p"})
+
+
+def parameters_for_grpc(parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """A client's REST parameters as gRPC can carry them: floats as decimal strings."""
+    return {k: repr(v) if isinstance(v, float) else v for k, v in parameters.items()}
+
+
+def parameters_from_grpc(parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """A gRPC request's parameters (plain values) as the REST request would carry them."""
+    values = dict(parameters)
+    for key in FLOAT_PARAMETERS & values.keys():
+        if isinstance(values[key], str):
+            try:
+                values[key] = float(values[key])
+            except ValueError:
+                pass  # left as sent: the check names it ("must be a number, got 'hot'")
+    return values
 
 
 # ---------------------------------------------------------------------------------------------
