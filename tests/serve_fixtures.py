@@ -7,6 +7,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,3 +81,15 @@ def stop_server(server: Server) -> None:
     except subprocess.TimeoutExpired:
         server.proc.kill()
         server.proc.wait()
+
+
+@contextmanager
+def serving(started: dict[str, Server]) -> Iterator[dict[str, Server]]:
+    """Wait until every started server answers, hand them over, stop them all at the end (even on failure)."""
+    try:
+        for server in started.values():
+            wait_ready(server)
+        yield started
+    finally:
+        for server in started.values():
+            stop_server(server)

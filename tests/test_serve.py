@@ -36,7 +36,7 @@ from sweep.serving.protocol import (
 )
 from sweep.serving.source import ModelSourceError, published_name, resolve_model_source
 from sweep.serving.tiny import export_tiny_classifier, export_tiny_lm
-from serve_fixtures import Server, free_port, start_server, stop_server, wait_ready
+from serve_fixtures import Server, free_port, serving, start_server
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy" / "kserve"
@@ -384,13 +384,8 @@ def servers(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Iterat
         "classifier": start_server(CLASSIFIER_NAME, classifier_dir, root / "classifier.log", cache_dir),
         "lm": start_server(LM_NAME, lm_dir, root / "lm.log", cache_dir),
     }
-    try:
-        for server in started.values():
-            wait_ready(server)
+    with serving(started):
         yield started
-    finally:
-        for server in started.values():
-            stop_server(server)
 
 
 def _infer(server: Server, body: Any, name: str | None = None) -> httpx.Response:

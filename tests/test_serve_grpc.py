@@ -22,7 +22,7 @@ from sweep.serving.batcher import MicroBatcher
 from sweep.serving.cli_args import parse_key_values
 from sweep.serving.protocol import parameters_for_grpc, parameters_from_grpc
 from sweep.serving.tiny import export_tiny_classifier, export_tiny_lm
-from serve_fixtures import Server, free_port, start_server, stop_server, wait_grpc_ready, wait_ready
+from serve_fixtures import Server, free_port, serving, start_server, wait_grpc_ready
 from test_serve import CLASSIFIER_NAME, LM_NAME, RecordingModel, output, texts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,15 +88,10 @@ def servers(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Iterat
         "lm": start_server(LM_NAME, lm_dir, root / "lm.log", cache_dir),
         "rest-only": start_server(CLASSIFIER_NAME, classifier_dir, root / "rest-only.log", cache_dir, "grpc=false"),
     }
-    try:
-        for server in started.values():
-            wait_ready(server)
+    with serving(started):
         wait_grpc_ready(started["classifier"])
         wait_grpc_ready(started["lm"])
         yield started
-    finally:
-        for server in started.values():
-            stop_server(server)
 
 
 def _rest(server: Server, body: Any, name: str | None = None) -> httpx.Response:

@@ -26,7 +26,7 @@ from sweep.serving.generation import finish_completion, streamable_text
 from sweep.serving.openai_protocol import chat_messages, completion_prompts, openai_job
 from sweep.serving.protocol import GenerationParams, RequestError
 from sweep.serving.tiny import export_tiny_classifier, export_tiny_lm
-from serve_fixtures import Server, start_server, stop_server, wait_ready
+from serve_fixtures import Server, serving, start_server
 
 openai = pytest.importorskip("openai")  # the dev extra
 
@@ -146,13 +146,8 @@ def servers(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Iterat
         "chat": start_server(CHAT_NAME, chat_dir, root / "chat.log", cache_dir, "grpc=false", f"name={CHAT_NAME}"),
         "classifier": start_server(CLASSIFIER_NAME, classifier_dir, root / "classifier.log", cache_dir, "grpc=false"),
     }
-    try:
-        for server in started.values():
-            wait_ready(server)
+    with serving(started):
         yield started
-    finally:
-        for server in started.values():
-            stop_server(server)
 
 
 def _client(server: Server) -> Any:

@@ -85,17 +85,10 @@ def build_request(kind: str, texts: Sequence[str], args: argparse.Namespace) -> 
 
 def infer(url: str, model: str | None, texts: Sequence[str], args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     """(kind, v2 response) of one call; ``kind`` is ``classifier`` or ``generator``."""
-    try:
-        with httpx.Client(base_url=url.rstrip("/"), timeout=args.timeout) as client:
-            name = pick_model(client, model)
-            kind = model_kind(o["name"] for o in _get(client, f"/v2/models/{name}").get("outputs", []))
-            return kind, _check(client.post(f"/v2/models/{name}/infer", json=build_request(kind, texts, args)))
-    except httpx.ConnectError as e:
-        raise InferError(f"cannot reach the model server at {url} ({e}); is `python -m sweep.serve` running there?") from None
-    except httpx.TimeoutException:
-        raise InferError(f"no answer from {url} within {args.timeout:g} s (--timeout)") from None
-    except httpx.HTTPError as e:
-        raise InferError(f"request to {url} failed: {e}") from None
+    with _http_errors(url, args.timeout), httpx.Client(base_url=url.rstrip("/"), timeout=args.timeout) as client:
+        name = pick_model(client, model)
+        kind = model_kind(o["name"] for o in _get(client, f"/v2/models/{name}").get("outputs", []))
+        return kind, _check(client.post(f"/v2/models/{name}/infer", json=build_request(kind, texts, args)))
 
 
 @contextmanager
