@@ -413,8 +413,13 @@ def test_ctrl_c_detaches_and_stop_ends_the_sweep_and_its_workers(head: Head, tmp
             time.sleep(2)
             _, workers = train_state(head)
         assert workers, out.text()[-3000:] + err.text()[-3000:]
-        # Followed live: the sweep's first line arrived while the job still runs.
-        assert f"submitted: job {job_id}" in out.text() and "sweep: 1 trials" in out.text()
+        # Followed live: the sweep's first line arrives while the job still runs. Ray's log tail
+        # polls, so the line may come a few seconds after the workers do (CI saw it lag).
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "sweep: 1 trials" not in out.text() and proc.poll() is None:
+            time.sleep(1)
+        assert f"submitted: job {job_id}" in out.text() and "sweep: 1 trials" in out.text(), out.text()[-3000:]
+        assert proc.poll() is None  # still following a running job
 
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=15) == 130

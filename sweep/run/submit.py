@@ -22,6 +22,7 @@ import logging
 import os
 import re
 import shlex
+import signal
 import sys
 import time
 from collections import deque
@@ -324,11 +325,23 @@ def submit(client: JobSubmissionClient, command: Command) -> str:
                              runtime_env=runtime_env(command.working_dir))
 
 
-def stream_logs(client: JobSubmissionClient, job_id: str, out: TextIO) -> str:
-    """Print the job's log as it comes until the job ends; returns the log's tail (for the error line)."""
+def detach_now(job_id: str, address: str) -> None:
+    """Ctrl-C while following: say how to get back, and leave at once. Unwinding asyncio.run would
+    first close the log websocket, whose close handshake may wait seconds on a busy head (seen in
+    CI: no exit within 15 s); the job lives on the cluster, so nothing local needs cleaning up."""
+    sys.stdout.flush()
+    print("\n" + detach_message(job_id, address), file=sys.stderr, flush=True)
+    os._exit(EXIT_DETACHED)
+
+
+def stream_logs(client: JobSubmissionClient, job_id: str, out: TextIO, address: str | None = None) -> str:
+    """Print the job's log as it comes until the job ends; returns the log's tail (for the error line).
+    With ``address``, Ctrl-C detaches at once (``detach_now``)."""
     tail: deque[str] = deque(maxlen=512)
 
     async def pump() -> None:
+        if address is not None:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGINT, detach_now, job_id, address)
         async for chunk in client.tail_job_logs(job_id):
             out.write(chunk)
             out.flush()
@@ -352,7 +365,7 @@ def follow(client: JobSubmissionClient, job_id: str, address: str) -> int:
     """Stream until the job ends; 0 only for SUCCEEDED. Ctrl-C detaches and leaves the job running."""
     try:
         with talking_to(address):
-            log = stream_logs(client, job_id, sys.stdout)
+            log = stream_logs(client, job_id, sys.stdout, address)
             # The stream closes when the server sees the job end; the status may lag a moment.
             status = wait_terminal(client, job_id, timeout_s=10)
             if not log.strip():
