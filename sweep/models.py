@@ -43,12 +43,12 @@ from transformers.utils import logging as hf_logging
 from sweep.data.synthetic import corpus_sentences
 from sweep.errors import ModelSourceError
 from sweep.files import atomic_folder, is_model_folder, require_model_folder
+from sweep.model_limits import position_offset
 from sweep.tasks import TaskSpec
 
 log = logging.getLogger(__name__)
 
 ARCHS = ("roberta", "gpt2", "bert")
-PADDING_OFFSET_TYPES = ("roberta", "xlm-roberta", "camembert")  # position ids start after padding_idx
 BUILDER_KEYS = ("arch", "vocab_size", "hidden_size", "num_layers", "num_heads", "max_positions")
 # Part of the cache key: bump when the build recipe (corpus, tokenizer, config) changes.
 BUILD_RECIPE = 1
@@ -120,11 +120,6 @@ def pick_device(preferred: str = "auto") -> torch.device:
     if preferred == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(preferred)
-
-
-def position_offset(model_type: str, pad_token_id: int | None) -> int:
-    """Rows of the position table a token can never use: RoBERTa numbers positions from padding_idx + 1."""
-    return (pad_token_id or 0) + 1 if model_type in PADDING_OFFSET_TYPES else 0
 
 
 def default_corpus(n: int = 4000, seed: int = 0) -> list[str]:

@@ -172,3 +172,126 @@ def test_declared_node_types_compose_and_bad_ones_are_refused():
         with pytest.raises(ConfigError) as error:
             validate(_compose(override))
         assert message in str(error.value)
+
+
+# ---- lengths the model holds (sweep.model_limits) ---------------------------------------------
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        # a package's config.json (BERT: every position usable)
+        (["model=minilm", "train.max_seq_length=100000"],
+         "train.max_seq_length: 100000 is more than minilm holds (512 positions); use at most 512"),
+        # a builder: 66 positions, RoBERTa's first two never used
+        (["experiment=demo", "model.builder.max_positions=66", "train.max_seq_length=65"],
+         "train.max_seq_length: 65 is more than tiny-roberta holds (64 positions); use at most 64"),
+        (["experiment=demo", "model.builder.max_positions=66", "+sweep.grid.max_seq_length=[32,128]"],
+         "sweep.grid.max_seq_length: 128 is more than tiny-roberta holds (64 positions); use at most 64"),
+        (["experiment=demo", "model.builder.max_positions=66", "+sweep.search.max_seq_length={dist:choice,values:[32,99]}"],
+         "sweep.search.max_seq_length: 99 is more than tiny-roberta holds (64 positions)"),
+        # a causal LM: block_size against GPT-2's n_positions
+        (["model=tiny-gpt2", "task=wikitext-2", "train.block_size=257"],
+         "train.block_size: 257 is more than tiny-gpt2 holds (256 positions); use at most 256"),
+    ],
+)
+def test_a_length_beyond_the_model_is_one_line_naming_the_key(overrides, expected):
+    from sweep.model_limits import check_lengths
+
+    with pytest.raises(ConfigError) as e:
+        check_lengths(validate(_compose(*overrides)))
+    assert str(e.value).startswith(expected) and "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["model=minilm", "train.max_seq_length=512"],
+        ["experiment=demo", "model.builder.max_positions=66", "train.max_seq_length=64"],
+        # the grid replaces train.max_seq_length: only the values tried count
+        ["experiment=demo", "model.builder.max_positions=66", "train.max_seq_length=1000", "+sweep.grid.max_seq_length=[32,64]"],
+        ["model=tiny-gpt2", "task=wikitext-2", "train.block_size=256"],
+        # block_size is for causal LM tasks only; max_seq_length for the others only
+        ["model=minilm", "task=RTE", "train.block_size=100000"],
+        ["model=tiny-gpt2", "task=wikitext-2", "train.max_seq_length=100000"],
+        # a hub model with no local copy: its staging finds the folder (and checks it) or fails
+        ["model=roberta-base", "train.max_seq_length=100000"],
+    ],
+)
+def test_a_length_the_model_holds_passes(overrides):
+    from sweep.model_limits import check_lengths
+
+    check_lengths(validate(_compose(*overrides)))
+
+
+def test_a_model_folders_config_json_gives_its_positions(tmp_path):
+    """model.path (and a staged folder, checked where it is staged): RoBERTa's pad_token_id + 1 rows
+    of the position table are never used, so 130 rows hold 128 tokens."""
+    import json
+
+    from sweep.model_limits import check_lengths, check_model_folder
+
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"model_type": "roberta", "max_position_embeddings": 130, "pad_token_id": 1}))
+    check_lengths(validate(_compose(f"model.path={tmp_path}", "train.max_seq_length=128")))
+    with pytest.raises(ConfigError, match=r"^train.max_seq_length: 129 is more than roberta-base holds \(128 positions\)"):
+        check_lengths(validate(_compose(f"model.path={tmp_path}", "train.max_seq_length=129")))
+    staged = validate(_compose("train.max_seq_length=129"))  # e.g. storage=s3: only the node has the folder
+    with pytest.raises(ConfigError, match=r"^train.max_seq_length: 129 is more than roberta-base holds"):
+        check_model_folder(staged, tmp_path)
+
+
+def test_a_built_model_holds_exactly_what_its_builder_promises(tiny_roberta_dir):
+    """The positions known before the build (builder params) are the built model's own, and the
+    model really runs that many tokens and fails on one more (RoBERTa's offset is real)."""
+    import torch
+    from transformers import AutoModel
+
+    from sweep.model_limits import builder_positions, folder_positions
+    from sweep.models import quiet_transformers
+
+    positions = builder_positions(validate(_compose("model=tiny-roberta")).model.builder)
+    assert positions == folder_positions(tiny_roberta_dir) == 512
+    with quiet_transformers():
+        model = AutoModel.from_pretrained(tiny_roberta_dir)
+    with torch.no_grad():
+        model(input_ids=torch.full((1, positions), 5))
+        with pytest.raises((IndexError, RuntimeError), match="out of"):  # the position table (or its buffers) runs out
+            model(input_ids=torch.full((1, positions + 1), 5))
+
+
+# ---- the command line, checked before Hydra runs the job (sweep.command_line) ----------------
+
+def test_the_command_line_check_lets_every_kind_of_good_argument_through(tmp_path):
+    from sweep.command_line import check_command_line
+
+    for argv in (
+        ["--help"],
+        ["experiment=demo", "--cfg", "job"],
+        ["experiment=demo", f"hydra.run.dir={tmp_path}/run", "+resources.tasks.WNLI.gpus_per_trial=0"],
+        ["experiment=demo", "model.builder.max_positions=66", "train.max_seq_length=64"],
+        ["-m", "experiment=demo", "model=tiny-roberta,tiny-gpt2", f"hydra.sweep.dir={tmp_path}/multi"],
+        ["task=text", f"task.path={tmp_path}", "model=tiny-gpt2"],
+    ):
+        check_command_line(argv)
+    assert list(tmp_path.iterdir()) == []  # checking writes nothing
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        # every job of a multirun is composed and validated: the bad value of a sweep is found
+        (["-m", "experiment=demo", "model=tiny-roberta,nosuch"], "model: Could not find 'model/nosuch'; available options in 'model': "),
+        (["-m", "experiment=demo", "train.max_seq_length=64,600"], "train.max_seq_length: 600 is more than tiny-roberta holds (512 positions)"),
+        (["train.lr=[1"], "train.lr=[1: not a valid override ("),
+        (["model.nosuch=1"], "model.nosuch: no such key (keys of model: name, hub_id, path, package, builder)"),
+        (["nosuch=1"], "nosuch: no such key (keys of the config: task, model, train, sweep, resources, storage, tracking, cluster, out_dir, resume)"),
+        (["sweep.grid.lr=[1e-5,2e-5]"], "sweep.grid.lr: not in sweep.grid yet; add it with +sweep.grid.lr=[1e-5,2e-5]"),
+        (["+train.lr=1"], "Could not append to config. An item is already at 'train.lr'; Either remove + prefix: 'train.lr=1'"),
+    ],
+)
+def test_the_command_line_check_names_the_mistake_on_one_line(argv, expected):
+    from sweep.command_line import check_command_line
+
+    with pytest.raises(ConfigError) as e:
+        check_command_line(argv)
+    assert str(e.value).startswith(expected) and "\n" not in str(e.value), str(e.value)

@@ -23,7 +23,7 @@ from sweep.data.cache import cache_stats
 from sweep.errors import DataFormatError
 from sweep.finetune import evaluate, finetune
 from sweep.data.collate import make_lm_collator
-from sweep.data.lm import BlockSizeError, check_block_size, check_corpus, lm_blocks, token_ids
+from sweep.data.lm import BlockSizeError, check_block_fits, check_corpus, lm_blocks, token_ids
 from sweep.models import load_for_task, resolve_model_dir
 from sweep.results import MADE_BY, load_records
 from sweep.serving.tiny import TINY_GPT2
@@ -209,11 +209,11 @@ def test_corpus_shorter_than_two_blocks(tmp_path, tokenizer):
 
 def test_block_size_beyond_the_model_says_what_to_set(tiny_gpt2_dir, wikitext_dir):
     spec = load_task("wikitext-2")
-    check_block_size(spec, 256, tiny_gpt2_dir, "tiny-gpt2")
-    message = r"train.block_size: 512 tokens is more than the 256 positions of model tiny-gpt2; set train.block_size=256"
+    check_block_fits(256, 256, "tiny-gpt2")
+    message = r"train.block_size: 512 is more than tiny-gpt2 holds \(256 positions\); use at most 256"
     with pytest.raises(BlockSizeError, match=message):
-        check_block_size(spec, 512, tiny_gpt2_dir, "tiny-gpt2")
-    with pytest.raises(ConfigError, match=r"train.block_size: 512 tokens is more than the 256 positions"):
+        check_block_fits(512, 256, "tiny-gpt2")
+    with pytest.raises(ConfigError, match=message.replace("tiny-gpt2", tiny_gpt2_dir.name)):
         finetune(spec, tiny_gpt2_dir, wikitext_dir, replace(QUICK_LM, block_size=512), seed=38)
 
 
@@ -311,5 +311,5 @@ def test_cli_block_size_too_large_is_one_line_before_any_trial(tmp_path, wikitex
     r = sweep_cli("task=wikitext-2", "model=tiny-gpt2", f"storage.data_dir={wikitext_dir}", "train.block_size=1024",
                   "tracking=none", f"out_dir={tmp_path / 'out'}", cwd=tmp_path, cache=cache_dir, timeout=120)
     assert r.returncode == 2
-    assert "error: train.block_size: 1024 tokens is more than the 256 positions of model tiny-gpt2" in r.stderr
+    assert "error: train.block_size: 1024 is more than tiny-gpt2 holds (256 positions); use at most 256" in r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "out" / "results.csv").exists()

@@ -102,14 +102,6 @@ def _empty(spec: TaskSpec, split: str, files: list[Path]) -> DataFormatError:
     return DataFormatError(f"{where}: empty corpus: split {split!r} of task {spec.name} holds no text")
 
 
-def check_block_size(spec: TaskSpec, block_size: int, model_dir: str | Path, model_name: str | None = None) -> None:
-    """Preflight: a block longer than the model's position table cannot run; say what to set instead."""
-    if spec.kind != "causal_lm":
-        return
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    check_block_fits(block_size, max_positions(config), model_name or Path(model_dir).name)
-
-
 def max_positions(config: dict[str, Any] | Any) -> int | None:
     """Positions a model can attend over, from its config (GPT-2: n_positions; others: max_position_embeddings)."""
     get = config.get if isinstance(config, dict) else lambda k: getattr(config, k, None)
@@ -118,10 +110,9 @@ def max_positions(config: dict[str, Any] | Any) -> int | None:
 
 def check_block_fits(block_size: int, positions: int | None, model: str) -> None:
     if positions is not None and block_size > positions:
-        raise BlockSizeError(
-            f"train.block_size: {block_size} tokens is more than the {positions} positions of model {model}; "
-            f"set train.block_size={positions} or lower"
-        )
+        # the wording of sweep.model_limits, which checks the same before any trial
+        raise BlockSizeError(f"train.block_size: {block_size} is more than {model} holds "
+                             f"({positions} positions); use at most {positions}")
 
 
 # --------------------------------------------------------------------------------------------

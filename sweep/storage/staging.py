@@ -175,13 +175,14 @@ def _stage_s3(settings: Settings, progress: Callable[[str], None] | None) -> Loc
 
 
 def check_tasks_here(settings: Settings, sources: LocalSources) -> None:
-    """Every task's files on this machine, and an LM block size the model can hold (before any trial)."""
+    """Every task's files on this machine, and lengths the model can hold (before any trial)."""
     from sweep.data.glue import check_task_data
-    from sweep.data.lm import check_block_size, check_corpus
+    from sweep.data.lm import check_corpus
+    from sweep.model_limits import check_model_folder
 
     for spec in settings.tasks:
         (check_corpus if spec.kind == "causal_lm" else check_task_data)(spec, sources.data_dir)
-        check_block_size(spec, settings.train.block_size, sources.model_dir, settings.model.name)
+    check_model_folder(settings, sources.model_dir)  # every max_seq_length / block_size the sweep tries
 
 
 def ensure_local(settings: Settings, progress: Callable[[str], None] | None = None) -> LocalSources:
