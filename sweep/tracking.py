@@ -5,12 +5,20 @@ Trials log from other processes (Ray workers), so every call names its run id th
 (params, tags, text artifacts, error messages) goes through ``scrub`` first, and params whose key
 looks like a credential are dropped. Calls retry with jittered backoff on a locked sqlite file or
 a transient server error, so concurrent trials can share one store.
+
+A store that stops answering during a sweep does not stop it: with a spool folder (the sweep's
+``out_dir/mlflow-unsent``) every call after the parent's start that gets no answer is kept on disk
+(``sweep.tracking_spool``), sent in order once the store answers again, and at the end of the sweep
+what is left is one file for ``python -m sweep.tracking replay FILE [--uri URI]``.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import logging
 import math
+import os
 import random
 import re
 import socket
@@ -31,8 +39,10 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 
 from sweep.errors import TrackingError
+from sweep.files import write_json
 from sweep.results import TaskSummary, TrialRecord, registry_name
 from sweep.secrets import scrub, secret_name
+from sweep.tracking_spool import UNSENT_FILE, Record, Spool, merge, read_records, spool_files, spool_for, unreachable
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +54,16 @@ CHAMPION = "champion"
 RETRY_ATTEMPTS = 10
 TRANSIENT = re.compile(r"database is locked|database table is locked|database is busy|SQLITE_BUSY", re.I)
 TRANSIENT_CODES = {"TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED"}
+PARENT_FILE = "mlflow-parent.json"  # in out_dir: the parent run a resumed sweep reopens
+ORIGINAL_TAG = "sweep.original_run_id"  # a run made by replay into another store: the id it had
+# A store that does not answer fails a call in seconds, not MLflow's minutes of retries (7 with
+# backoff 2, 120 s timeout): the call is kept and training goes on. A person's own values win.
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                 "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.5", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+QUIET_S = 10.0  # after a call got no answer, calls go straight to the spool this long, then one tries again
+QUIET_MAX_S = 300.0  # ... doubling while the store stays away
+FLUSH_POLL_S = 2.0
+FINAL_WAIT_S = 20.0  # at the end of a sweep, how long a store that does not answer is waited for
 
 T = TypeVar("T")
 
@@ -123,6 +143,8 @@ def _set_tags(client: MlflowClient, run_id: str, tags: Mapping[str, str]) -> Non
 
 
 def _client(uri: str) -> MlflowClient:
+    for name, value in HTTP_DEFAULTS.items():  # read by MLflow at each request; Ray workers inherit them
+        os.environ.setdefault(name, value)
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
@@ -234,33 +256,255 @@ class TrialTracking:
     uri: str
     experiment_id: str
     parent_run_id: str
+    experiment_name: str | None = None  # finds the experiment again in another server (replay)
+    spool_dir: str | None = None  # where calls the store did not take wait (None: they raise)
 
 
-class SweepTracker:
-    """The driver's side: one parent run for the whole sweep, its config, its results and summary."""
+def saved_parent(out_dir: Path, uri: str, experiment: str) -> str | None:
+    """The parent run id a sweep in ``out_dir`` saved for this store and experiment (resume), else None."""
+    path = Path(out_dir) / PARENT_FILE
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    same = saved.get("uri") == scrub(uri) and saved.get("experiment") == experiment
+    return saved.get("run_id") if same else None
 
-    def __init__(self, uri: str, experiment_name: str) -> None:
+
+class _Sender:
+    """Applies call records to one store, finding each record's run there (by id, else by its
+    parent and name, else creating it) once per run."""
+
+    def __init__(self, uri: str) -> None:
         self.uri = uri
-        self.experiment_name = experiment_name
         self.client = _client(uri)
+        self.experiments: dict[tuple[str, str | None], str] = {}
+        self.runs: dict[str, str] = {}  # a record's run key -> the run's id in this store
+
+    def send(self, record: Record) -> str:
+        """Make the call of ``record``; the id of the run it went to."""
+        run_id, fresh = self._run(record)
+        op = record["op"]
+        if op == "start":
+            self._start(run_id, record, fresh)
+        elif op == "metrics":
+            metrics = [Metric(k, float(v), int(ts), int(step)) for k, v, ts, step in record["metrics"]]
+            for i in range(0, len(metrics), 1000):  # MLflow's most metrics per log_batch
+                _retry(self.client.log_batch, run_id, metrics=metrics[i : i + 1000])
+        elif op == "end":
+            if record.get("error"):
+                _retry(self.client.set_tag, run_id, "error", record["error"])
+            _retry(self.client.set_terminated, run_id, record["status"], end_time=record["time"])
+        elif op == "text":
+            _retry(self.client.log_text, run_id, record["text"], record["artifact_file"])
+        elif op == "artifact":
+            if Path(record["path"]).is_file():
+                _retry(self.client.log_artifact, run_id, record["path"])
+            else:
+                log.warning("tracking: %s is gone; not logged to run %s", record["path"], run_id)
+        else:
+            raise ValueError(f"unknown MLflow call record op {op!r}")
+        return run_id
+
+    def _start(self, run_id: str, record: Record, fresh: bool) -> None:
+        logged: Mapping[str, str] = {}
+        if not fresh:
+            run = _retry(self.client.get_run, run_id)
+            if run.info.status != "RUNNING":
+                _retry(self.client.update_run, run_id, status="RUNNING")
+            _set_tags(self.client, run_id, self._tags(record))
+            logged = run.data.params
+        # Params are write-once in MLflow: a resumed run logs only those it lacks.
+        _log_params(self.client, run_id, {k: v for k, v in record["params"].items() if k not in logged})
+
+    def _tags(self, record: Record) -> dict[str, str]:
+        tags = dict(record.get("tags") or {})
+        if record.get("parent"):
+            tags["mlflow.parentRunId"] = self.runs[f"parent:{record['parent']}"]
+        return tags
+
+    def _experiment(self, record: Record) -> str:
+        key = (str(record["experiment_id"]), record.get("experiment"))
+        if key not in self.experiments:
+            found = self._lookup(self.client.get_experiment, key[0])
+            if found is not None and found.lifecycle_stage == "active" and key[1] in (None, found.name):
+                self.experiments[key] = found.experiment_id
+            else:  # another store: the experiment by name (a fresh server gets it created)
+                self.experiments[key] = ensure_experiment(self.client, key[1] or f"replayed-{key[0]}", self.uri)
+        return self.experiments[key]
+
+    def _lookup(self, call: Callable[..., T], *args: Any) -> T | None:
+        """``call(*args)``, None when the store says there is no such thing (not when it does not answer)."""
+        try:
+            return _retry(call, *args)
+        except MlflowException as e:
+            if unreachable(e):
+                raise
+            return None
+
+    def _existing(self, run_id: str | None, experiment_id: str) -> str | None:
+        run = self._lookup(self.client.get_run, run_id) if run_id else None
+        return run.info.run_id if run is not None and run.info.experiment_id == experiment_id else None
+
+    def _search(self, experiment_id: str, query: str) -> str | None:
+        runs = _retry(self.client.search_runs, [experiment_id], filter_string=query, max_results=1)
+        return runs[0].info.run_id if runs else None
+
+    def _parent(self, parent_id: str, name: str | None, experiment_id: str) -> tuple[str, bool]:
+        key = f"parent:{parent_id}"
+        fresh = False
+        if key not in self.runs:
+            found = self._existing(parent_id, experiment_id) or self._search(
+                experiment_id, f"tags.{ORIGINAL_TAG} = '{parent_id}'")
+            if found is None:  # a store that never saw the sweep: a stand-in parent, found again by its tag
+                run = _retry(self.client.create_run, experiment_id, run_name=name or f"sweep-{parent_id[:8]}",
+                             tags={ORIGINAL_TAG: parent_id})
+                found, fresh = run.info.run_id, True
+            self.runs[key] = found
+        return self.runs[key], fresh
+
+    def _run(self, record: Record) -> tuple[str, bool]:
+        """The run ``record`` goes to in this store, and whether it was created just now."""
+        experiment_id = self._experiment(record)
+        if not record.get("parent"):  # the sweep's own parent run
+            return self._parent(record["run_id"], record.get("run_name"), experiment_id)
+        parent, _ = self._parent(record["parent"], None, experiment_id)
+        key = f"{record['parent']}/{record['run_name']}"
+        if key in self.runs:
+            return self.runs[key], False
+        found = self._existing(record.get("run_id"), experiment_id) or self._search(
+            experiment_id, f"tags.mlflow.parentRunId = '{parent}' and attributes.run_name = {_quote(record['run_name'])}")
+        fresh = found is None
+        if fresh:
+            tags = {**self._tags(record), **({ORIGINAL_TAG: record["run_id"]} if record.get("run_id") else {})}
+            found = _retry(self.client.create_run, experiment_id, run_name=record["run_name"], tags=tags).info.run_id
+        self.runs[key] = found
+        return found, fresh
+
+
+class _Tracked:
+    """One run's calls: sent now, or, while the store does not answer, kept in the run's spool file
+    (and training goes on); later calls first send what waits, in order."""
+
+    def __init__(self, uri: str, spool_dir: str | Path | None) -> None:
+        self.uri = uri
+        self.sender = _Sender(uri)
+        self.spool_dir = Path(spool_dir) if spool_dir is not None else None
+        self.spool: Spool | None = None
+        self._backlog = False
+        self._quiet_until = 0.0  # after a failure, calls go straight to the spool until then
+        self._quiet_s = QUIET_S
+
+    @property
+    def client(self) -> MlflowClient:
+        return self.sender.client
+
+    def _use_spool(self, run_name: str) -> None:
+        if self.spool_dir is not None:
+            self.spool = spool_for(self.spool_dir, run_name)
+            self._backlog = self.spool.path.exists()  # a restarted trial: what its last process kept
+
+    def _emit(self, record: Record, last: bool = False) -> None:
+        may_try = last or time.monotonic() >= self._quiet_until
+        if self._backlog and may_try:
+            self.flush()
+        if not self._backlog and may_try:
+            try:
+                self._sent(record, self.sender.send(record))
+                return
+            except Exception as e:
+                if self.spool is None or not unreachable(e):
+                    raise
+                self._went_away(e)
+        if self.spool is not None and self.spool.append(record):
+            self._backlog = True
+
+    def flush(self) -> bool:
+        """Send what waits, oldest first; True when nothing is left."""
+        if self.spool is None:
+            return True
+        pending = self.spool.pending()
+        for i, record in enumerate(pending):
+            try:
+                self._sent(record, self.sender.send(record))
+            except Exception as e:
+                if unreachable(e):
+                    self.spool.keep(pending[i:])
+                    self._went_away(e)
+                    return False
+                log.warning("tracking: the MLflow store refused a kept call (%s: %s); dropped",
+                            record["op"], scrub(str(e)).splitlines()[0][:300])
+        self.spool.keep([])
+        self._backlog = False
+        self._quiet_s = QUIET_S
+        if pending:
+            log.info("tracking: %d kept MLflow calls sent to %s", len(pending), scrub(self.uri))
+        return True
+
+    def _went_away(self, error: BaseException) -> None:
+        if time.monotonic() >= self._quiet_until:
+            where = self.spool.path if self.spool is not None else "nowhere"
+            log.warning("tracking: MLflow at %s did not answer (%s); calls kept in %s, training goes on",
+                        scrub(self.uri), scrub(str(error)).splitlines()[0][:200], where)
+        self._quiet_until = time.monotonic() + self._quiet_s
+        self._quiet_s = min(self._quiet_s * 2, QUIET_MAX_S)  # a long outage is probed less and less often
+
+    def _sent(self, record: Record, run_id: str) -> None:
+        """A record reached the store as run ``run_id``."""
+
+
+class SweepTracker(_Tracked):
+    """The driver's side: one parent run for the whole sweep, its config, its results and summary.
+
+    With ``spool_dir`` the calls after ``start`` never stop the sweep: what the store does not take
+    is kept there (one file per run), sent once it answers again, and left for ``replay`` if not.
+    """
+
+    def __init__(self, uri: str, experiment_name: str, spool_dir: str | Path | None = None) -> None:
+        super().__init__(uri, spool_dir)
+        self.experiment_name = experiment_name
         self.experiment_id: str | None = None
         self.run_id: str | None = None
+        self.run_name: str | None = None
+        self.reopened = False
 
-    def start(self, settings: Mapping[str, Any], tags: Mapping[str, Any] | None = None, run_name: str | None = None) -> str:
-        """Create the parent run, log the config as params and ``config.yaml``; return the run id."""
+    def start(self, settings: Mapping[str, Any], tags: Mapping[str, Any] | None = None, run_name: str | None = None,
+              reopen: str | None = None) -> str:
+        """Create the parent run (or reopen run ``reopen``: a resumed sweep), log the config as
+        params and ``config.yaml``; return the run id. The store must answer here."""
         self.experiment_id = ensure_experiment(self.client, self.experiment_name, self.uri)
         config = _redact(settings)
-        run_tags = {
+        run_tags = _clean_tags({
             **_sweep_tags(config),
             "mlflow.source.git.commit": _git_commit(),
             "sweep.command": " ".join(sys.argv),
             **(tags or {}),
-        }
-        run = _retry(self.client.create_run, self.experiment_id, run_name=run_name, tags=_clean_tags(run_tags))
-        self.run_id = run.info.run_id
-        _log_params(self.client, self.run_id, _flatten(config))
+        })
+        run = self.sender._lookup(self.client.get_run, reopen) if reopen else None
+        self.reopened = run is not None and run.info.experiment_id == self.experiment_id
+        if self.reopened:
+            _retry(self.client.update_run, run.info.run_id, status="RUNNING")
+            _set_tags(self.client, run.info.run_id, run_tags)
+            logged: Mapping[str, str] = run.data.params  # params are write-once: the first launch's stay
+        else:
+            run = _retry(self.client.create_run, self.experiment_id, run_name=run_name, tags=run_tags)
+            logged = {}
+        self.run_id, self.run_name = run.info.run_id, run.info.run_name
+        _log_params(self.client, self.run_id, {k: v for k, v in _flatten(config).items() if k not in logged})
         _retry(self.client.log_text, self.run_id, yaml.safe_dump(config, sort_keys=False), "config.yaml")
+        self._use_spool(f"parent-{self.run_id}")
         return self.run_id
+
+    def save(self, out_dir: Path) -> Path:
+        """The parent's identity in ``out_dir``: a resumed sweep (resume=true) reopens this run."""
+        payload = {"run_id": self._started(), "experiment_id": self.experiment_id,
+                   "experiment": self.experiment_name, "uri": scrub(self.uri)}
+        return write_json(Path(out_dir) / PARENT_FILE, payload, indent=1)
+
+    def _record(self, op: str, **args: Any) -> Record:
+        return {"v": 1, "uri": scrub(self.uri), "experiment_id": self.experiment_id, "experiment": self.experiment_name,
+                "parent": None, "run_name": self.run_name, "run_id": self._started(), "op": op,
+                "time": int(time.time() * 1000), **args}
 
     def finish(
         self,
@@ -271,18 +515,75 @@ class SweepTracker:
         status: str = "FINISHED",
     ) -> None:
         """Log the result files, the plot and per-task summary metrics, then end the parent run."""
-        if self.run_id is None:
-            raise TrackingError("SweepTracker.finish called before start")
+        self._started()
         for name in ("results.csv", "results.json", "summary.csv"):
             path = Path(out_dir) / name
             if path.is_file():  # text artifacts are scrubbed too: results.json holds error messages
-                _retry(self.client.log_text, self.run_id, scrub(path.read_text()), name)
+                self._emit(self._record("text", text=scrub(path.read_text()), artifact_file=name))
         if plot is not None and Path(plot).is_file():
-            _retry(self.client.log_artifact, self.run_id, str(plot))
-        metrics = _summary_metrics(records, summaries)
+            self._emit(self._record("artifact", path=str(Path(plot).resolve())))
         now = int(time.time() * 1000)
-        _retry(self.client.log_batch, self.run_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()])
-        _retry(self.client.set_terminated, self.run_id, status)
+        metrics = [[k, v, now, 0] for k, v in _summary_metrics(records, summaries).items()]
+        self._emit(self._record("metrics", metrics=metrics))
+        self._emit(self._record("end", status=status), last=True)
+
+    def fail(self, status: str = "FAILED") -> None:
+        """End the parent (FAILED, or KILLED) on the way out of a sweep that raised: never raises itself."""
+        if self.run_id is None:
+            return
+        try:
+            self._emit(self._record("end", status=status), last=True)
+        except Exception as e:  # the sweep's own error is the one to show
+            log.warning("tracking: could not mark MLflow run %s %s (%s)", self.run_id, status, scrub(str(e))[:200])
+
+    def flush_all(self, wait_s: float = 0.0) -> int:
+        """Send what every run of the sweep kept (the trials' and the parent's), waiting up to
+        ``wait_s`` for a store that does not answer; the count of calls still unsent."""
+        if self.spool_dir is None:
+            return 0
+        deadline = time.monotonic() + wait_s
+        while True:
+            left = 0
+            for path in spool_files(self.spool_dir):
+                left += self._flush_file(path)
+                if left:
+                    break  # the store went away: the other files wait for the next try
+            if not left or time.monotonic() >= deadline:
+                break
+            time.sleep(FLUSH_POLL_S)
+        if left:  # count every file's records for the user's line
+            left = sum(len(read_records(p)) for p in spool_files(self.spool_dir))
+        self._backlog = self.spool is not None and self.spool.path.exists()
+        return left
+
+    def _flush_file(self, path: Path) -> int:
+        pending = read_records(path)
+        spool = Spool(path)
+        for i, record in enumerate(pending):
+            try:
+                self.sender.send(record)
+            except Exception as e:
+                if unreachable(e):
+                    spool.keep(pending[i:])
+                    return len(pending) - i
+                log.warning("tracking: the MLflow store refused a kept call of %s (%s); dropped",
+                            path.name, scrub(str(e)).splitlines()[0][:300])
+        spool.keep([])
+        return 0
+
+    def close(self, out_dir: Path) -> tuple[int, Path | None]:
+        """A last try to send what waits; what is still left moves to ``out_dir/mlflow-unsent.jsonl``:
+        (count, that file), or (0, None) when everything arrived."""
+        if self.spool_dir is None or self.flush_all() == 0:
+            return 0, None
+        path = Path(out_dir) / UNSENT_FILE
+        merge(self.spool_dir, path)
+        return len(read_records(path)), path
+
+    def _started(self) -> str:
+        if self.run_id is None:
+            raise TrackingError("SweepTracker used before start")
+        return self.run_id
 
 
 def _summary_metrics(records: list[TrialRecord], summaries: list[TaskSummary]) -> dict[str, float]:
@@ -313,11 +614,12 @@ def _device_tag() -> str:
     return "cpu" if torch is not None else "unknown"
 
 
-class TrialLogger:
+class TrialLogger(_Tracked):
     """A trial's side, built from plain data in whatever process runs the trial: one nested run.
 
     ``start`` resumes ``run_id`` if given, else the parent's child of the same run name if one
-    exists (a retried trial), else creates the run.
+    exists (a retried trial, or a trial of a resumed sweep), else creates the run. With
+    ``spool_dir`` no call raises because the store is down: it is kept and sent later.
     """
 
     def __init__(
@@ -329,15 +631,18 @@ class TrialLogger:
         params: Mapping[str, Any],
         tags: Mapping[str, Any] | None = None,
         run_id: str | None = None,
+        experiment_name: str | None = None,
+        spool_dir: str | Path | None = None,
     ) -> None:
-        self.uri = uri
+        super().__init__(uri, spool_dir)
         self.experiment_id = experiment_id
+        self.experiment_name = experiment_name
         self.parent_run_id = parent_run_id
         self.run_name = run_name.replace('"', "_")  # so _quote can always quote it for the lookup
         self.params = dict(params)
         self.tags = dict(tags or {})
         self.run_id = run_id
-        self.client = _client(uri)
+        self._began = False
 
     def _run_tags(self) -> dict[str, str]:
         return _clean_tags(
@@ -352,48 +657,37 @@ class TrialLogger:
             }
         )
 
-    def _existing(self) -> str | None:
-        query = f"tags.mlflow.parentRunId = '{self.parent_run_id}' and attributes.run_name = {_quote(self.run_name)}"
-        runs = _retry(self.client.search_runs, [self.experiment_id], filter_string=query, max_results=1)
-        return runs[0].info.run_id if runs else None
+    def _record(self, op: str, **args: Any) -> Record:
+        return {"v": 1, "uri": scrub(self.uri), "experiment_id": self.experiment_id, "experiment": self.experiment_name,
+                "parent": self.parent_run_id, "run_name": self.run_name, "run_id": self.run_id, "op": op,
+                "time": int(time.time() * 1000), **args}
 
-    def start(self) -> str:
-        """Create or resume the trial's run, set its tags and log its params; return the run id."""
-        tags = self._run_tags()
-        self.run_id = self.run_id or self._existing()
-        if self.run_id is None:
-            run = _retry(self.client.create_run, self.experiment_id, run_name=self.run_name, tags=tags)
-            self.run_id = run.info.run_id
-            logged: Mapping[str, str] = {}
-        else:
-            run = _retry(self.client.get_run, self.run_id)
-            if run.info.status != "RUNNING":
-                _retry(self.client.update_run, self.run_id, status="RUNNING")
-            _set_tags(self.client, self.run_id, tags)
-            logged = run.data.params
-        # Params are write-once in MLflow: a resumed run logs only those it lacks.
-        fresh = {k: v for k, v in _clean_params(self.params).items() if k not in logged}
-        _log_params(self.client, self.run_id, fresh)
+    def _sent(self, record: Record, run_id: str) -> None:
+        self.run_id = run_id
+
+    def start(self) -> str | None:
+        """Create or resume the trial's run, set its tags and log its params; return the run id
+        (None while the store does not answer: the run is made once it does)."""
+        self._use_spool(self.run_name)
+        self._began = True
+        self._emit(self._record("start", tags=self._run_tags(), params=_clean_params(self.params)))
         return self.run_id
 
     def log_epoch(self, epoch: int, metrics: Mapping[str, float]) -> None:
         """Each metric at step ``epoch``."""
+        self._started()
         now = int(time.time() * 1000)
-        batch = [Metric(_key(k), float(v), now, epoch) for k, v in metrics.items()]
-        _retry(self.client.log_batch, self._started(), metrics=batch)
+        self._emit(self._record("metrics", metrics=[[_key(k), float(v), now, epoch] for k, v in metrics.items()]))
 
     def end(self, status: str = "FINISHED", error: str | None = None) -> None:
         """Terminate the run; a failure keeps the (scrubbed) tail of its error as tag ``error``."""
-        run_id = self._started()
-        if error:
-            # The tail of a traceback says what went wrong; keep that end when truncating.
-            _retry(self.client.set_tag, run_id, "error", scrub(error)[-TAG_LIMIT:])
-        _retry(self.client.set_terminated, run_id, status)
+        self._started()
+        # The tail of a traceback says what went wrong; keep that end when truncating.
+        self._emit(self._record("end", status=status, error=scrub(error)[-TAG_LIMIT:] if error else None), last=True)
 
-    def _started(self) -> str:
-        if self.run_id is None:
+    def _started(self) -> None:
+        if not self._began:
             raise TrackingError("TrialLogger used before start()")
-        return self.run_id
 
 
 # --- registry ------------------------------------------------------------------------------------
@@ -456,3 +750,75 @@ def register_best(
         _retry(client.set_registered_model_alias, name, CHAMPION, version.version)
     return RegistrationResult(name, str(version.version), promoted, previous)
 
+
+# --- replaying kept calls: python -m sweep.tracking replay FILE [--uri URI] ----------------------
+
+
+@dataclass(frozen=True)
+class Replayed:
+    uri: str
+    sent: int
+    left: int  # not sent: the store stopped answering, or refused them
+    file: Path | None  # where the calls not sent are (None: all sent)
+
+
+def replay(where: Path, uri: str | None = None) -> Replayed:
+    """Send the calls kept in ``where`` (a spool file or folder) to ``uri`` (default: the store they
+    were meant for). Runs are found by id, else by parent and name, so a second replay, or one into
+    a server that already holds part of the sweep, adds no runs; sent calls leave the file. Stops at
+    the first call the store does not answer."""
+    files = spool_files(Path(where))
+    if uri is None:
+        recorded = {r.get("uri") for f in files for r in read_records(f)}
+        if len(recorded) != 1:
+            raise TrackingError(f"replay: {where} holds calls for {len(recorded)} stores; name one with --uri URI")
+        uri = str(recorded.pop())
+    sender = _Sender(uri)
+    sent = 0
+    for path in files:
+        pending, refused = read_records(path), []
+        for i, record in enumerate(pending):
+            try:
+                sender.send(record)
+                sent += 1
+            except Exception as e:
+                if unreachable(e):
+                    Spool(path).keep(refused + pending[i:])
+                    return Replayed(uri, sent, _count(files), path)
+                refused.append(record)  # kept for a look, not in the way of the rest
+                log.warning("replay: %s refused a %s call of run %s: %s", scrub(uri), record.get("op"),
+                            record.get("run_name"), scrub(str(e)).splitlines()[0][:300])
+        Spool(path).keep(refused)
+    return Replayed(uri, sent, _count(files), next((p for p in files if p.exists()), None))
+
+
+def _count(files: list[Path]) -> int:
+    return sum(len(read_records(p)) for p in files if p.exists())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sweep.tracking")
+    commands = parser.add_subparsers(dest="command", required=True)
+    cmd = commands.add_parser("replay", help="send the MLflow calls a sweep kept while the store did not answer")
+    cmd.add_argument("file", type=Path, help="a sweep's mlflow-unsent.jsonl (or its mlflow-unsent/ folder)")
+    cmd.add_argument("--uri", help="the tracking store to send them to (default: the one they were meant for)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    if not spool_files(args.file):
+        print(f"error: replay: {args.file} is not a file or folder of kept MLflow calls", file=sys.stderr)
+        return 2
+    try:
+        done = replay(args.file, args.uri)
+    except TrackingError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"replay: {done.sent} MLflow calls sent to {scrub(done.uri)}")
+    if done.left:
+        print(f"replay: {done.left} calls not sent (the store did not answer or refused them); they stay in {done.file}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -13,7 +15,8 @@ from typing import Any
 
 import pytest
 
-SERVER_START_TIMEOUT = 60.0
+# A restart on a busy 2-core machine (Ray trials beside it) can take far longer than a first start.
+SERVER_START_TIMEOUT = 180.0
 
 
 def free_port() -> int:
@@ -37,38 +40,54 @@ def _server_command(root: Path, port: int) -> list[str]:
     ]
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + SERVER_START_TIMEOUT
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"mlflow server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=1):
-                return
-        except OSError:
-            time.sleep(0.3)
-    raise RuntimeError(f"mlflow server not healthy after {SERVER_START_TIMEOUT:.0f} s:\n{log.read_text()[-3000:]}")
+class ServerProcess:
+    """An ``mlflow server`` on a fixed port and store that can be killed (its whole process group, as
+    a lost machine) and started again on the same port with the same store."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self) -> ServerProcess:
+        self.starts += 1
+        log = self.root / f"server-{self.starts}.log"
+        with log.open("w") as out:
+            self.proc = subprocess.Popen(_server_command(self.root, self.port), stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        self._wait_healthy(log)
+        return self
+
+    def _wait_healthy(self, log: Path) -> None:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited with {self.proc.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.3)
+        raise RuntimeError(f"mlflow server not healthy after {SERVER_START_TIMEOUT:.0f} s:\n{log.read_text()[-3000:]}")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.proc = None
 
 
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> MlflowServer:
     """``mlflow server`` on a free port of 127.0.0.1 with a sqlite backend and proxied artifacts."""
-    root = tmp_path_factory.mktemp("mlflow-server")
-    port = free_port()
-    log = root / "server.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(_server_command(root, port), stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    server = ServerProcess(tmp_path_factory.mktemp("mlflow-server")).start()
     try:
-        _wait_healthy(url, proc, log)
-        yield MlflowServer(url, root)
+        yield MlflowServer(server.url, server.root)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        server.kill()
 
 
 def log_trial_in_process(kwargs: dict[str, Any], barrier: Any, epochs: int) -> None:

@@ -20,7 +20,7 @@ from sweep.results import TrialRecord, summarize, write_results
 from sweep.secrets import scrub, secret_name, secret_values
 from sweep.tasks import load_task
 from sweep.tracking import (
-    FALLBACK_URI, SweepTracker, TrackingError, TrialLogger, check_reachable, register_best,
+    FALLBACK_URI, SweepTracker, TrackingError, TrialLogger, check_reachable, register_best, saved_parent,
 )
 
 WNLI = load_task("WNLI")
@@ -140,6 +140,31 @@ def test_a_retried_trial_resumes_its_own_run(store: Store) -> None:
     assert client.get_run(run_id).info.status == "FINISHED"
     assert _steps(client, run_id, "eval_acc") == [1, 2]
     assert len(_children(client, tracker)) == 1
+
+
+def test_a_resumed_sweep_reopens_its_parent_run(store: Store, tmp_path: Path) -> None:
+    name = _unique("reopen")
+    first = SweepTracker(store.uri, name, tmp_path / "out" / "mlflow-unsent")
+    parent = first.start({"model": {"name": "m"}, "resume": False})
+    first.save(tmp_path / "out")
+    _trial(first, 38).start()
+    first.fail("KILLED")  # the driver was stopped
+
+    assert saved_parent(tmp_path / "out", store.uri, name) == parent
+    assert saved_parent(tmp_path / "out", store.uri, "another-experiment") is None  # a new parent there
+    again = SweepTracker(store.uri, name, tmp_path / "out" / "mlflow-unsent")
+    assert again.start({"model": {"name": "m"}, "resume": True}, reopen=parent) == parent and again.reopened
+    client = MlflowClient(store.uri)
+    top = client.get_run(parent)
+    assert top.info.status == "RUNNING" and top.data.params["resume"] == "False"  # params are the first launch's
+    retried = _trial(again, 38)
+    retried.start()
+    retried.end("FINISHED")
+    assert len(_children(client, again)) == 1  # the trial found its run under the reopened parent
+
+    gone = SweepTracker(store.uri, name)
+    gone.start({"model": {"name": "m"}}, reopen="0" * 32)  # the saved run is not in this store
+    assert not gone.reopened and gone.run_id != parent
 
 
 def _model_dir(path: Path, marker: str) -> Path:
