@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+from sweep.disk import writing
+
 
 @contextmanager
 def atomic_file(path: str | Path, mode: str = "w") -> Iterator[IO]:
@@ -34,14 +36,17 @@ def atomic_file(path: str | Path, mode: str = "w") -> Iterator[IO]:
         raise
 
 
-def write_text(path: str | Path, text: str) -> Path:
-    with atomic_file(path) as f:
+def write_text(path: str | Path, text: str, *, key: str | None = None) -> Path:
+    """``text`` into ``path`` atomically; a full disk is a DiskFullError naming the folder, the
+    bytes and ``key`` (the setting that moves the folder)."""
+    path = Path(path)
+    with writing(path.name, path.parent, len(text.encode()), key), atomic_file(path) as f:
         f.write(text)
-    return Path(path)
+    return path
 
 
-def write_json(path: str | Path, payload: Any, **dumps: Any) -> Path:
-    return write_text(path, json.dumps(payload, **dumps))
+def write_json(path: str | Path, payload: Any, *, key: str | None = None, **dumps: Any) -> Path:
+    return write_text(path, json.dumps(payload, **dumps), key=key)
 
 
 def partial_folders(target: Path) -> list[Path]:

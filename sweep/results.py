@@ -7,6 +7,7 @@ baseline, and unit tests need no cluster.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import re
@@ -16,7 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sweep.files import atomic_file, atomic_folder, write_json
+from sweep.disk import folder_size, writing
+from sweep.files import atomic_folder, write_json, write_text
 from sweep.tasks import TaskSpec
 
 MADE_BY = "sweep_made_by.json"  # written beside an exported model: how it was made
@@ -121,24 +123,26 @@ def _flat_row(r: TrialRecord) -> dict[str, Any]:
     return row
 
 
-def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+def _csv_text(rows: list[dict[str, Any]]) -> str:
     columns: list[str] = []
     for row in rows:
         columns += [c for c in row if c not in columns]
-
-    with atomic_file(path) as f:  # a killed run never leaves a half-written file
-        w = csv.DictWriter(f, fieldnames=columns)
-        w.writeheader()
-        w.writerows(rows)
+    text = io.StringIO(newline="")
+    w = csv.DictWriter(text, fieldnames=columns)
+    w.writeheader()
+    w.writerows(rows)
+    return text.getvalue()
 
 
 def write_results(out_dir: Path, records: list[TrialRecord], summaries: list[TaskSummary]) -> None:
-    """results.json, results.csv (one row per trial) and summary.csv (one row per task)."""
+    """results.json, results.csv (one row per trial) and summary.csv (one row per task).
+
+    Each is written whole or not at all (write_text); a full disk is one DiskFullError line."""
     out_dir = Path(out_dir)
     payload = {"trials": [asdict(r) for r in records], "summary": [asdict(s) for s in summaries]}
-    write_json(out_dir / "results.json", payload, indent=2, default=str)
-    _write_csv(out_dir / "results.csv", [_flat_row(r) for r in records])
-    _write_csv(out_dir / "summary.csv", [asdict(s) for s in summaries])
+    write_json(out_dir / "results.json", payload, key="out_dir", indent=2, default=str)
+    write_text(out_dir / "results.csv", _csv_text([_flat_row(r) for r in records]), key="out_dir")
+    write_text(out_dir / "summary.csv", _csv_text([asdict(s) for s in summaries]), key="out_dir")
 
 
 def load_records(path: Path) -> list[TrialRecord]:
@@ -161,9 +165,11 @@ def export_best(record: TrialRecord, target: Path, model_name: str) -> Path:
         "best_epoch": record.best_epoch,
         "trial_id": record.trial_id,
     }
-    with atomic_folder(target) as tmp:
+    needed = folder_size(Path(record.checkpoint))
+    with writing(f"the best model of {record.task}", target.parent, needed, key="out_dir"), \
+            atomic_folder(target) as tmp:  # a full disk leaves the previous export (or none), never half of one
         shutil.copytree(record.checkpoint, tmp, dirs_exist_ok=True)
-        write_json(tmp / MADE_BY, made_by, indent=2, default=str)
+        (tmp / MADE_BY).write_text(json.dumps(made_by, indent=2, default=str))  # inside the atomic folder
     return target
 
 

@@ -17,6 +17,7 @@ from datasets import DatasetDict, load_from_disk
 from filelock import FileLock
 from transformers import PreTrainedTokenizerBase
 
+from sweep.disk import writing
 from sweep.files import atomic_folder
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,10 @@ def cached_dataset(cache_dir: str | Path, key: str, build: Callable[[], DatasetD
         cache_stats.misses += 1
         log.info("%s: building %s", what, target)
         dsdict = build()
-        with atomic_folder(target) as tmp:
+        # Arrow's own byte count of the built tables: what save_to_disk writes (plus a few KB of json)
+        needed = sum(split.data.nbytes for split in dsdict.values())
+        with writing(what, root, needed, key="storage.cache_dir"), \
+                atomic_folder(target) as tmp:
             dsdict.save_to_disk(str(tmp))
     return load_from_disk(str(target))
 
