@@ -36,30 +36,50 @@ def default_experiment(settings: Settings) -> str:
     return f"{'lm' if kinds == {'causal_lm'} else 'glue'}-{settings.model.name}"
 
 
-def start_tracking(settings: Settings, cfg: DictConfig):
-    """The parent MLflow run (or None with tracking=none); an unreachable store fails here, first."""
+def start_tracking(settings: Settings, cfg: DictConfig, out_dir: Path | None = None):
+    """The parent MLflow run (or None with tracking=none); an unreachable store fails here, first.
+
+    With ``out_dir``, calls the store does not answer later wait in ``out_dir/mlflow-unsent/`` and
+    the parent's id is saved there: ``resume=true`` reopens that parent instead of making another.
+    """
     if settings.tracking.kind != "mlflow":
         return None, None
-    from sweep.tracking import SweepTracker, TrialTracking, check_reachable
+    from sweep.tracking import SweepTracker, TrialTracking, check_reachable, saved_parent
+    from sweep.tracking_spool import SPOOL_DIR
 
     uri = absolute_store(check_reachable(settings.tracking.uri, settings.tracking.required))
-    tracker = SweepTracker(uri, settings.tracking.experiment or default_experiment(settings))
-    parent = tracker.start(OmegaConf.to_container(cfg, resolve=True))
-    print(f"tracking: MLflow run {parent} in experiment {tracker.experiment_name!r} at {uri}")
-    return tracker, TrialTracking(uri, tracker.experiment_id, parent)
+    experiment = settings.tracking.experiment or default_experiment(settings)
+    spool_dir = Path(out_dir) / SPOOL_DIR if out_dir is not None else None
+    tracker = SweepTracker(uri, experiment, spool_dir)
+    reopen = saved_parent(Path(out_dir), uri, experiment) if out_dir is not None and settings.resume else None
+    parent = tracker.start(OmegaConf.to_container(cfg, resolve=True), reopen=reopen)
+    if out_dir is not None:
+        tracker.save(Path(out_dir))
+    verb = "continuing MLflow run" if tracker.reopened else "MLflow run"
+    print(f"tracking: {verb} {parent} in experiment {experiment!r} at {uri}")
+    return tracker, TrialTracking(uri, tracker.experiment_id, parent, experiment, str(spool_dir) if spool_dir else None)
 
 
 def register(settings: Settings, tracker, best: dict[str, TrialRecord], out_dir: Path) -> None:
     """The best model per task into the registry as <model>-<task>; alias champion only on improvement."""
+    from sweep.secrets import scrub
     from sweep.tracking import register_best
+    from sweep.tracking_spool import unreachable
 
     spec = {t.name: t for t in settings.tasks}
     for task, record in best.items():
         if not record.run_id:
             print(f"registry: {task}: the best trial has no MLflow run; not registered")
             continue
-        result = register_best(tracker.uri, settings.model.name, task, record.run_id, out_dir / "best" / task,
-                               record.score, spec[task].mode, spec[task].metric)
+        try:
+            result = register_best(tracker.uri, settings.model.name, task, record.run_id, out_dir / "best" / task,
+                                   record.score, spec[task].mode, spec[task].metric)
+        except Exception as e:
+            if not unreachable(e):
+                raise
+            print(f"registry: {task}: the MLflow server at {scrub(tracker.uri)} does not answer; not registered "
+                  f"(the best model stays in {out_dir / 'best' / task})")
+            continue
         before = f"{result.previous_champion_score:.4f}" if result.previous_champion_score is not None else "none"
         verdict = ("now champion" if result.promoted
                    else f"not promoted: the champion scores {before}, this {record.score:.4f}")
@@ -91,8 +111,15 @@ def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkp
     print(format_summary(summaries))
     print(f"results: {out_dir / 'results.csv'}  summary: {out_dir / 'summary.csv'}  plot: {plot}")
     if tracker is not None:
+        from sweep.tracking import FINAL_WAIT_S
+
+        tracker.flush_all(wait_s=FINAL_WAIT_S)  # what trials kept while the store was away, if it is back
         register(settings, tracker, best, out_dir)
         tracker.finish(records, summaries, out_dir, plot)
+        unsent, path = tracker.close(out_dir)
+        if unsent:
+            print(f"tracking: {unsent} MLflow calls could not be sent; replay them with: "
+                  f"python -m sweep.tracking replay {path}")
     return summaries
 
 
@@ -129,17 +156,21 @@ def upload_outputs(settings: Settings, out_dir: Path) -> None:
 
 def run(cfg: DictConfig, out_dir: Path) -> list:
     settings = validate(cfg)  # every config error before any data is read
-    settings = check_sources(settings)
-    tracker, tracking = start_tracking(settings, cfg)  # an unreachable store before any trial
-    from sweep.run.tuner import run_tune
+    from sweep.lock import hold_out_dir
 
-    try:
-        records, checkpoint_folders = run_tune(settings, Path(out_dir), tracking)
-        summaries = finish(settings, records, Path(out_dir), checkpoint_folders, tracker)
-        if settings.storage.output_prefix:
-            upload_outputs(settings, Path(out_dir))
-        return summaries
-    except BaseException:
-        if tracker is not None and tracker.run_id is not None:
-            tracker.client.set_terminated(tracker.run_id, "FAILED")
-        raise
+    with hold_out_dir(Path(out_dir)):  # one sweep per out_dir (OutDirInUseError), before anything is written
+        settings = check_sources(settings)
+        tracker, tracking = start_tracking(settings, cfg, Path(out_dir))  # an unreachable store before any trial
+        from sweep.run.tuner import run_tune
+
+        try:
+            records, checkpoint_folders = run_tune(settings, Path(out_dir), tracking)
+            summaries = finish(settings, records, Path(out_dir), checkpoint_folders, tracker)
+            if settings.storage.output_prefix:
+                upload_outputs(settings, Path(out_dir))
+            return summaries
+        except BaseException as e:
+            if tracker is not None and tracker.run_id is not None:
+                # stopped by a signal (SweepStopped): KILLED, for resume=true to finish
+                tracker.fail("KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")  # never masks e
+            raise

@@ -29,7 +29,28 @@ class TrackingError(RuntimeError):
     """The MLflow store cannot be used; the message names the URI and what to do."""
 
 
+class OutDirInUseError(RuntimeError):
+    """Another sweep holds out_dir's lock; the message names its pid and start, and what to do."""
+
+
+class SweepStopped(KeyboardInterrupt):
+    """SIGTERM/SIGINT stopped the sweep: its trials were stopped and its state saved for resume=true.
+    A KeyboardInterrupt, so that no ``except Exception`` on the way out swallows it."""
+
+    def __init__(self, signal_name: str, signal_number: int) -> None:
+        super().__init__(signal_name)
+        self.signal_name, self.signal_number = signal_name, signal_number
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signal_number  # the shell's code for a process ended by that signal
+
+
+class DiskFullError(RuntimeError):
+    """A disk filled up while writing: names the folder, the bytes needed and free, and what to set."""
+
+
 # What a node's staging can refuse (raised from the staging callback before any trial runs).
 SOURCE_ERRORS = (StagingError, DataFormatError, ModelSourceError)
 # What `python -m sweep` reports as one line instead of a traceback.
-USER_ERRORS = (ConfigError, *SOURCE_ERRORS, ResourceError, TrackingError)
+USER_ERRORS = (ConfigError, *SOURCE_ERRORS, ResourceError, TrackingError, OutDirInUseError, DiskFullError)

@@ -55,10 +55,35 @@ def test_missing_task_folder_fails_before_any_trial(tmp_path):
     assert "epoch" not in r.stderr + r.stdout  # no trial ran
 
 
-def test_unknown_task_lists_the_tasks(tmp_path):
-    r = sweep_cmd("task=NOPE", cwd=tmp_path, cache=tmp_path / "cache")
-    assert r.returncode != 0
-    assert "Could not find 'task/NOPE'" in r.stderr and "WNLI" in r.stderr and "glue" in r.stderr
+@pytest.mark.parametrize(
+    "args, line, allowed",
+    [
+        (["train.lrr=3"], "error: train.lrr: no such key (keys of train: ", ["lr", "batch_size", "max_seq_length"]),
+        (["task=RTE", "task.path=x"], "error: task.path: no such key (keys of task: RTE)", []),
+        (["model=nosuch"], "error: model: Could not find 'model/nosuch'; available options in 'model': ",
+         ["roberta-base", "minilm", "tiny-roberta", "tiny-gpt2"]),
+        (["task=NOPE"], "error: task: Could not find 'task/NOPE'; available options in 'task': ", ["WNLI", "glue", "wikitext-2"]),
+        (["model=minilm", "train.max_seq_length=100000"],
+         "error: train.max_seq_length: 100000 is more than minilm holds (512 positions); use at most 512", []),
+        (["experiment=demo", "model.builder.max_positions=66", "train.max_seq_length=100"],
+         "error: train.max_seq_length: 100 is more than tiny-roberta holds (64 positions); use at most 64", []),
+        (["experiment=demo", "model=tiny-gpt2", "task=wikitext-2", "train.block_size=300"],
+         "error: train.block_size: 300 is more than tiny-gpt2 holds (256 positions); use at most 256", []),
+        (["train.lr=-1"], "error: train.lr: must be > 0, got -1.0", []),  # validate's errors come before Hydra writes too
+        (["-m", "experiment=demo", "model=tiny-roberta,nosuch"], "error: model: Could not find 'model/nosuch'", ["tiny-gpt2"]),
+    ],
+)
+def test_a_config_mistake_is_one_line_exit_2_and_nothing_is_written(tmp_path, args, line, allowed):
+    """Hydra's composition errors and validate's alike: one line naming the key and what is allowed,
+    before Hydra makes its run folder, the out_dir or the MLflow store (all would land in tmp_path)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    r = sweep_cmd(*args, f"out_dir={work / 'out'}", cwd=work, cache=tmp_path / "cache", timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith(line), r.stderr
+    assert all(a in lines[0] for a in allowed), lines[0]
+    assert list(work.iterdir()) == []  # no outputs/, multirun/, out_dir or mlflow.db
 
 
 @pytest.mark.slow
@@ -124,7 +149,6 @@ def test_resume_after_the_driver_is_killed_skips_finished_trials(tmp_path):
     assert done_before_kill >= 2, "the sweep ended before it could be killed"
     assert not (out / "results.json").exists()
     first = _launch_ids(out)
-    finished_first = {t for t, ids in first.items() if len(ids) == 1}
 
     r = sweep_cmd(*args, "resume=true", cwd=tmp_path, cache=cache, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -137,6 +161,18 @@ def test_resume_after_the_driver_is_killed_skips_finished_trials(tmp_path):
     rerun = {t for t, ids in after.items() if ids - {launch_1}}
     assert len(rerun) <= 4 - done_before_kill, (after, done_before_kill)  # finished trials did not run again
     assert rerun, "the unfinished trials ran after the resume"
+
+    # MLflow (the default sqlite store in cwd): one parent for both launches, every trial its child
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    experiment = client.get_experiment_by_name("glue-tiny-roberta").experiment_id
+    (parent,) = client.search_runs([experiment], "tags.sweep.model = 'tiny-roberta'")
+    assert f"tracking: continuing MLflow run {parent.info.run_id}" in r.stdout
+    trials = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert sorted(int(t.data.params["seed"]) for t in trials) == [38, 39, 40, 41]  # one run per trial, none twice
+    assert len(client.search_runs([experiment])) == 5
+    assert parent.info.status == "FINISHED" and parent.data.metrics["trials.finished"] == 4  # the summary covers all
 
 
 @pytest.mark.slow
@@ -164,7 +200,8 @@ def test_experiment_with_or_without_plus_and_the_console_script(tmp_path, plus):
     assert r2.stdout == r.stdout
 
 
-@pytest.mark.parametrize("args", [["--help"], ["train.lr=-1"], ["resources.gpus_per_trial=-1"], ["task=NOPE"]])
+@pytest.mark.parametrize("args", [["--help"], ["train.lr=-1"], ["resources.gpus_per_trial=-1"], ["task=NOPE"], ["train.lrr=3"],
+                                  ["model=minilm", "train.max_seq_length=100000"]])
 def test_help_and_config_errors_load_no_torch_transformers_or_ray(tmp_path, args):
     """What a person sees first comes fast: the modules loaded by the end of the process are listed."""
     probe = ("import atexit, sys\n"

@@ -9,7 +9,10 @@
 - ``trial.py``:       one trial: the Tune function (``train_driver_fn``) running a TorchTrainer whose
                       workers run ``train_fn_per_worker`` with a typed ``TrialContext``
 - ``schedulers.py``:  ASHA rungs per task, asked by the trials after each epoch
+- ``failures.py``:    which trial failures a retry cannot fix (data, config, model limits): plain Python
+- ``stop.py``:        SIGTERM/SIGINT stop the sweep through Tune's own stop; the resume command line
 - ``progress.py``:    the one-line-per-change progress callback
+- ``disk_stop.py``:   a trial's full disk ends the sweep with its one line (resume=true finishes it)
 - ``stage_nodes.py``: the callback that stages sources on every node before the first trial
 - ``submit.py``:      ``python -m sweep.submit``: a sweep as a Ray Job on a running cluster
 """

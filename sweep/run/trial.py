@@ -11,7 +11,13 @@ is a function trainable that builds and fits a TorchTrainer (DESIGN §5). Two wa
   controller or placement group is started. A killed trial is retried by Tune from its last
   checkpoint (``tune.FailureConfig``).
 * Several workers (multi-GPU DDP): real Train workers, ``TuneReportCallback`` passing their reports
-  on to Tune, a killed worker retried by Train from the last checkpoint.
+  on to Tune. Train itself does not retry: a failed worker group ends ``fit`` here, and Tune
+  retries the trial, whose TorchTrainer (named by the trial) resumes its Train run from the last
+  checkpoint.
+
+Either way the trainable sees the trial's failure first and sorts it (``failures.trial_error``): an
+error of the trial's own data, config or model limits ends the trial at once, failed, unretried
+(``TRIAL_ERROR`` in its last report and history row); anything else is raised and retried.
 
 Everything below the worker loop is plain Python (``sweep.finetune``).
 """
@@ -40,7 +46,10 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from sweep.config import Settings, TrainConfig
+from sweep.disk import folder_size, writing
+from sweep.errors import DiskFullError
 from sweep.files import write_json
+from sweep.run.failures import error_line, trial_error
 from sweep.run.gate import WORKERS_READY
 from sweep.run.schedulers import ASHA_NAMESPACE, EarlyStop
 from sweep.tasks import TaskSpec
@@ -50,6 +59,7 @@ from sweep.tasks import TaskSpec
 CHECKPOINT_RANK = "checkpoint_rank"
 CHECKPOINT_EPOCH = "sweep_epoch.json"  # in each checkpoint folder: which epoch it holds
 TRIAL_DONE = "trial_done"  # on the last history row of a trial that ended
+TRIAL_ERROR = "trial_error"  # the one-line error of a trial that failed on its own data/config/model
 PROCESS_STARTED = psutil.Process().create_time()  # this worker process's start (before its imports)
 
 
@@ -136,7 +146,8 @@ class EpochReporter:
 
     def metrics(self, epoch) -> dict[str, Any]:
         return {
-            "mlflow_run_id": self.mlflow_run.run_id if self.mlflow_run is not None else "",
+            # empty while the store has not answered yet: the run is made once it does
+            "mlflow_run_id": (self.mlflow_run.run_id or "") if self.mlflow_run is not None else "",
             "trial_id": self.ctx.trial_id,
             "epoch": epoch.epoch, "train_loss": epoch.train_loss, "score": epoch.score,
             CHECKPOINT_RANK: checkpoint_rank(epoch.score, epoch.epoch),
@@ -153,6 +164,8 @@ class EpochReporter:
         if self.mlflow_run is not None:
             self.mlflow_run.log_epoch(epoch.epoch, {"train_loss": epoch.train_loss, "score": epoch.score, **epoch.metrics})
 
+    checkpoint_bytes = 0  # the last checkpoint's size: what the next one needs
+
     def report(self, metrics: dict[str, Any], epoch, save) -> None:
         # In the trial's own process Tune takes the report (ray.train.report refuses there).
         report = tune.report if self.ctx.in_trial_process else ray.train.report
@@ -161,9 +174,24 @@ class EpochReporter:
             return
         folder = Path(tempfile.mkdtemp(prefix="sweep-ckpt-"))
         try:
-            save(folder)
-            write_json(folder / CHECKPOINT_EPOCH, {"epoch": epoch.epoch})  # found again without Tune's log
-            report(metrics, checkpoint=Checkpoint.from_directory(folder))  # persisted before it returns
+            # A full disk, here (the system temp dir) or in the storage below, is one DiskFullError
+            # line: a retry on the same disk cannot fix it (StopOnDiskFull ends the sweep on it).
+            staged = lambda: self.checkpoint_bytes or folder_size(folder)  # noqa: E731 (measured once it failed)
+            with writing("a checkpoint", folder.parent, staged, key="TMPDIR"):
+                save(folder)
+                # found again without Tune's log (a plain write: the whole folder is private until reported)
+                (folder / CHECKPOINT_EPOCH).write_text(json.dumps({"epoch": epoch.epoch}))
+            self.checkpoint_bytes = folder_size(folder)
+            storage = _checkpoint_storage(self.ctx)
+            before = _checkpoints_in(storage)
+            try:
+                key = "cluster.storage_path" if self.ctx.settings.cluster.storage_path else "out_dir"
+                with writing(f"the checkpoint of epoch {epoch.epoch}", storage, self.checkpoint_bytes, key=key):
+                    report(metrics, checkpoint=Checkpoint.from_directory(folder))  # persisted before it returns
+            except DiskFullError:
+                for half in _checkpoints_in(storage) - before:  # Ray's half-copied folder
+                    shutil.rmtree(half, ignore_errors=True)
+                raise
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -194,6 +222,19 @@ class EpochReporter:
         if self.rank == 0 and history_file is not None and self.history:
             self.history[-1][TRIAL_DONE] = True
             write_json(history_file, self.history)
+
+
+def _checkpoint_storage(ctx: TrialContext) -> Path:
+    """The folder Ray copies this trial's checkpoints into (the trial's folder in the sweep's storage)."""
+    if ctx.in_trial_process:
+        from ray.train._internal.session import get_session  # Tune's session: no public accessor
+
+        return Path(get_session().storage.trial_fs_path)
+    return Path(ray.train.get_context().get_storage().experiment_fs_path)
+
+
+def _checkpoints_in(storage: Path) -> set[Path]:
+    return set(storage.glob("checkpoint_*")) if storage.is_dir() else set()
 
 
 def _read_history(path: Path) -> list[dict[str, Any]]:
@@ -273,7 +314,8 @@ def _restore_latest(in_trial_process: bool) -> Path | None:
 def _start_trial_run(ctx: TrialContext):
     """The trial's nested MLflow run, logged straight to the store from this worker (None: no tracking).
 
-    A restarted trial finds its run again by name and goes on logging into it.
+    A restarted trial (or one of a resumed sweep) finds its run again by name and goes on logging
+    into it. What the store does not take (it is down) waits in the sweep's spool folder.
     """
     if ctx.tracking is None:
         return None
@@ -285,6 +327,7 @@ def _start_trial_run(ctx: TrialContext):
         tracking.uri, tracking.experiment_id, tracking.parent_run_id,
         run_name=f"{ctx.task}-seed{ctx.seed}-{ctx.trial_id}", params=params,
         tags={"sweep.trial_id": ctx.trial_id, "sweep.hparams": str(ctx.hparams or {})},
+        experiment_name=getattr(tracking, "experiment_name", None), spool_dir=getattr(tracking, "spool_dir", None),
     )
     logger.start()
     return logger
@@ -324,6 +367,29 @@ def train_driver_fn(config: dict[str, Any], settings: Settings, placements: dict
     if done is not None:  # finished before a killed driver's Tune state recorded it: report, don't rerun
         tune.report(done)
         return
+    try:
+        _fit(ctx, placement)
+    except Exception as error:
+        own = trial_error(error)
+        if own is None:
+            raise  # infrastructure (or unknown): Tune retries it from the latest checkpoint
+        _end_failed(ctx, own)
+
+
+def _end_failed(ctx: TrialContext, error: BaseException) -> None:
+    """The trial failed on its own data, config or the model's limits: a retry would fail the same
+    way. Its history and its last report say so (records_from_results marks it ERROR), and the
+    trainable returns instead of raising, so neither Tune nor Train runs it again (nor a resume)."""
+    row = {"trial_id": ctx.trial_id, "launch_id": ctx.launch_id, TRIAL_ERROR: error_line(error),
+           TRIAL_DONE: True, "reported_at": time.time()}
+    history_file = ctx.history_file
+    if history_file is not None:
+        write_json(history_file, [*_read_history(history_file), row])
+    tune.report(row)
+
+
+def _fit(ctx: TrialContext, placement: Placement) -> None:
+    """One TorchTrainer run of the trial; raises what the trial's loop raised (Train wraps it for DDP)."""
     if placement.in_trial_process:
         # Local mode: the loop runs right here; this process holds the trial's CPU/GPU (tune.with_resources).
         TorchTrainer(train_fn_per_worker, train_loop_config={"context": ctx},
@@ -343,13 +409,15 @@ def train_driver_fn(config: dict[str, Any], settings: Settings, placements: dict
             placement_strategy="STRICT_PACK",  # a trial's DDP workers share one node
         ),
         run_config=ray.train.RunConfig(
-            name=f"trial-{trial_id}",  # unique per trial: Train V2 resumes a run whose name it has seen
+            name=f"trial-{ctx.trial_id}",  # unique per trial: Train V2 resumes a run whose name it has seen
             storage_path=placement.storage_path,
             callbacks=[TuneReportCallback()],
             checkpoint_config=CheckpointConfig(
                 num_to_keep=1, checkpoint_score_attribute=CHECKPOINT_RANK, checkpoint_score_order="max",
             ),
-            failure_config=FailureConfig(max_failures=settings.sweep.max_failures),
+            # No retry by Train: the trainable sorts the failure first (a trial error ends the
+            # trial; anything else Tune retries, resuming this Train run by its name).
+            failure_config=FailureConfig(max_failures=0),
         ),
     )
     trainer.fit()

@@ -81,11 +81,25 @@ def records_from_results(grid, settings: Settings, plans: dict[str, TrialPlan], 
             run_id = best.get("mlflow_run_id")
             record.run_id = run_id if isinstance(run_id, str) else ""
             record.checkpoint = _best_checkpoint(best, _checkpoint_dirs(result, train_dir, trial_id))
-        if result.error is not None or record.score is None:
+        own_error = _own_error(result, df)
+        if own_error is not None:  # failed on its own data/config/model: ended at once, not retried
+            record.status, record.error = "ERROR", own_error
+        elif result.error is not None or record.score is None:
             record.status = "ERROR"
             record.error = _error_text(result.error) if result.error is not None else "trial reported no result"
         records.append(record)
     return records
+
+
+def _own_error(result, df) -> str | None:
+    """The error line of a trial that ended on its own data, config or model (trial.TRIAL_ERROR):
+    in its last report, or (Tune's state lost with a killed driver) its history's last row."""
+    from sweep.run.trial import TRIAL_ERROR
+
+    text = (result.metrics or {}).get(TRIAL_ERROR)
+    if not isinstance(text, str) and df is not None and len(df) and TRIAL_ERROR in df:
+        text = df.iloc[-1][TRIAL_ERROR]
+    return text if isinstance(text, str) and text else None
 
 
 def _first_trial_per_process(histories) -> dict[int, float]:
@@ -190,18 +204,19 @@ def quiet_ray() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
-def connect(settings: Settings) -> None:
-    """Join the cluster named by cluster.address, or start a local Ray."""
+def connect(settings: Settings) -> bool:
+    """Join the cluster named by cluster.address, or start a local Ray; True: this call started Ray."""
     import ray
 
     if ray.is_initialized():
-        return
+        return False
     kwargs: dict[str, Any] = {"log_to_driver": settings.cluster.verbose, "logging_level": logging.ERROR,
                               "configure_logging": True}
     if settings.cluster.address:
         ray.init(address=settings.cluster.address, **kwargs)
     else:
         ray.init(num_cpus=settings.cluster.num_cpus, include_dashboard=False, **kwargs)
+    return True
 
 
 def alive_nodes() -> list[dict[str, float]]:
@@ -234,15 +249,16 @@ class ResourcesByTask:
 
 
 def retries_and_checkpoints(settings: Settings, placements: dict[str, Any]) -> dict[str, Any]:
-    """Who keeps the checkpoints and retries a killed trial from the latest: Tune for a trial running
-    in its own process, Train (per trial, in trial.py) for a DDP worker group. A sweep with both
-    lets Tune retry too: a DDP trial retried by Tune resumes its Train run (named by the trial)."""
+    """Tune retries every failed trial from its latest checkpoint (the trainable has already ended
+    the trials that failed on their own data, config or model without raising: those are not
+    retried). Tune keeps the checkpoints of a trial running in its own process; Train (per trial,
+    in trial.py) those of a DDP worker group, whose retry by Tune resumes its Train run."""
     from ray import tune
 
     from sweep.run.trial import CHECKPOINT_RANK
 
     if not any(p.in_trial_process for p in placements.values()):
-        return {"failure_config": tune.FailureConfig(max_failures=0)}
+        return {"failure_config": tune.FailureConfig(max_failures=settings.sweep.max_failures)}
     return {
         "failure_config": tune.FailureConfig(max_failures=settings.sweep.max_failures),
         # the best by score, plus always the latest (Tune keeps it for a retry)
@@ -274,16 +290,33 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
     Returns the records and the local folders holding the trials' checkpoints ([] on remote storage).
     """
     quiet_ray()
+    from sweep.run.stop import stop_signals
+
+    started_ray = connect(settings)
+    # After ray.init (which installs its own exit-at-once SIGTERM handler): a signal stops the sweep
+    # cleanly, its state saved for resume=true.
+    with stop_signals() as stop:
+        try:
+            return _run_tune(settings, out_dir, tracking, stop)
+        except KeyboardInterrupt:  # SweepStopped: the trials are stopped, the request withdrawn
+            if started_ray:
+                import ray
+
+                ray.shutdown()  # the local Ray this sweep started: no raylet or worker left behind
+            raise
+
+
+def _run_tune(settings: Settings, out_dir: Path, tracking, stop) -> tuple[list[TrialRecord], list[Path]]:
     from ray import tune
 
     from sweep.run.autoscale import NodeWait, declared_view, read_autoscaler
     from sweep.run.gate import DdpFirst
     from sweep.run.cluster_request import request_trial_resources
+    from sweep.run.disk_stop import StopOnDiskFull, fit_until_disk_full
     from sweep.run.progress import SweepProgress, WaitForNodes
     from sweep.run.stage_nodes import stage_all_nodes
     from sweep.run.trial import Placement, train_driver_fn
 
-    connect(settings)
     nodes = alive_nodes()
     total = trial_count(settings)
     # Only a cluster the sweep joined can have an autoscaler; the local Ray it starts itself has none.
@@ -315,7 +348,7 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
           f"{' x grid' if settings.sweep.grid else ''}), up to {concurrency} at once on {len(nodes)} node(s){grows}; "
           + _describe_sizes(plans))
     progress = SweepProgress(settings, total, _forecast(settings, chosen, params, cluster, concurrency))
-    callbacks = [progress]
+    callbacks = [progress, StopOnDiskFull()]  # a full disk ends the sweep with its one line
     if plan.waiting:
         print(plan.waiting)
         callbacks.append(WaitForNodes(NodeWait(plan.scale, autoscaler.alive_counts, settings.cluster.scale_timeout_s), progress))
@@ -346,8 +379,9 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
                 callbacks=callbacks, **retries_and_checkpoints(settings, placements),
             ),
         )
-    with request_trial_resources(launch_id, asked):
-        grid = tuner.fit()
+    with request_trial_resources(launch_id, asked), stop.tune_running():
+        grid = fit_until_disk_full(tuner)  # tuner.fit(); a trial's full disk ends it as one DiskFullError
+    stop.check()  # SIGTERM/SIGINT: Tune stopped the trials and saved its state; end here
     progress.close()
     train_dir = storage.local_train_dir
     return records_from_results(grid, settings, plans, storage.history_dir, train_dir), checkpoint_folders(grid, train_dir)

@@ -1,0 +1,79 @@
+"""Which trial failures a retry can fix, in plain Python (no Ray import; unit-tested without Ray).
+
+A trial that fails on its own data, config or the model's limits fails the same way every time:
+it is marked failed at once. Everything else (a killed process, a lost node, a transient S3 or
+MLflow error, anything we do not recognise) is an infrastructure fault and is retried as before.
+
+Ray wraps a trial's exception in layers (Train's ``WorkerGroupError`` holding each rank's failure,
+``UserExceptionWithTraceback``, ``RayTaskError``); ``causes`` walks them all by their attributes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from sweep.errors import ConfigError, DataFormatError, DiskFullError, ModelSourceError, StagingError, TrackingError
+
+# Our own verdicts on the trial's inputs: never retried, whatever else went wrong with them.
+SWEEP_TRIAL_ERRORS = (ConfigError, DataFormatError, ModelSourceError, StagingError)
+# What the data or model raise where a row, a label or a sequence does not fit: a label outside the
+# task's (KeyError/ValueError), a sequence longer than the model's positions (torch's IndexError
+# "index out of range in self"), a tensor of the wrong shape or type (ValueError/TypeError).
+BUILTIN_TRIAL_ERRORS = (LookupError, ValueError, TypeError)
+# Faults of the machine, the network or the tracking store: raised (and retried) even when a
+# trial error was raised from them. A full disk is raised too: the sweep ends on it (disk_stop).
+INFRA_ERRORS = (OSError, MemoryError, TrackingError, DiskFullError)
+# Ray's own failures (by name: no Ray import here): a process or node that went away.
+RAY_INFRA_ERRORS = frozenset({
+    "RayActorError", "ActorDiedError", "ActorUnavailableError", "WorkerCrashedError", "NodeDiedError",
+    "ObjectLostError", "OwnerDiedError", "ObjectFetchTimedOutError", "RaySystemError", "GetTimeoutError",
+    "OutOfMemoryError", "TaskUnschedulableError", "ActorUnschedulableError", "PreemptionError",
+})
+
+
+def causes(error: BaseException) -> Iterator[BaseException]:
+    """The error and every error inside it: Python's chain and Ray's wrappers, each once."""
+    seen: set[int] = set()
+    todo = [error]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        inner = [e.__cause__, None if e.__suppress_context__ else e.__context__,
+                 getattr(e, "_base_exc", None),  # Train's UserExceptionWithTraceback
+                 getattr(e, "cause", None)]  # RayTaskError
+        failures = getattr(e, "worker_failures", None)  # Train's WorkerGroupError: rank -> error
+        if isinstance(failures, dict):
+            inner += list(failures.values())
+        todo += [i for i in inner if isinstance(i, BaseException)]
+
+
+def trial_error(error: BaseException) -> BaseException | None:
+    """The trial's own error inside ``error`` (a retry would fail the same way), or None: retry it."""
+    chain = list(causes(error))
+    ours = [e for e in chain if isinstance(e, SWEEP_TRIAL_ERRORS)]
+    if ours:
+        return ours[0]
+    if any(isinstance(e, INFRA_ERRORS) or type(e).__name__ in RAY_INFRA_ERRORS for e in chain):
+        return None
+    # not a Ray wrapper (Train's wrappers subclass Exception only; this keeps any that may not)
+    builtin = [e for e in chain if isinstance(e, BUILTIN_TRIAL_ERRORS) and not _wraps(e)]
+    return builtin[0] if builtin else None
+
+
+def is_retryable(error: BaseException) -> bool:
+    return trial_error(error) is None
+
+
+def error_line(error: BaseException) -> str:
+    """One line for the results and the progress: ``Type: message`` (the message's first line)."""
+    lines = str(error).strip().splitlines()
+    text = lines[0] if lines else ""
+    name = type(error).__name__
+    return (f"{name}: {text}" if text else name)[:500]
+
+
+def _wraps(error: BaseException) -> bool:
+    return any(getattr(error, a, None) is not None for a in ("_base_exc", "cause", "worker_failures"))
