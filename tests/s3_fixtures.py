@@ -42,10 +42,9 @@ def s3_env(monkeypatch: pytest.MonkeyPatch, server: MotoServer) -> None:
     monkeypatch.delenv("AWS_PROFILE", raising=False)
 
 
-@pytest.fixture
-def moto_server(tmp_path: Path):
+def start_moto(log: Path) -> tuple[subprocess.Popen, MotoServer]:
+    """``moto_server`` on a free port, its requests logged to ``log``; returns once it answers."""
     port = free_port()
-    log = tmp_path / "moto.log"
     entry = Path(sys.executable).with_name("moto_server")
     with open(log, "w") as out:
         proc = subprocess.Popen([str(entry), "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=subprocess.STDOUT)
@@ -54,15 +53,33 @@ def moto_server(tmp_path: Path):
     while True:
         try:
             urllib.request.urlopen(endpoint + "/moto-api/", timeout=1)
-            break
+            return proc, MotoServer(endpoint, log)
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
                 raise RuntimeError(f"moto_server did not start: {log.read_text()[-2000:]}")
             time.sleep(0.2)
-    yield MotoServer(endpoint, log)
+
+
+@pytest.fixture
+def moto_server(tmp_path: Path):
+    proc, server = start_moto(tmp_path / "moto.log")
+    yield server
     proc.terminate()
     proc.wait(timeout=10)
+
+
+def upload(bucket: str, *folders: tuple[Path, str]) -> None:
+    """Create ``bucket`` (the environment points at the server) and upload each (folder, key) with
+    ``python -m sweep.upload``, as a user would."""
+    import boto3
+
+    client = boto3.client("s3")
+    if bucket not in {b["Name"] for b in client.list_buckets().get("Buckets", [])}:
+        client.create_bucket(Bucket=bucket)
+    for folder, key in folders:
+        subprocess.run([sys.executable, "-m", "sweep.upload", str(folder), "--bucket", bucket, "--key", key],
+                       check=True, capture_output=True, timeout=120)
 
 
 def compose_settings(*overrides: str):
@@ -82,10 +99,11 @@ def stage_in_process(overrides: list[str], barrier) -> tuple[str, str, int]:
 
 
 class FaultyProxy:
-    """An HTTP proxy in front of the S3 endpoint that answers the first ``fail`` GETs of a key with
-    ``status`` (503: transient, 403: permanent) and forwards everything else unchanged."""
+    """An HTTP proxy in front of the S3 endpoint that answers the first ``fail`` GETs of a key (of
+    every key: ``key_path=None``) with ``status`` (503: transient, 403: permanent) and forwards
+    everything else unchanged. ``fail_left`` can be raised again later: a new outage."""
 
-    def __init__(self, upstream: str, key_path: str, status: int, fail: int):
+    def __init__(self, upstream: str, key_path: str | None, status: int, fail: int):
         import http.server
         import threading
         import urllib.request
@@ -93,14 +111,16 @@ class FaultyProxy:
         proxy = self
         self.failed = 0
         self.seen = 0
+        self.fail_left = fail
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def _forward(self):
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
-                if self.command == "GET" and self.path.split("?")[0] == key_path:
+                if self.command == "GET" and key_path in (None, self.path.split("?")[0]):
                     proxy.seen += 1
-                    if proxy.failed < fail:
+                    if proxy.fail_left > 0:
+                        proxy.fail_left -= 1
                         proxy.failed += 1
                         payload = f"<Error><Code>{'SlowDown' if status == 503 else 'AccessDenied'}</Code></Error>".encode()
                         self.send_response(status)

@@ -10,7 +10,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 from configs import demo_config
-from s3_fixtures import SECRET_KEY, moto_server, s3_env  # noqa: F401 (fixture)
+from s3_fixtures import SECRET_KEY, moto_server, s3_env, upload  # noqa: F401 (fixture)
 
 from sweep.app import run
 from sweep.storage.node_cache import MARKER
@@ -27,11 +27,8 @@ BUCKET = "sweep-nodes"
 def three_nodes(moto_server, monkeypatch, tmp_path, tiny_roberta_dir):  # noqa: F811
     """Three raylets with one CPU each and their own cache folder, sharing one S3 endpoint."""
     s3_env(monkeypatch, moto_server)  # before the raylets start: their workers inherit it
-    boto3.client("s3").create_bucket(Bucket=BUCKET)
     data = write_synthetic_glue(tmp_path / "src", ["WNLI"])
-    for folder, key in ((tiny_roberta_dir, "tiny-roberta"), (data / "glue_data", "glue_data")):
-        subprocess.run([sys.executable, "-m", "sweep.upload", str(folder), "--bucket", BUCKET, "--key", key],
-                       check=True, capture_output=True, timeout=120)
+    upload(BUCKET, (tiny_roberta_dir, "tiny-roberta"), (data / "glue_data", "glue_data"))
     caches = [tmp_path / f"node{i}" for i in range(3)]
     cluster = Cluster(initialize_head=True,
                       head_node_args={"num_cpus": 1, "env_vars": {"SWEEP_NODE_CACHE_DIR": str(caches[0])}})
@@ -90,7 +87,7 @@ def test_each_object_is_staged_once_per_node_across_sweeps(three_nodes, tmp_path
 @pytest.mark.parametrize("task, message", [
     ("WNLI", f"error: s3://{BUCKET}/tiny-roberta not found"),  # the driver's preflight, Ray not even started
     ("CoLA", "error: no data for task CoLA: looked in"),  # the nodes' check of the staged data, before any trial
-    ("wikitext-2", "error: train.block_size: 4096 tokens is more than the 256 positions of model tiny-gpt2"),
+    ("wikitext-2", "error: train.block_size: 4096 is more than tiny-gpt2 holds (256 positions)"),
 ])
 def test_what_is_missing_fails_the_cli_before_any_trial(moto_server, monkeypatch, tmp_path, cache_dir,  # noqa: F811
                                                          task, message):
@@ -98,7 +95,6 @@ def test_what_is_missing_fails_the_cli_before_any_trial(moto_server, monkeypatch
     from sweep.data.synthetic import write_synthetic_wikitext
 
     s3_env(monkeypatch, moto_server)
-    boto3.client("s3").create_bucket(Bucket=BUCKET)
     extra = []
     uploads = []
     if task == "CoLA":  # the model is there, the data holds WNLI only
@@ -108,9 +104,7 @@ def test_what_is_missing_fails_the_cli_before_any_trial(moto_server, monkeypatch
     elif task == "wikitext-2":  # a block longer than the staged model's positions
         uploads = [(resolve_model_dir(TINY_GPT2, cache_dir), "tiny-gpt2"), (write_synthetic_wikitext(tmp_path / "src") / "wikitext-2", "wikitext-2")]
         extra = ["model=tiny-gpt2", "storage.data_key=wikitext-2", "train.block_size=4096"]
-    for folder, key in uploads:
-        subprocess.run([sys.executable, "-m", "sweep.upload", str(folder), "--bucket", BUCKET, "--key", key],
-                       check=True, capture_output=True, timeout=120)
+    upload(BUCKET, *uploads)
     out = tmp_path / "out"
     r = subprocess.run([sys.executable, "-m", "sweep", "experiment=demo", "tracking=none", "storage=s3", f"task={task}",
                         f"storage.bucket={BUCKET}", f"storage.cache_dir={tmp_path / 'cache'}", f"out_dir={out}", *extra],

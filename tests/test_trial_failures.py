@@ -110,7 +110,7 @@ def test_found_inside_rays_wrappers(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_bad_label_trial_fails_after_exactly_one_attempt(cache_dir, tmp_path, monkeypatch):
+def test_a_bad_label_trial_fails_after_exactly_one_attempt(cache_dir, tmp_path, monkeypatch, capsys):
     """sweep.max_failures=2, yet the trials of RTE (one worker, in Tune's trial process) and SST-2
     (a 2-worker DDP run: Train's workers) whose data hold a label the task does not have end at
     their first attempt, ERROR with the label's line; WNLI's trial finishes. Tune's record of each
@@ -153,6 +153,7 @@ def test_a_bad_label_trial_fails_after_exactly_one_attempt(cache_dir, tmp_path, 
         assert summary.failed == 1 and summary.best_seed is None
         assert not (out / "best" / task).exists()
     assert (out / "best" / "WNLI").is_dir()
+    assert "3/3 done, 0 running, 0 pending, 2 failed" in capsys.readouterr().out  # the progress line counts them
     # Tune's saved state of each trial: no failure counted (before: max_failures=2 retries each)
     trials = {t.config["trial"]["task"]: t for t in tune.ExperimentAnalysis(str(out / "ray" / EXPERIMENT)).trials}
     assert {task: t.num_failures for task, t in trials.items()} == {"WNLI": 0, "RTE": 0, "SST-2": 0}

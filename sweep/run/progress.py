@@ -12,7 +12,7 @@ from ray.tune import Callback
 
 from sweep.config import Settings
 from sweep.results import rank_key
-from sweep.run.trial import trial_key, trial_of
+from sweep.run.trial import TRIAL_ERROR, trial_key, trial_of
 
 
 def _clock(seconds: float) -> str:
@@ -84,6 +84,9 @@ class SweepProgress(Callback):
 
     def on_trial_complete(self, iteration: int, trials: list, trial, **info: Any) -> None:
         self._finish(trial)
+        # a trial that failed on its own data/config ends without an error for Tune (never retried)
+        if (trial.last_result or {}).get(TRIAL_ERROR):
+            self.failed += 1
         self.print_line()
 
     def on_trial_error(self, iteration: int, trials: list, trial, **info: Any) -> None:
