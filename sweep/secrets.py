@@ -33,11 +33,22 @@ def secret_name(name: str) -> bool:
     return any(w == "key" and i > 0 and words[i - 1] in KEY_QUALIFIERS for i, w in enumerate(words))
 
 
+def _environment() -> dict[str, str]:
+    """A copy of os.environ. Iterating it while another thread (MLflow's telemetry) removes a variable
+    raises KeyError between the key and its value: take the copy again."""
+    for _ in range(10):
+        try:
+            return dict(os.environ)
+        except (KeyError, RuntimeError):
+            continue
+    return dict(os.environ)
+
+
 def secret_values() -> set[str]:
     """Values of the environment's credentials: AWS keys and any variable named like a secret."""
     return {
         value
-        for name, value in os.environ.items()
+        for name, value in _environment().items()
         if (name in SECRET_ENV or any(part in name.upper() for part in SECRET_NAME_PARTS)) and _could_be_secret(value)
     }
 

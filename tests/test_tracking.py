@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import sys
 import time
 import uuid
@@ -331,3 +332,26 @@ def test_plot_of_seed_scores_is_a_png(tmp_path: Path) -> None:
     assert path == tmp_path / "plots" / "seeds.png"
     assert path.read_bytes().startswith(PNG_MAGIC) and path.stat().st_size > 5000
     assert [p.name for p in path.parent.iterdir()] == ["seeds.png"]  # no temporary file left behind
+
+
+def test_scrubbing_survives_another_thread_changing_the_environment():
+    """MLflow's telemetry thread sets and removes variables while the driver scrubs a config: a
+    plain walk over os.environ then raises KeyError between a name and its value (seen in
+    scripts/chaos.py); the scrub takes its copy again."""
+    import threading
+
+    stop = threading.Event()
+
+    def churn():
+        while not stop.is_set():
+            os.environ["_SWEEP_CHURN"] = "1"
+            os.environ.pop("_SWEEP_CHURN", None)
+
+    thread = threading.Thread(target=churn)
+    thread.start()
+    try:
+        for _ in range(20000):
+            assert scrub("token") == "token"
+    finally:
+        stop.set()
+        thread.join()
