@@ -1,0 +1,237 @@
+"""Chaos: the same 12-trial sweep on a 3-node local Ray cluster, once without faults and once with
+faults injected on a schedule, and whether both end with the same results.
+
+The sweep (2 GLUE tasks x 6 seeds, a tiny model, staged from S3, logged to an ``mlflow server``) is
+run by ``python -m sweep`` joined to a ``ray.cluster_utils.Cluster`` of 3 one-CPU nodes, each with
+its own cache folder (as separate machines). The faults, each triggered by the sweep's progress
+(epochs on record in the trials' histories) so both runs see them at the same point:
+
+1. a trial's process is SIGKILLed (the Train worker: one-worker trials run Train's loop in it);
+2. S3 answers 503 to the next GETs, a replacement node joins, and a worker node that runs a trial
+   dies (raylet and all its processes) — the replacement stages the sources through the outage;
+3. the MLflow server is killed and started again on the same port and store a few seconds later.
+
+Reports: rows, per-trial scores (the loop is deterministic on CPU: they must be equal), the best
+seed per task, the wall time of each run and the cost of the faults, the trials restarted and the
+epochs trained twice. Exit status 1 if the two runs disagree.
+
+    python scripts/chaos.py                      # ~3 minutes on 2 cores (each run starts its own cluster)
+    python scripts/chaos.py --epochs 3 --out chaos.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # the same service stand-ins the tests start
+
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from mlflow_fixtures import ServerProcess  # noqa: E402
+from s3_fixtures import ACCESS_KEY, SECRET_KEY, FaultyProxy, start_moto, upload  # noqa: E402
+from sweep.data.synthetic import write_synthetic_glue  # noqa: E402
+from sweep.models import resolve_model_dir  # noqa: E402
+from sweep.results import best_per_task, load_records  # noqa: E402
+from sweep.serving.tiny import TINY_ROBERTA  # noqa: E402
+from sweep.tasks import load_task  # noqa: E402
+
+BUCKET = "sweep-chaos"
+TASKS = ("WNLI", "RTE")
+SEEDS = (1, 2, 3, 4, 5, 6)
+FAST_HEALTH_CHECKS = {"health_check_period_ms": 500, "health_check_failure_threshold": 3}
+
+
+def histories(storage: Path) -> dict[str, list[dict]]:
+    found = {}
+    for path in storage.rglob("history/*.json"):
+        try:
+            found[path.stem] = json.loads(path.read_text())
+        except ValueError:  # being replaced this instant
+            continue
+    return found
+
+
+class Faults:
+    """Injects the three faults when the sweep has this many epochs on record. Runs in the main
+    thread (Ray starts a node only from there) while the sweep's driver runs as its own process."""
+
+    def __init__(self, cluster: Cluster, storage: Path, proxy: FaultyProxy, mlflow: ServerProcess, epochs: int,
+                 cache_root: Path, at: tuple[int, int, int]):
+        self.cluster, self.storage, self.proxy, self.mlflow = cluster, storage, proxy, mlflow
+        self.epochs, self.cache_root, self.at = epochs, cache_root, at
+        self.log: list[str] = []
+        self.driver: subprocess.Popen | None = None
+
+    def running_trial(self, rows_by_trial, on_nodes=None):
+        """A trial with epochs left, its last row (the process and node running it now)."""
+        for trial, rows in sorted(rows_by_trial.items(), key=lambda kv: -kv[1][-1]["reported_at"]):
+            last = rows[-1]
+            if last["epoch"] <= self.epochs - 2 and (on_nodes is None or last["node"] in on_nodes):
+                return trial, last
+        return None, None
+
+    def wait_for(self, epochs_on_record: int, deadline: float) -> dict | None:
+        while time.time() < deadline and self.driver.poll() is None:
+            rows = histories(self.storage)
+            if sum(len(r) for r in rows.values()) >= epochs_on_record:
+                return rows
+            time.sleep(0.1)
+        return None
+
+    def note(self, text: str) -> None:
+        self.log.append(f"{time.strftime('%H:%M:%S')} {text}")
+        print(f"chaos: {text}", flush=True)
+
+    def when_running(self, epochs_on_record: int, deadline: float, on_nodes=None):
+        """Once the sweep has this many epochs on record: the first trial seen with epochs left (on
+        one of ``on_nodes``), as (trial, its last row); (None, None) if the sweep ends first."""
+        while self.wait_for(epochs_on_record, deadline) is not None:
+            trial, last = self.running_trial(histories(self.storage), on_nodes)
+            if last is not None:
+                return trial, last
+            time.sleep(0.05)
+        return None, None
+
+    def run(self, driver: subprocess.Popen) -> None:
+        self.driver = driver
+        deadline = time.time() + 1800
+        trial, last = self.when_running(self.at[0], deadline)
+        if last is not None:
+            os.kill(int(last["pid"]), signal.SIGKILL)
+            self.note(f"killed trial {trial}'s process (pid {last['pid']}) after its epoch {last['epoch']}")
+        workers = {n.node_id: n for n in self.cluster.worker_nodes}
+        trial, last = self.when_running(self.at[1], deadline, on_nodes=workers)
+        if last is not None:
+            self.proxy.fail_left = 3  # within boto3's 5 attempts: an outage it rides out
+            self.cluster.remove_node(workers[last["node"]], allow_graceful=False)
+            replacement = self.cluster.add_node(num_cpus=1, env_vars={
+                "SWEEP_NODE_CACHE_DIR": str(self.cache_root / f"node{len(workers) + 1}")})
+            self.note(f"node {last['node'][:8]} died with trial {trial} after its epoch {last['epoch']}; S3 answers "
+                      f"503 to the next 3 GETs; node {replacement.node_id[:8]} joined")
+        if self.wait_for(self.at[2], deadline) is not None:
+            self.mlflow.kill()
+            self.note("MLflow server killed")
+            time.sleep(5)
+            self.mlflow.start()
+            self.note("MLflow server started again")
+
+
+def run_sweep(name: str, work: Path, proxy: FaultyProxy, args, faults: bool) -> dict:
+    base = work / name
+    mlflow = ServerProcess(base / "mlflow").start()
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "env_vars": {"SWEEP_NODE_CACHE_DIR": str(base / "node0")}, "_system_config": FAST_HEALTH_CHECKS})
+    for i in (1, 2):
+        cluster.add_node(num_cpus=1, env_vars={"SWEEP_NODE_CACHE_DIR": str(base / f"node{i}")})
+    cluster.wait_for_nodes()
+    storage, out = base / "storage", base / "out"
+    per_trial = 2 * args.epochs
+    injector = Faults(cluster, storage, proxy, mlflow, args.epochs, base, (3, len(SEEDS) * per_trial // 3 + 4,
+                                                                          len(SEEDS) * per_trial // 2 + 6))
+    command = [sys.executable, "-m", "sweep", "experiment=demo", f"task=[{','.join(TASKS)}]",
+               f"sweep.seeds=[{','.join(map(str, SEEDS))}]", f"train.epochs={args.epochs}", "train.max_train_samples=null",
+               "storage=s3", f"storage.bucket={BUCKET}", f"storage.cache_dir={base / 'driver-cache'}", "resources.gpus_per_trial=0",
+               f"cluster.address={cluster.address}", f"cluster.storage_path={storage}",
+               f"tracking.uri={mlflow.url}", f"tracking.experiment=chaos-{name}", f"out_dir={out}"]
+    print(f"chaos: {name}: {' '.join(command[3:])}", flush=True)
+    started = time.monotonic()
+    log = (base / "driver.log").open("w")
+    driver = subprocess.Popen(command, cwd=base, stdout=log, stderr=subprocess.STDOUT, text=True)
+    try:
+        if faults:
+            injector.run(driver)
+        returncode = driver.wait(timeout=args.timeout)
+    finally:
+        driver.kill()
+        log.close()
+        wall = time.monotonic() - started
+        cluster.shutdown()
+        mlflow.kill()
+    output = (base / "driver.log").read_text()
+    if returncode != 0:
+        raise SystemExit(f"chaos: the {name} sweep failed (exit {returncode}):\n{output[-3000:]}")
+    records = load_records(out / "results.json")
+    rows = histories(storage)
+    trained = sum(len(r) for r in rows.values())
+    unsent = [line for line in output.splitlines() if "could not be sent" in line]
+    specs = [load_task(t) for t in TASKS]
+    return {
+        "wall_seconds": round(wall, 1),
+        "rows": len(records),
+        "status": sorted({r.status for r in records}),
+        "scores": {f"{r.task}/{r.seed}": r.score for r in records},
+        "best_seed": {task: r.seed for task, r in best_per_task(records, specs).items()},
+        "epochs_on_record": trained,
+        "epochs_trained_twice": trained - len({(t, row["epoch"]) for t, r in rows.items() for row in r}),
+        "trials_restarted": sum(any(row["resumed"] for row in r) for r in rows.values()),
+        "faults": injector.log,
+        "unsent_mlflow_calls": unsent,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--rows", type=int, default=400, help="training rows per task (synthetic)")
+    p.add_argument("--timeout", type=int, default=1500, help="seconds each sweep may take")
+    p.add_argument("--out", type=Path, default=None, help="write the report as JSON here")
+    args = p.parse_args()
+    if subprocess.run([str(Path(sys.executable).with_name("ray")), "status"], capture_output=True).returncode == 0:
+        raise SystemExit("chaos: a Ray cluster is already running on this machine; stop it first (ray stop)")
+
+    with tempfile.TemporaryDirectory(prefix="sweep-chaos-") as tmp:
+        work = Path(tmp)
+        moto, s3 = start_moto(work / "moto.log")
+        proxy = FaultyProxy(s3.endpoint, None, 503, 0)
+        os.environ.update({"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+                           "AWS_ENDPOINT_URL": s3.endpoint, "AWS_DEFAULT_REGION": "us-east-1"})
+        os.environ.pop("AWS_PROFILE", None)
+        try:
+            data = write_synthetic_glue(work / "src", list(TASKS), n_train=args.rows, n_dev=48)
+            model = resolve_model_dir(TINY_ROBERTA, work / "model-cache")
+            upload(BUCKET, (model, "tiny-roberta"), (data / "glue_data", "glue_data"))  # straight to S3
+            os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint  # the sweep's nodes read through the outage proxy
+            clean = run_sweep("clean", work, proxy, args, faults=False)
+            chaos = run_sweep("faults", work, proxy, args, faults=True)
+        finally:
+            proxy.close()
+            moto.terminate()
+    same_scores = clean["scores"] == chaos["scores"]
+    diff = max(abs(clean["scores"][k] - chaos["scores"].get(k, float("nan"))) for k in clean["scores"])
+    report = {
+        "clean": clean, "faults": chaos,
+        "same_rows": clean["rows"] == chaos["rows"] == len(TASKS) * len(SEEDS),
+        "same_scores": same_scores, "max_score_difference": diff,
+        "same_best_seed": clean["best_seed"] == chaos["best_seed"],
+        "fault_cost_seconds": round(chaos["wall_seconds"] - clean["wall_seconds"], 1),
+        "fault_cost_ratio": round(chaos["wall_seconds"] / clean["wall_seconds"], 3),
+        "s3_503_answered": proxy.failed,
+    }
+    print(f"\n{'run':8} {'rows':>4} {'wall s':>7} {'epochs':>6} {'twice':>5} {'restarted':>9}  best seed")
+    for name, r in (("clean", clean), ("faults", chaos)):
+        print(f"{name:8} {r['rows']:>4} {r['wall_seconds']:>7.1f} {r['epochs_on_record']:>6} "
+              f"{r['epochs_trained_twice']:>5} {r['trials_restarted']:>9}  {r['best_seed']}")
+    print("faults:\n  " + "\n  ".join(chaos["faults"]))
+    print(f"same rows: {report['same_rows']}, same per-trial scores: {same_scores} (max difference {diff:.2e}), "
+          f"same best seed per task: {report['same_best_seed']}; S3 answered 503 {proxy.failed} time(s)")
+    print(f"cost of the faults: {report['fault_cost_seconds']:+.1f} s ({report['fault_cost_ratio']:.3f}x the clean run)")
+    if chaos["unsent_mlflow_calls"]:
+        print("\n".join(chaos["unsent_mlflow_calls"]))
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2))
+        print(f"written {args.out}")
+    if not (report["same_rows"] and same_scores and report["same_best_seed"]):
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
