@@ -257,10 +257,11 @@ def retries_and_checkpoints(settings: Settings, placements: dict[str, Any]) -> d
 
     from sweep.run.trial import CHECKPOINT_RANK
 
+    retries = {"failure_config": tune.FailureConfig(max_failures=settings.sweep.max_failures)}
     if not any(p.in_trial_process for p in placements.values()):
-        return {"failure_config": tune.FailureConfig(max_failures=settings.sweep.max_failures)}
+        return retries
     return {
-        "failure_config": tune.FailureConfig(max_failures=settings.sweep.max_failures),
+        **retries,
         # the best by score, plus always the latest (Tune keeps it for a retry)
         "checkpoint_config": tune.CheckpointConfig(num_to_keep=1, checkpoint_score_attribute=CHECKPOINT_RANK,
                                                    checkpoint_score_order="max"),
