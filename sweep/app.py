@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from sweep.config import Settings, validate
 from sweep.results import (
-    TrialRecord, best_per_task, export_best, format_summary, summarize, write_results,
+    TrialRecord, best_per_task, export_best, format_early_stops, format_summary, summarize, write_results,
 )
 from sweep.storage.staging import check_output_bucket, check_tasks_here, ensure_local, preflight
 
@@ -109,6 +109,9 @@ def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkp
     write_results(out_dir, records, summaries)
     plot = plot_seed_scores(records, settings.tasks, out_dir / "seed_scores.png")
     print(format_summary(summaries))
+    stops = format_early_stops(records, summaries)
+    if stops:
+        print(stops)
     print(f"results: {out_dir / 'results.csv'}  summary: {out_dir / 'summary.csv'}  plot: {plot}")
     if tracker is not None:
         from sweep.tracking import FINAL_WAIT_S

@@ -63,6 +63,16 @@ class TrainConfig:
     max_train_samples: Optional[int] = None
     max_eval_samples: Optional[int] = None
     num_workers: int = 0
+    eval_every: Optional[int] = None  # evaluate every N optimizer steps (and at each epoch end)
+    evals_per_epoch: int = 1  # or K evaluations spread evenly over each epoch
+
+
+@dataclass
+class HalvingConfig:
+    """sweep.scheduler=seed_halving: decide once, at fraction ``at`` of training, which trials go on."""
+
+    keep: float = 0.5  # a whole number: that many trials per task; a share in (0, 1): that share
+    at: float = 0.25  # the fraction of a trial's training steps; the rung is the first evaluation there
 
 
 @dataclass
@@ -72,6 +82,7 @@ class SweepConfig:
     search: dict[str, dict[str, Any]] = field(default_factory=dict)
     num_samples: int = 1
     scheduler: str = "fifo"
+    halving: HalvingConfig = field(default_factory=HalvingConfig)
     max_failures: int = 2
     keep_checkpoints: str = "best"  # best: prune all but the exported best model; all: keep every trial's
 
@@ -160,7 +171,7 @@ CHOICES = {
     "train.precision": ("auto", "fp32", "bf16", "fp16"),
     "train.padding": ("dynamic", "max_length"),
     "sweep.keep_checkpoints": ("best", "all"),
-    "sweep.scheduler": ("fifo", "asha"),
+    "sweep.scheduler": ("fifo", "asha", "seed_halving"),
     "sweep.search.dist": ("loguniform", "uniform", "choice"),
     "storage.kind": ("local", "s3"),
     "tracking.kind": ("none", "mlflow"),
@@ -205,6 +216,12 @@ def _check_ranges(s: Settings) -> None:
     for key in ("max_train_samples", "max_eval_samples"):
         value = getattr(t, key)
         _check(value is None or value >= 1, f"train.{key}", f"must be null or >= 1, got {value}")
+    _check(t.eval_every is None or t.eval_every >= 1, "train.eval_every",
+           f"must be null or >= 1 (optimizer steps), got {t.eval_every}")
+    _check(t.evals_per_epoch >= 1, "train.evals_per_epoch", f"must be >= 1, got {t.evals_per_epoch}")
+    _check(t.eval_every is None or t.evals_per_epoch == 1, "train.eval_every",
+           f"and train.evals_per_epoch={t.evals_per_epoch} are both set; choose one "
+           "(train.eval_every=null or train.evals_per_epoch=1)")
     _check_choice("train.precision", t.precision)
     _check_choice("train.padding", t.padding)
 
@@ -213,6 +230,7 @@ def _check_ranges(s: Settings) -> None:
     _check(len(set(seeds)) == len(seeds), "sweep.seeds", f"has duplicates: {seeds}")
     _check_choice("sweep.keep_checkpoints", s.sweep.keep_checkpoints)
     _check_choice("sweep.scheduler", s.sweep.scheduler)
+    _check_halving(s.sweep.halving)
     _check(s.sweep.num_samples >= 1, "sweep.num_samples", f"must be >= 1, got {s.sweep.num_samples}")
     _check(s.sweep.max_failures >= 0, "sweep.max_failures", f"must be >= 0, got {s.sweep.max_failures}")
     _check_hparams(s)
@@ -225,6 +243,12 @@ def _check_ranges(s: Settings) -> None:
     _check_choice("tracking.kind", s.tracking.kind)
     if s.model.builder is not None:
         _check_choice("model.builder.arch", s.model.builder.arch)
+
+
+def _check_halving(h: HalvingConfig) -> None:
+    _check(0 < h.at < 1, "sweep.halving.at", f"must be a fraction of training in (0, 1), e.g. 0.25; got {h.at}")
+    _check(0 < h.keep < 1 or (h.keep >= 1 and float(h.keep).is_integer()), "sweep.halving.keep",
+           f"must be a whole number of trials per task (>= 1) or a share in (0, 1), e.g. 2 or 0.5; got {h.keep}")
 
 
 def _check_node_types(node_types: list[Any]) -> None:

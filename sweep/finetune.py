@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from sweep.data.glue import load_task_data, tokenize_task
 from sweep.data.lm import check_block_fits, lm_blocks, max_positions
 from sweep.metrics import merge_splits, perplexity, selection_score, task_metrics
 from sweep.models import load_for_task, pick_device
+from sweep.seed_ranking import trivial_score
 from sweep.tasks import TaskSpec
 
 log = logging.getLogger(__name__)
@@ -34,33 +36,51 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class EpochResult:
-    epoch: int  # 1-based
-    train_loss: float
+    """One evaluation: at an epoch's end, or within it (train.eval_every / train.evals_per_epoch).
+
+    The training fields cover the segment since the previous evaluation, so their sums over a
+    run's evaluations are the run's totals.
+    """
+
+    epoch: int  # 1-based: the epoch this evaluation falls in
+    train_loss: float  # mean loss of the segment's batches
     metrics: dict[str, float]  # eval metrics, primary split unprefixed
     score: float  # the task's selection score (higher is better)
     train_seconds: float
     eval_seconds: float
     train_tokens: int  # real (non-pad) tokens seen in training
     padded_tokens: int  # tokens including padding: what the model actually computed on
+    step: int = 0  # optimizer steps done in the run so far (this worker's, under DDP)
+    steps_total: int = 0  # len(train_loader) * train.epochs
+    end_of_epoch: bool = True
+    trivial_score: float | None = None  # the score of predicting the majority class (None: causal LM)
+
+    @property
+    def progress(self) -> float:
+        return self.step / self.steps_total if self.steps_total else 0.0
 
 
 @dataclass
 class FinetuneResult:
     task: str
     seed: int
-    epochs: list[EpochResult] = field(default_factory=list)
-    best_epoch: int = 0
+    epochs: list[EpochResult] = field(default_factory=list)  # every evaluation, in order (mid-epoch too)
+    best_index: int = 0  # 1-based index into epochs; 0 before the first evaluation
     checkpoint_dir: Path | None = None
 
     @property
     def best(self) -> EpochResult:
-        return self.epochs[self.best_epoch - 1]
+        return self.epochs[self.best_index - 1]
+
+    @property
+    def best_epoch(self) -> int:
+        return self.best.epoch
 
 
-# Called after each epoch with the result and a function that saves model + tokenizer to a folder.
+# Called after each evaluation with the result and a function that saves model + tokenizer to a folder.
 EpochCallback = Callable[[EpochResult, Callable[[Path], None]], None]
 
-TRAINING_STATE = "training_state.pt"  # optimizer, scheduler and epochs done: what a resume needs
+TRAINING_STATE = "training_state.pt"  # optimizer, scheduler and evaluations done: what a resume needs
 
 
 @dataclass(frozen=True)
@@ -148,6 +168,21 @@ def _collator(spec: TaskSpec, tokenizer, train: TrainConfig):
     return make_collator(tokenizer, train.padding, train.max_seq_length)
 
 
+def eval_points(n_batches: int, train: TrainConfig, epoch: int = 1) -> set[int]:
+    """The 1-based batches of ``epoch`` after which to evaluate; the last batch always is one.
+
+    ``train.eval_every`` counts optimizer steps over the whole run (so the points move from epoch
+    to epoch); ``train.evals_per_epoch`` = K puts them after batch ceil(n*i/K), i = 1..K.
+    """
+    if train.eval_every is not None:
+        before = (epoch - 1) * n_batches  # steps of the earlier epochs
+        points = {b for b in range(1, n_batches + 1) if (before + b) % train.eval_every == 0}
+    else:
+        k = train.evals_per_epoch
+        points = {math.ceil(n_batches * i / k) for i in range(1, k + 1)}
+    return points | {n_batches}
+
+
 def _train_sampler(ds, train: TrainConfig, seed: int, generator: torch.Generator, dist: Distributed):
     if dist.world_size > 1:
         return DistributedSampler(ds, num_replicas=dist.world_size, rank=dist.rank, shuffle=True, seed=seed)
@@ -163,7 +198,7 @@ def evaluate(model, loader, spec: TaskSpec, device, amp_dtype) -> dict[str, floa
     """Metrics of one split: GLUE metrics from logits, or perplexity from the mean token loss."""
     model.eval()
     logits, labels = [], []
-    loss_sum, loss_tokens = 0.0, 0
+    loss_sum, loss_count = 0.0, 0
     for batch in loader:
         batch = _to(batch, device)
         with _autocast(device, amp_dtype):
@@ -172,18 +207,19 @@ def evaluate(model, loader, spec: TaskSpec, device, amp_dtype) -> dict[str, floa
             # out.loss is the mean over predicted tokens (each but a block's first, padding excluded):
             # weight it by their count for the mean over the whole split
             n = int((batch["labels"][:, 1:] != -100).sum())
-            loss_sum += float(out.loss) * n
-            loss_tokens += n
         else:
+            n = len(batch["labels"])  # out.loss is the mean over the batch's rows
             logits.append(out.logits.float().cpu().numpy())
             labels.append(batch["labels"].cpu().numpy())
+        loss_sum += float(out.loss) * n
+        loss_count += n
+    mean_loss = loss_sum / max(loss_count, 1)
     if spec.kind == "causal_lm":
-        mean_loss = loss_sum / max(loss_tokens, 1)
         return {"eval_loss": mean_loss, "perplexity": perplexity(mean_loss)}
     preds = np.concatenate(logits)
     if spec.kind == "regression":
         preds = preds.reshape(-1)
-    return task_metrics(spec, preds, np.concatenate(labels))
+    return {**task_metrics(spec, preds, np.concatenate(labels)), "eval_loss": mean_loss}
 
 
 def _autocast(device: torch.device, dtype: torch.dtype | None):
@@ -194,7 +230,7 @@ def _autocast(device: torch.device, dtype: torch.dtype | None):
 
 @dataclass
 class Run:
-    """Everything one fine-tuning run holds between epochs (what torchtune's recipes keep on ``self``)."""
+    """Everything one fine-tuning run holds between evaluations (what torchtune's recipes keep on ``self``)."""
 
     spec: TaskSpec
     train: TrainConfig
@@ -210,6 +246,7 @@ class Run:
     scaler: torch.amp.GradScaler
     amp_dtype: torch.dtype | None
     result: FinetuneResult
+    trivial_score: float | None = None  # of the primary eval split (None: causal LM)
 
     @property
     def bare_model(self) -> torch.nn.Module:
@@ -247,8 +284,25 @@ def setup(spec: TaskSpec, model_dir: Path, data_dir: Path, train: TrainConfig, s
     scheduler = get_linear_schedule_with_warmup(optimizer, int(train.warmup_ratio * steps), steps)
     amp_dtype = autocast_dtype(train.precision, device)
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
+    # Causal-LM blocks hold token labels and have no majority baseline: trivial_score gives None.
+    labels = [] if spec.kind == "causal_lm" else data[spec.primary_eval]["labels"]
     return Run(spec, train, seed, device, tokenizer, model, sampler, train_loader, eval_loaders,
-               optimizer, scheduler, scaler, amp_dtype, FinetuneResult(task=spec.name, seed=seed))
+               optimizer, scheduler, scaler, amp_dtype, FinetuneResult(task=spec.name, seed=seed),
+               trivial_score(spec, np.asarray(labels)))
+
+
+def _rng_state(run: Run) -> dict[str, torch.Tensor]:
+    # Dropout draws from it: saved and restored for an identical resume.
+    state = {"torch_rng": torch.get_rng_state()}
+    if run.device.type == "cuda":
+        state["cuda_rng"] = torch.cuda.get_rng_state(run.device)
+    return state
+
+
+def _set_rng_state(run: Run, state: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(state["torch_rng"])
+    if run.device.type == "cuda" and "cuda_rng" in state:
+        torch.cuda.set_rng_state(state["cuda_rng"], run.device)
 
 
 def save(run: Run, folder: Path) -> None:
@@ -258,63 +312,138 @@ def save(run: Run, folder: Path) -> None:
     torch.save({
         "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
         "scaler": run.scaler.state_dict(),
-        "epochs": [asdict(e) for e in run.result.epochs], "best_epoch": run.result.best_epoch,
-        "torch_rng": torch.get_rng_state(),  # dropout draws from it: restored for an identical resume
+        "epochs": [asdict(e) for e in run.result.epochs], "best_index": run.result.best_index,
+        **_rng_state(run),
     }, Path(folder) / TRAINING_STATE)
 
 
-def restore(run: Run, folder: Path) -> None:
-    """Go on after the last epoch that ``save`` wrote into ``folder``, with the same data order."""
+@dataclass(frozen=True)
+class Resume:
+    """Where a resumed run goes on: its epoch, the batches of that epoch already done, the RNG state."""
+
+    epoch: int
+    batches_done: int
+    rng: dict[str, torch.Tensor]
+
+
+def restore(run: Run, folder: Path) -> Resume:
+    """Go on after the last evaluation that ``save`` wrote into ``folder``, with the same data order."""
     state = torch.load(Path(folder) / TRAINING_STATE, weights_only=False)
     run.optimizer.load_state_dict(state["optimizer"])
     run.scheduler.load_state_dict(state["scheduler"])
     run.scaler.load_state_dict(state["scaler"])
     run.result.epochs = [EpochResult(**e) for e in state["epochs"]]
-    run.result.best_epoch = state["best_epoch"]
-    torch.set_rng_state(state["torch_rng"])
-    for _ in run.result.epochs:  # replay the shuffles of the epochs done: same order as without a stop
+    run.result.best_index = state["best_index"]
+    last = run.result.epochs[-1]
+    completed = last.epoch if last.end_of_epoch else last.epoch - 1
+    for _ in range(completed):  # replay the shuffles of the epochs done: same order as without a stop
         list(iter(run.sampler))
-    log.info("%s seed %d: resumed after epoch %d", run.spec.name, run.seed, len(run.result.epochs))
+    log.info("%s seed %d: resumed after step %d/%d (epoch %d)", run.spec.name, run.seed, last.step,
+             last.steps_total, last.epoch)
+    rng = {k: v for k, v in state.items() if k.endswith("_rng")}
+    done = 0 if last.end_of_epoch else last.step - (last.epoch - 1) * len(run.train_loader)
+    return Resume(epoch=completed + 1, batches_done=done, rng=rng)
 
 
-def train_one_epoch(run: Run, epoch: int) -> EpochResult:
-    """One pass over the training data, then every eval split."""
-    if isinstance(run.sampler, DistributedSampler):
-        run.sampler.set_epoch(epoch)
-    model, device = run.model, run.device
-    model.train()
-    t0 = time.perf_counter()
-    loss_sum, n_batches, real_tokens, padded_tokens = 0.0, 0, 0, 0
-    for batch in run.train_loader:
-        real_tokens += int(batch["attention_mask"].sum())
-        padded_tokens += batch["attention_mask"].numel()
-        batch = _to(batch, device)
-        with _autocast(device, run.amp_dtype):
-            loss = model(**batch).loss
-        run.optimizer.zero_grad(set_to_none=True)
-        run.scaler.scale(loss).backward()
-        run.scaler.unscale_(run.optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), run.train.max_grad_norm)
-        run.scaler.step(run.optimizer)
-        run.scaler.update()
-        run.scheduler.step()
-        loss_sum += float(loss.detach())
-        n_batches += 1
-    train_seconds = time.perf_counter() - t0
+def _epoch_batches(run: Run, resume: Resume | None) -> Iterator[dict[str, torch.Tensor]]:
+    """The epoch's batches; when resuming, positioned (data and RNG) where the stopped run was."""
+    # iter(DataLoader) draws a seed from torch's global RNG: at an epoch start the saved state comes
+    # first, mid-epoch it comes after the iterator and the skipped batches, as in the stopped run.
+    if resume is not None and resume.batches_done == 0:
+        _set_rng_state(run, resume.rng)
+    batches = iter(run.train_loader)
+    if resume is not None and resume.batches_done > 0:
+        for _ in range(resume.batches_done):
+            next(batches)
+        _set_rng_state(run, resume.rng)
+    return batches
 
+
+@dataclass
+class _Segment:
+    """The training since the previous evaluation: what the next EpochResult reports."""
+
+    loss_sum: float = 0.0
+    batches: int = 0
+    real_tokens: int = 0
+    padded_tokens: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+
+def _train_step(run: Run, batch: dict[str, torch.Tensor], segment: _Segment) -> None:
+    segment.real_tokens += int(batch["attention_mask"].sum())
+    segment.padded_tokens += batch["attention_mask"].numel()
+    batch = _to(batch, run.device)
+    with _autocast(run.device, run.amp_dtype):
+        loss = run.model(**batch).loss
+    run.optimizer.zero_grad(set_to_none=True)
+    run.scaler.scale(loss).backward()
+    run.scaler.unscale_(run.optimizer)
+    torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.train.max_grad_norm)
+    run.scaler.step(run.optimizer)
+    run.scaler.update()
+    run.scheduler.step()
+    segment.loss_sum += float(loss.detach())
+    segment.batches += 1
+
+
+def _evaluation(run: Run, epoch: int, batch_index: int, segment: _Segment) -> EpochResult:
+    """Every eval split after ``batch_index`` (1-based) of ``epoch``, with the segment's training figures."""
+    train_seconds = time.perf_counter() - segment.started
     t1 = time.perf_counter()
-    per_split = {s: evaluate(model, loader, run.spec, device, run.amp_dtype) for s, loader in run.eval_loaders.items()}
+    # iter(DataLoader) draws from torch's RNG: evaluating must not move the dropout draws of the
+    # training that follows, or how often a run evaluates would change the model it trains.
+    with torch.random.fork_rng(devices=[run.device] if run.device.type == "cuda" else []):
+        per_split = {s: evaluate(run.model, loader, run.spec, run.device, run.amp_dtype)
+                     for s, loader in run.eval_loaders.items()}
     metrics = merge_splits(run.spec, per_split)
+    n = len(run.train_loader)
     return EpochResult(
         epoch=epoch,
-        train_loss=loss_sum / max(n_batches, 1),
+        train_loss=segment.loss_sum / max(segment.batches, 1),
         metrics=metrics,
         score=selection_score(run.spec, metrics),
         train_seconds=train_seconds,
         eval_seconds=time.perf_counter() - t1,
-        train_tokens=real_tokens,
-        padded_tokens=padded_tokens,
+        train_tokens=segment.real_tokens,
+        padded_tokens=segment.padded_tokens,
+        step=(epoch - 1) * n + batch_index,
+        steps_total=n * run.train.epochs,
+        end_of_epoch=batch_index == n,
+        trivial_score=run.trivial_score,
     )
+
+
+def train_one_epoch(run: Run, epoch: int, resume: Resume | None = None) -> Iterator[EpochResult]:
+    """One pass over the training data, yielding an evaluation at each of the epoch's eval points."""
+    if isinstance(run.sampler, DistributedSampler):
+        run.sampler.set_epoch(epoch)
+    points = eval_points(len(run.train_loader), run.train, epoch)
+    batches = _epoch_batches(run, resume)
+    run.model.train()
+    segment = _Segment()
+    for index, batch in enumerate(batches, start=(resume.batches_done if resume else 0) + 1):
+        _train_step(run, batch, segment)
+        if index in points:
+            yield _evaluation(run, epoch, index, segment)
+            run.model.train()  # evaluate() switched dropout off
+            segment = _Segment()  # started after the caller's callback: its time is not training
+
+
+def _record(run: Run, evaluation: EpochResult, out_dir: Path | None, on_epoch: EpochCallback | None) -> None:
+    """Keep an evaluation, save the model when it is the best so far, and hand it to the caller."""
+    result = run.result
+    result.epochs.append(evaluation)
+    log.info("%s seed %d epoch %d step %d/%d: loss %.4f %s", run.spec.name, run.seed, evaluation.epoch,
+             evaluation.step, evaluation.steps_total, evaluation.train_loss, evaluation.metrics)
+    # Strictly better only: on a tie the earlier evaluation stays best.
+    if result.best_index == 0 or evaluation.score > result.best.score:
+        result.best_index = len(result.epochs)
+        if out_dir is not None:
+            save(run, Path(out_dir))
+            result.checkpoint_dir = Path(out_dir)
+    if on_epoch is not None:
+        on_epoch(evaluation, lambda folder: save(run, folder))
 
 
 def finetune(
@@ -330,27 +459,19 @@ def finetune(
     resume_from: Path | None = None,
     dist: Distributed = Distributed(),
 ) -> FinetuneResult:
-    """Fine-tune ``model_dir`` on ``spec`` with ``seed``; evaluate every epoch.
+    """Fine-tune ``model_dir`` on ``spec`` with ``seed``; evaluate at every epoch's end, and within
+    epochs with ``train.eval_every`` (steps) or ``train.evals_per_epoch``.
 
-    With ``out_dir`` the best epoch's model is saved there (``save_pretrained``) and returned as
-    ``checkpoint_dir``; ``on_epoch`` lets a caller (the Ray trial) report and checkpoint instead.
-    ``resume_from`` is a folder that ``save`` wrote: training goes on after its last epoch, with
-    the same data order as an uninterrupted run.
+    With ``out_dir`` the best evaluation's model (mid-epoch ones included) is saved there
+    (``save_pretrained``) and returned as ``checkpoint_dir``; ``on_epoch`` is called after every
+    evaluation and lets a caller (the Ray trial) report and checkpoint instead. ``resume_from`` is
+    a folder that ``save`` wrote: training goes on after its last evaluation, even a mid-epoch one,
+    with the same data order and dropout draws as an uninterrupted run.
     """
     run = setup(spec, model_dir, data_dir, train, seed, cache_dir, device, resume_from, dist)
-    if resume_from is not None:
-        restore(run, resume_from)
-    result = run.result
-    for epoch in range(len(result.epochs) + 1, train.epochs + 1):
-        epoch_result = train_one_epoch(run, epoch)
-        result.epochs.append(epoch_result)
-        log.info("%s seed %d epoch %d: loss %.4f %s", spec.name, seed, epoch, epoch_result.train_loss, epoch_result.metrics)
-        # Strictly better only: on a tie the earlier epoch stays best.
-        if result.best_epoch == 0 or epoch_result.score > result.best.score:
-            result.best_epoch = epoch
-            if out_dir is not None:
-                save(run, Path(out_dir))
-                result.checkpoint_dir = Path(out_dir)
-        if on_epoch is not None:
-            on_epoch(epoch_result, lambda folder: save(run, folder))
-    return result
+    resume = restore(run, resume_from) if resume_from is not None else None
+    start = resume.epoch if resume is not None else 1
+    for epoch in range(start, train.epochs + 1):
+        for evaluation in train_one_epoch(run, epoch, resume if epoch == start else None):
+            _record(run, evaluation, out_dir, on_epoch)
+    return run.result

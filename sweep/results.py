@@ -38,7 +38,12 @@ class TrialRecord:
     metrics: dict[str, float] = field(default_factory=dict)  # the best epoch's eval metrics
     score: float | None = None  # the task's metric at the best epoch (None: the trial failed)
     best_epoch: int | None = None
-    epochs_done: int = 0
+    best_step: int | None = None  # the training step of the best evaluation (it may fall inside an epoch)
+    epochs_done: int = 0  # whole epochs trained
+    steps_done: int = 0  # optimizer steps trained: the compute the trial spent
+    steps_total: int = 0  # the steps it would have trained to the end
+    stopped: str = ""  # why the rungs stopped it early (degenerate / below median …); "" if not
+    stopped_at_step: int | None = None
     wall_seconds: float = 0.0
     loop_seconds: float = 0.0  # inside the training loop (train + eval): wall minus this is overhead
     startup_seconds: float = 0.0  # trial start -> first batch: processes, imports, model and data loading
@@ -72,6 +77,9 @@ class TaskSummary:
     best_seed: int | None
     best_score: float | None
     gpu_hours: float
+    stopped: int = 0  # trials stopped early by the rungs
+    steps: int = 0  # optimizer steps trained, all trials
+    steps_full: int = 0  # the steps every trial would have trained to the end
 
 
 def rank_key(mode: str, score: float, seed: int) -> tuple[float, int]:
@@ -111,6 +119,9 @@ def summarize(records: list[TrialRecord], specs: list[TaskSpec]) -> list[TaskSum
                 best_seed=best[spec.name].seed if spec.name in best else None,
                 best_score=best[spec.name].score if spec.name in best else None,
                 gpu_hours=sum(r.gpus * r.wall_seconds for r in mine) / 3600,
+                stopped=sum(bool(r.stopped) for r in mine),
+                steps=sum(r.steps_done for r in mine),
+                steps_full=sum(r.steps_total for r in mine),
             )
         )
     return out
@@ -171,6 +182,23 @@ def export_best(record: TrialRecord, target: Path, model_name: str) -> Path:
         shutil.copytree(record.checkpoint, tmp, dirs_exist_ok=True)
         (tmp / MADE_BY).write_text(json.dumps(made_by, indent=2, default=str))  # inside the atomic folder
     return target
+
+
+def format_early_stops(records: list[TrialRecord], summaries: list[TaskSummary]) -> str:
+    """Which trials the rungs stopped, when and why, and the compute each task spent against
+    running every trial to the end ("" when nothing was stopped)."""
+    stopped = sorted((r for r in records if r.stopped), key=lambda r: (r.task, r.seed))
+    if not stopped:
+        return ""
+    lines = ["stopped early:"]
+    for r in stopped:
+        where = f"step {r.stopped_at_step} of {r.steps_total}" if r.stopped_at_step is not None else "?"
+        lines.append(f"  {r.task} seed {r.seed} at {where}: {r.stopped}")
+    for s in summaries:
+        if s.steps_full:
+            lines.append(f"compute {s.task}: {s.steps} of {s.steps_full} steps ({s.steps / s.steps_full:.0%} of "
+                         f"running every trial to the end); best seed {s.best_seed}")
+    return "\n".join(lines)
 
 
 def format_summary(summaries: list[TaskSummary]) -> str:

@@ -36,10 +36,11 @@ def run_sequential(settings: Settings, sources: LocalSources, out_dir: Path) -> 
                 records.append(TrialRecord(task=spec.name, seed=seed, status="ERROR", error=repr(e),
                                            wall_seconds=time.perf_counter() - t0, node=platform.node()))
                 continue
-            best = result.best
+            best, last = result.best, result.epochs[-1]
             records.append(TrialRecord(
                 task=spec.name, seed=seed, metrics=best.metrics, score=best.metrics[spec.metric],
-                best_epoch=result.best_epoch, epochs_done=len(result.epochs),
+                # result.epochs holds every evaluation (mid-epoch too): count the completed epochs
+                best_epoch=result.best_epoch, epochs_done=last.epoch if last.end_of_epoch else last.epoch - 1,
                 wall_seconds=time.perf_counter() - t0, node=platform.node(),
                 checkpoint=str(result.checkpoint_dir), trial_id=f"{spec.name}-{seed}",
             ))

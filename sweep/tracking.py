@@ -294,6 +294,8 @@ class _Sender:
         elif op == "end":
             if record.get("error"):
                 _retry(self.client.set_tag, run_id, "error", record["error"])
+            if record.get("tags"):  # why a trial ended early (sweep.stopped), set as it ends
+                _set_tags(self.client, run_id, record["tags"])
             _retry(self.client.set_terminated, run_id, record["status"], end_time=record["time"])
         elif op == "text":
             _retry(self.client.log_text, run_id, record["text"], record["artifact_file"])
@@ -679,11 +681,13 @@ class TrialLogger(_Tracked):
         now = int(time.time() * 1000)
         self._emit(self._record("metrics", metrics=[[_key(k), float(v), now, epoch] for k, v in metrics.items()]))
 
-    def end(self, status: str = "FINISHED", error: str | None = None) -> None:
-        """Terminate the run; a failure keeps the (scrubbed) tail of its error as tag ``error``."""
+    def end(self, status: str = "FINISHED", error: str | None = None, tags: Mapping[str, Any] | None = None) -> None:
+        """Terminate the run; a failure keeps the (scrubbed) tail of its error as tag ``error``;
+        ``tags`` are set first (an early stop's reason)."""
         self._started()
         # The tail of a traceback says what went wrong; keep that end when truncating.
-        self._emit(self._record("end", status=status, error=scrub(error)[-TAG_LIMIT:] if error else None), last=True)
+        self._emit(self._record("end", status=status, error=scrub(error)[-TAG_LIMIT:] if error else None,
+                                tags=_clean_tags(tags) if tags else None), last=True)
 
     def _started(self) -> None:
         if not self._began:

@@ -134,6 +134,7 @@ def test_the_schema_defaults_agree_with_the_default_yaml(group, monkeypatch):
     schema = getattr(config, SCHEMAS[group])
     defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
                 for f in dataclasses.fields(schema)}
+    defaults = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in defaults.items()}  # sweep.halving
     differ = {k: (defaults[k], v) for k, v in yaml_values.items() if k in defaults and defaults[k] != v}
     assert differ == {}, f"{SCHEMAS[group]} default vs conf/{group}: {differ}"
     assert set(yaml_values) <= set(defaults)

@@ -68,8 +68,12 @@ def test_multi_node_without_shared_storage_says_what_to_set(tmp_path):
     ("+sweep.grid.lr=[]", "sweep.grid.lr: needs a non-empty list"),
     ("+sweep.search.lr={dist:normal}", "sweep.search.dist: got 'normal', allowed: loguniform, uniform, choice"),
     ("+sweep.search.lr={dist:loguniform,low:0,high:1}", "sweep.search.lr: needs numbers low < high (both > 0 for loguniform)"),
-    ("sweep.scheduler=hyperband", "sweep.scheduler: got 'hyperband', allowed: fifo, asha"),
+    ("sweep.scheduler=hyperband", "sweep.scheduler: got 'hyperband', allowed: fifo, asha, seed_halving"),
     ("sweep.max_failures=-1", "sweep.max_failures: must be >= 0"),
+    ("sweep.halving.at=1.5", "sweep.halving.at: must be a fraction of training in (0, 1)"),
+    ("sweep.halving.at=0", "sweep.halving.at: must be a fraction of training in (0, 1)"),
+    ("sweep.halving.keep=2.5", "sweep.halving.keep: must be a whole number of trials per task (>= 1) or a share in (0, 1)"),
+    ("sweep.halving.keep=0", "sweep.halving.keep: must be a whole number"),
 ])
 def test_bad_sweep_options(override, expected):
     with pytest.raises(ConfigError) as e:

@@ -66,7 +66,9 @@ class SweepProgress(Callback):
         task, seed, _ = trial_of(trial.config)
         if self.forecast is not None and "train_tokens" in result:
             self.forecast.observe(task, result["train_tokens"], result.get("train_seconds", 0))
-            if "epoch" in result and self.epochs:
+            if "progress" in result:  # evaluations may fall inside an epoch: the share of steps done
+                self.forecast.advance(trial.trial_id, trial_key(trial.config), result["progress"])
+            elif "epoch" in result and self.epochs:
                 self.forecast.advance(trial.trial_id, trial_key(trial.config), result["epoch"] / self.epochs)
         value = result.get(f"eval/{self.metric.get(task)}")
         if task in self.metric and value is not None:

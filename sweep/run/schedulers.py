@@ -1,26 +1,74 @@
-"""Asynchronous successive halving (ASHA), decided inside the trials, with rungs per task.
+"""Early stopping per task: ASHA and seed halving, decided on a rungs board that the trials ask.
 
 Why not Tune's ``ASHAScheduler``: it ranks every trial of the Tune run in one bracket, and a sweep
 runs all its tasks in one Tune run, whose scores are not comparable (a CoLA MCC of 0.3 is good, an
-SST-2 accuracy of 0.3 is awful): each task needs its own rungs. (Tune stopping the function
-trainable is clean now for one-worker trials, which run in Train's local mode inside the trial's
-process; for a DDP trial it would leave the worker group running.) So the trial asks after each
-epoch and ends itself cleanly, the same way on either path.
+SST-2 accuracy of 0.3 is awful): each task needs its own rungs. So a named actor holds the rungs
+(``AshaRungs`` or ``SeedHalving``), each trial tells it every evaluation and ends itself cleanly
+(``EarlyStop``) when told to stop, on one path for single-worker and DDP trials. The ranking and
+the two rules are plain Python in ``sweep.seed_ranking``.
+
+Seed halving (Dodge et al. 2020) decides once, when every trial of a task has reached fraction
+``at`` of its training, so a trial that gets there first must wait without holding its GPU while
+later seeds still need one: ``halving_scheduler.SeedHalvingScheduler`` (Tune's side) pauses it, with its checkpoint of
+that evaluation, and resumes the kept trials once the task is decided.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 
+from sweep.seed_ranking import GO_ON, RungEntry, Verdict, asha_verdict, halving_verdicts, keep_count
 
 ASHA_NAMESPACE = "sweep"  # the Ray namespace of the named rungs actor (the driver creates it, trials look it up)
+RUNG = "rung"  # on a trial's report and history row: this evaluation was a decision point
 
 
 class EarlyStop(Exception):
-    """Raised by a trial's epoch callback when ASHA cuts the trial: it ends as a finished trial."""
+    """Raised by a trial's evaluation callback when the rungs stop the trial: it ends as finished."""
+
+    def __init__(self, verdict: Verdict):
+        super().__init__(verdict.stop_text)
+        self.verdict = verdict
+
+
+@dataclass(frozen=True)
+class EvalPoint:
+    """What a trial tells the board after one evaluation."""
+
+    task: str
+    trial_id: str
+    seed: int
+    epoch: int
+    step: int
+    progress: float  # step / the trial's planned steps
+    end_of_epoch: bool
+    score: float
+    eval_loss: float | None = None
+    trivial: float | None = None
+
+    def entry(self) -> RungEntry:
+        return RungEntry(self.trial_id, self.seed, self.score, self.eval_loss, self.trivial)
+
+    @classmethod
+    def from_report(cls, task: str, seed: int, report: dict[str, Any]) -> "EvalPoint | None":
+        """The point in a trial's report (or history row); None for a report that is no evaluation."""
+        if "score" not in report or "step" not in report:
+            return None
+        loss = report.get("eval/eval_loss")
+        trivial = report.get("trivial_score")
+        return cls(task=task, trial_id=str(report["trial_id"]), seed=seed, epoch=int(report["epoch"]),
+                   step=int(report["step"]), progress=float(report["progress"]),
+                   end_of_epoch=bool(report["end_of_epoch"]), score=float(report["score"]),
+                   eval_loss=None if loss is None or loss != loss else float(loss),
+                   trivial=None if trivial is None or trivial != trivial else float(trivial))
 
 
 class AshaRungs:
+    """Asynchronous successive halving with rungs at epoch ends, per task."""
+
     def __init__(self, max_t: int, grace_period: int = 1, reduction_factor: float = 2):
         self.reduction_factor = reduction_factor
         self.milestones = []
@@ -28,15 +76,85 @@ class AshaRungs:
         while t < max_t:  # no rung at the last epoch: a trial that got there finishes anyway
             self.milestones.append(t)
             t = int(np.ceil(t * reduction_factor))
-        self.recorded: dict[tuple[str, int], dict[str, float]] = {}
+        self.recorded: dict[tuple[str, int], dict[str, RungEntry]] = {}
+        self.verdicts: dict[tuple[str, int], Verdict] = {}  # (trial, rung): its first answer
 
-    def should_continue(self, task: str, trial_id: str, epoch: int, score: float) -> bool:
-        """Record a score at a rung; go on only if it is in the top 1/reduction_factor so far."""
-        if epoch not in self.milestones:
-            return True
-        scores = self.recorded.setdefault((task, epoch), {})
-        scores[trial_id] = score  # idempotent: DDP ranks and a restarted trial ask again
-        if len(scores) < 2:
-            return True
-        cutoff = np.percentile(list(scores.values()), (1 - 1 / self.reduction_factor) * 100)
-        return score >= cutoff
+    def at_eval(self, point: EvalPoint) -> Verdict:
+        """Record a rung's evaluation; go on only if in the top 1/reduction_factor so far (tie-free)."""
+        if not point.end_of_epoch or point.epoch not in self.milestones:
+            return GO_ON
+        key = (point.trial_id, point.epoch)
+        if key not in self.verdicts:  # DDP ranks and a restarted trial ask again: the same answer
+            recorded = self.recorded.setdefault((point.task, point.epoch), {})
+            recorded[point.trial_id] = point.entry()
+            self.verdicts[key] = asha_verdict(point.entry(), list(recorded.values()), self.reduction_factor,
+                                              f"at epoch {point.epoch}")
+        return self.verdicts[key]
+
+    def verdict_of(self, trial_id: str) -> Verdict | None:
+        stops = [v for (t, _), v in self.verdicts.items() if t == trial_id and not v.go_on]
+        return stops[0] if stops else None
+
+
+class SeedHalving:
+    """One decision per task at fraction ``at`` of training: the best ``keep`` trials go on."""
+
+    def __init__(self, trials_per_task: dict[str, int], keep: float, at: float):
+        self.expected, self.keep, self.at = dict(trials_per_task), keep, at
+        self.entries: dict[str, dict[str, RungEntry]] = {task: {} for task in trials_per_task}
+        self.gone_before: dict[str, set[str]] = {task: set() for task in trials_per_task}
+        self.verdicts: dict[str, Verdict] = {}
+
+    def at_eval(self, point: EvalPoint) -> Verdict | None:
+        """A verdict, or None: wait, the task's other trials have not all reached the rung."""
+        if point.trial_id in self.verdicts:
+            return self.verdicts[point.trial_id]
+        if point.progress < self.at - 1e-9:
+            return GO_ON
+        self.entries[point.task].setdefault(point.trial_id, point.entry())
+        self._decide(point.task)
+        return self.verdicts.get(point.trial_id)
+
+    def gone(self, task: str, trial_id: str) -> bool:
+        """A trial ended (failed) before the rung: the task no longer waits for it. True: decided."""
+        if trial_id not in self.entries[task]:
+            self.gone_before[task].add(trial_id)
+            self._decide(task)
+        return self.decided(task)
+
+    def decided(self, task: str) -> bool:
+        return any(t in self.verdicts for t in self.entries[task])
+
+    def verdict_of(self, trial_id: str) -> Verdict | None:
+        return self.verdicts.get(trial_id)
+
+    def _decide(self, task: str) -> None:
+        entries = self.entries[task]
+        if self.decided(task) or not entries or len(entries) + len(self.gone_before[task]) < self.expected[task]:
+            return
+        keep = keep_count(self.keep, len(entries))
+        self.verdicts.update(halving_verdicts(list(entries.values()), keep, f"at {self.at:.0%} of training"))
+
+
+def trials_per_task(settings, total: int) -> dict[str, int]:
+    """How many trials each task has: every task has the same seeds x grid x samples."""
+    return {spec.name: total // len(settings.tasks) for spec in settings.tasks}
+
+
+def make_board(settings, total: int):
+    """The rungs of sweep.scheduler (None for fifo): plain Python, hosted as a named actor."""
+    scheduler = settings.sweep.scheduler
+    if scheduler == "asha":
+        max_t = max([settings.train.epochs, *settings.sweep.grid.get("epochs", [])])
+        return AshaRungs, {"max_t": max_t}
+    if scheduler == "seed_halving":
+        halving = settings.sweep.halving
+        return SeedHalving, {"trials_per_task": trials_per_task(settings, total), "keep": halving.keep, "at": halving.at}
+    return None, None
+
+
+def board_name(experiment: str) -> str:
+    """One name per sweep folder: a resumed sweep's restored Tune scheduler finds the new board."""
+    import hashlib
+
+    return "sweep-rungs-" + hashlib.sha1(experiment.encode()).hexdigest()[:12]

@@ -51,20 +51,22 @@ from sweep.errors import DiskFullError
 from sweep.files import write_json
 from sweep.run.failures import error_line, trial_error
 from sweep.run.gate import WORKERS_READY
-from sweep.run.schedulers import ASHA_NAMESPACE, EarlyStop
+from sweep.run.schedulers import ASHA_NAMESPACE, RUNG, EarlyStop, EvalPoint
 from sweep.tasks import TaskSpec
 
-# Reported every epoch; the checkpoint manager keeps the best by it (plus the latest, for a
-# restart). Among equal scores the EARLIER epoch ranks higher, as in finetune's own choice.
+# Reported every evaluation; the checkpoint manager keeps the best by it (plus the latest, for a
+# restart). Among equal scores the EARLIER evaluation ranks higher, as in finetune's own choice.
 CHECKPOINT_RANK = "checkpoint_rank"
-CHECKPOINT_EPOCH = "sweep_epoch.json"  # in each checkpoint folder: which epoch it holds
+CHECKPOINT_EPOCH = "sweep_epoch.json"  # in each checkpoint folder: which evaluation (epoch, step) it holds
 TRIAL_DONE = "trial_done"  # on the last history row of a trial that ended
 TRIAL_ERROR = "trial_error"  # the one-line error of a trial that failed on its own data/config/model
+STOPPED = "stopped"  # on the last history row of a trial the rungs stopped: why (degenerate / below median …)
 PROCESS_STARTED = psutil.Process().create_time()  # this worker process's start (before its imports)
 
 
-def checkpoint_rank(score: float, epoch: int) -> float:
-    return score - 1e-9 * epoch
+def checkpoint_rank(score: float, progress: float) -> float:
+    """The score, the earlier evaluation first among equal ones (progress: step / planned steps, <= 1)."""
+    return score - 1e-9 * progress
 
 
 def trial_of(config: dict[str, Any]) -> tuple[str, int, dict[str, Any]]:
@@ -107,7 +109,7 @@ class TrialContext:
     launch_id: str  # the driver invocation that ran it (a resumed sweep has a new one)
     driver_started: float
     history_dir: str | None
-    asha_board: str | None = None
+    rungs_board: str | None = None
     tracking: Any = None  # tracking.TrialTracking, or None
     in_trial_process: bool = False  # Train's local mode: report to Tune directly
 
@@ -126,31 +128,43 @@ class TrialContext:
 
 
 class EpochReporter:
-    """What a worker does after each epoch, in order: log to MLflow, report (rank 0 with the
-    checkpoint), record the epoch in the trial's own history, and ask ASHA whether to go on."""
+    """What a worker does after each evaluation, in order: log to MLflow, report (rank 0 with the
+    checkpoint), record it in the trial's own history, and ask the rungs (ASHA, seed halving)
+    whether to go on."""
 
-    def __init__(self, ctx: TrialContext, rank: int, resumed: bool, timing: dict[str, float]) -> None:
-        self.ctx, self.rank, self.resumed, self.timing = ctx, rank, resumed, timing
+    def __init__(self, ctx: TrialContext, rank: int, resumed_at: int | None, timing: dict[str, float]) -> None:
+        """``resumed_at``: the step of the checkpoint the trial goes on from (None: from the start)."""
+        self.ctx, self.rank, self.resumed, self.timing = ctx, rank, resumed_at is not None, timing
         self.node = ray.get_runtime_context().get_node_id()
         self.mlflow_run = _start_trial_run(ctx) if rank == 0 else None
         history_file = ctx.history_file if rank == 0 else None
-        self.history = _read_history(history_file) if resumed and history_file else []
-        self.board = ray.get_actor(ctx.asha_board, namespace=ASHA_NAMESPACE) if ctx.asha_board else None
+        history = _read_history(history_file) if self.resumed and history_file else []
+        self.history = [row for row in history if row.get("step", 0) <= resumed_at]
+        self.board = ray.get_actor(ctx.rungs_board, namespace=ASHA_NAMESPACE) if ctx.rungs_board else None
+        halving = ctx.settings.sweep.halving if ctx.settings.sweep.scheduler == "seed_halving" else None
+        self.rung_at = halving.at if halving is not None else None
+        self.past_rung = any(row.get(RUNG) for row in self.history)
+        self.stopped: dict[str, Any] = {}  # the rungs' reason, once they stop the trial
 
     def __call__(self, epoch, save) -> None:
         metrics = self.metrics(epoch)
         self.log_to_mlflow(epoch)
-        self.report(metrics, epoch, save)
+        # Recorded before the report: seed halving's pause ends the trial inside its report call.
+        # A crash in between is harmless: the resumed trial drops rows past its checkpoint.
         self.record(metrics)
-        self.ask_asha(epoch)
+        self.report(metrics, epoch, save)
+        self.ask_rungs(epoch)
 
     def metrics(self, epoch) -> dict[str, Any]:
         return {
             # empty while the store has not answered yet: the run is made once it does
             "mlflow_run_id": (self.mlflow_run.run_id or "") if self.mlflow_run is not None else "",
-            "trial_id": self.ctx.trial_id,
+            "trial_id": self.ctx.trial_id, "task": self.ctx.task, "seed": self.ctx.seed,
             "epoch": epoch.epoch, "train_loss": epoch.train_loss, "score": epoch.score,
-            CHECKPOINT_RANK: checkpoint_rank(epoch.score, epoch.epoch),
+            "step": epoch.step, "steps_total": epoch.steps_total, "progress": epoch.progress,
+            "end_of_epoch": epoch.end_of_epoch, "trivial_score": epoch.trivial_score,
+            RUNG: self.is_rung(epoch),
+            CHECKPOINT_RANK: checkpoint_rank(epoch.score, epoch.progress),
             "train_seconds": epoch.train_seconds, "eval_seconds": epoch.eval_seconds,
             "train_tokens": epoch.train_tokens, "node": self.node, "host": platform.node(),
             "resumed": self.resumed, "launch_id": self.ctx.launch_id,
@@ -160,9 +174,20 @@ class EpochReporter:
             **{f"eval/{k}": v for k, v in epoch.metrics.items()},
         }
 
+    def is_rung(self, epoch) -> bool:
+        """Seed halving's decision point: the trial's first evaluation at or past fraction ``at``."""
+        if self.rung_at is None or self.past_rung or epoch.progress < self.rung_at - 1e-9:
+            return False
+        self.past_rung = True
+        return True
+
     def log_to_mlflow(self, epoch) -> None:
         if self.mlflow_run is not None:
-            self.mlflow_run.log_epoch(epoch.epoch, {"train_loss": epoch.train_loss, "score": epoch.score, **epoch.metrics})
+            # step: the epoch with one evaluation per epoch (as always), else the training step
+            once_per_epoch = self.ctx.train.eval_every is None and self.ctx.train.evals_per_epoch == 1
+            self.mlflow_run.log_epoch(epoch.epoch if once_per_epoch else epoch.step,
+                                      {"train_loss": epoch.train_loss, "score": epoch.score,
+                                       "epoch": epoch.step / epoch.steps_total * self.ctx.train.epochs, **epoch.metrics})
 
     checkpoint_bytes = 0  # the last checkpoint's size: what the next one needs
 
@@ -180,7 +205,7 @@ class EpochReporter:
             with writing("a checkpoint", folder.parent, staged, key="TMPDIR"):
                 save(folder)
                 # found again without Tune's log (a plain write: the whole folder is private until reported)
-                (folder / CHECKPOINT_EPOCH).write_text(json.dumps({"epoch": epoch.epoch}))
+                (folder / CHECKPOINT_EPOCH).write_text(json.dumps({"epoch": epoch.epoch, "step": epoch.step}))
             self.checkpoint_bytes = folder_size(folder)
             storage = _checkpoint_storage(self.ctx)
             before = _checkpoints_in(storage)
@@ -203,24 +228,46 @@ class EpochReporter:
             self.history.append({k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool))})
             write_json(history_file, self.history)
 
-    def ask_asha(self, epoch) -> None:
-        if self.board is not None and not ray.get(
-            self.board.should_continue.remote(self.ctx.task, self.ctx.trial_id, epoch.epoch, epoch.score)
-        ):
-            raise EarlyStop  # cut by ASHA: every rank gets the same answer and stops here
+    def ask_rungs(self, epoch) -> None:
+        """Raise EarlyStop when the rungs stop the trial: every rank gets the same answer."""
+        if self.board is None:
+            return
+        point = EvalPoint(task=self.ctx.task, trial_id=self.ctx.trial_id, seed=self.ctx.seed, epoch=epoch.epoch,
+                          step=epoch.step, progress=epoch.progress, end_of_epoch=epoch.end_of_epoch,
+                          score=epoch.score, eval_loss=epoch.metrics.get("eval_loss"), trivial=epoch.trivial_score)
+        verdict = ray.get(self.board.at_eval.remote(point))
+        while verdict is None:  # seed halving: Tune pauses a trial that must wait; a DDP rank may still ask
+            time.sleep(1.0)
+            verdict = ray.get(self.board.at_eval.remote(point))
+        if not verdict.go_on:
+            raise EarlyStop(verdict)
 
-    def end(self, status: str, error: str | None = None) -> None:
+    def stopped_before(self) -> EarlyStop | None:
+        """A trial resumed after its task's decision (seed halving pauses it at the rung): stopped?"""
+        if self.board is None or not self.history:
+            return None
+        verdict = ray.get(self.board.verdict_of.remote(self.ctx.trial_id))
+        return EarlyStop(verdict) if verdict is not None and not verdict.go_on else None
+
+    def end(self, status: str, error: str | None = None, stop: EarlyStop | None = None) -> None:
+        if stop is not None:
+            last = self.history[-1] if self.history else {}
+            self.stopped = {STOPPED: stop.verdict.stop_text, "stopped_at_step": last.get("step"),
+                            "stopped_at_progress": last.get("progress")}
         if status == "FINISHED":
             self.mark_done()
         if self.mlflow_run is not None:
-            self.mlflow_run.end(status, error)
+            tags = {"sweep.stopped": self.stopped[STOPPED], "sweep.stopped_at_step": self.stopped["stopped_at_step"]} \
+                if self.stopped else None
+            self.mlflow_run.end(status, error, tags=tags)
 
     def mark_done(self) -> None:
-        """The history says the trial is over (all epochs, or cut by ASHA): a resumed sweep whose
-        Tune state missed the end (Tune saves it every 10 s at most) does not run it again."""
+        """The history says the trial is over (all epochs, or stopped by the rungs, with why): a
+        resumed sweep whose Tune state missed the end (Tune saves it every 10 s at most) does not
+        run it again."""
         history_file = self.ctx.history_file
         if self.rank == 0 and history_file is not None and self.history:
-            self.history[-1][TRIAL_DONE] = True
+            self.history[-1].update({TRIAL_DONE: True, **self.stopped})
             write_json(history_file, self.history)
 
 
@@ -261,8 +308,11 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     timing["loop_started"] = time.time()
     device = _device(ctx.in_trial_process)
     resume_dir = _restore_latest(ctx.in_trial_process)
-    reporter = EpochReporter(ctx, rank, resumed=resume_dir is not None, timing=timing)
+    reporter = EpochReporter(ctx, rank, resumed_at=_checkpoint_step(resume_dir), timing=timing)
     try:
+        stopped = reporter.stopped_before() if resume_dir is not None else None
+        if stopped is not None:
+            raise stopped  # decided while paused at the rung: end now, without loading the model
         finetune(
             ctx.spec, sources.model_dir, sources.data_dir, ctx.train, ctx.seed,
             cache_dir=cache_root(ctx.settings.storage), on_epoch=reporter, resume_from=resume_dir,
@@ -271,8 +321,10 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
                              wrap_model=partial(ray.train.torch.prepare_model, move_to_device=device) if world > 1 else None),
             device=device,
         )
-    except EarlyStop:
-        reporter.end("FINISHED")  # a finished trial with fewer epochs; its best checkpoint is already reported
+    except EarlyStop as stop:
+        reporter.end("FINISHED", stop=stop)  # a finished trial with fewer steps; its best checkpoint is already reported
+    except SystemExit:
+        raise  # Tune paused (seed halving) or stopped the trial: its MLflow run goes on when it resumes
     except BaseException:
         reporter.end("FAILED", traceback.format_exc())
         raise
@@ -283,6 +335,14 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
             shutil.rmtree(resume_dir, ignore_errors=True)
         if ctx.in_trial_process:
             _free_for_the_next_trial()
+
+
+def _checkpoint_step(folder: Path | None) -> int | None:
+    """The training step of the evaluation a checkpoint folder holds (None: no checkpoint)."""
+    if folder is None:
+        return None
+    marker = json.loads((folder / CHECKPOINT_EPOCH).read_text())
+    return int(marker.get("step", 0))
 
 
 def _free_for_the_next_trial() -> None:
@@ -353,7 +413,7 @@ def _has_nccl() -> bool:
 
 
 def train_driver_fn(config: dict[str, Any], settings: Settings, placements: dict[str, Placement], launch_id: str,
-                    asha_board: str | None = None, tracking=None) -> None:
+                    rungs_board: str | None = None, tracking=None) -> None:
     """The Tune trainable: one TorchTrainer run for this (task, seed, hparams)."""
     trial_id = tune.get_context().get_trial_id()
     task, seed, hparams = trial_of(config)
@@ -361,7 +421,7 @@ def train_driver_fn(config: dict[str, Any], settings: Settings, placements: dict
     ctx = TrialContext(
         settings=settings, task=task, seed=seed, hparams=hparams,
         trial_id=trial_id, launch_id=launch_id, driver_started=time.time(), history_dir=placement.history_dir,
-        asha_board=asha_board, tracking=tracking, in_trial_process=placement.in_trial_process,
+        rungs_board=rungs_board, tracking=tracking, in_trial_process=placement.in_trial_process,
     )
     done = _finished_before(ctx)
     if done is not None:  # finished before a killed driver's Tune state recorded it: report, don't rerun

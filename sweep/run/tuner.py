@@ -68,7 +68,7 @@ def records_from_results(grid, settings: Settings, plans: dict[str, TrialPlan], 
             spec = next(t for t in settings.tasks if t.name == record.task)
             record.score = record.metrics.get(spec.metric)
             record.best_epoch = int(best["epoch"])
-            record.epochs_done = int(df["epoch"].max())
+            _steps_and_stop(record, df, best)
             first = df.iloc[0]
             started = _trial_started(first, first_in_process)
             record.wall_seconds = float(df["reported_at"].max() - started)
@@ -89,6 +89,24 @@ def records_from_results(grid, settings: Settings, plans: dict[str, TrialPlan], 
             record.error = _error_text(result.error) if result.error is not None else "trial reported no result"
         records.append(record)
     return records
+
+
+def _steps_and_stop(record: TrialRecord, df, best) -> None:
+    """The compute a trial spent (steps trained, whole epochs) and, if the rungs stopped it, why and when."""
+    from sweep.run.trial import STOPPED
+
+    if "step" not in df or df["step"].isna().all():  # rows of an older sweep: one per epoch
+        record.epochs_done = int(df["epoch"].max())
+        return
+    record.best_step = int(best["step"])
+    record.steps_done = int(df["step"].max())
+    record.steps_total = int(df["steps_total"].max())
+    ends = df[df["end_of_epoch"].astype(bool)]
+    record.epochs_done = int(ends["epoch"].max()) if len(ends) else 0
+    last = df.iloc[-1]
+    if STOPPED in df and isinstance(last.get(STOPPED), str) and last[STOPPED]:
+        record.stopped = last[STOPPED]
+        record.stopped_at_step = int(last["step"])
 
 
 def _own_error(result, df) -> str | None:
@@ -159,7 +177,11 @@ def _best_checkpoint(best_row, run_dirs: list[Path]) -> str | None:
         return path
     for run_dir in run_dirs:
         for marker in run_dir.glob(f"checkpoint_*/{CHECKPOINT_EPOCH}"):
-            if json.loads(marker.read_text())["epoch"] == int(best_row["epoch"]):
+            held = json.loads(marker.read_text())
+            if "step" in held and "step" in best_row and best_row["step"] == best_row["step"]:  # not NaN
+                if held["step"] == int(best_row["step"]):
+                    return str(marker.parent)
+            elif held["epoch"] == int(best_row["epoch"]):  # a checkpoint of an older sweep: one per epoch
                 return str(marker.parent)
     return None
 
@@ -268,21 +290,48 @@ def retries_and_checkpoints(settings: Settings, placements: dict[str, Any]) -> d
     }
 
 
-def start_asha_board(settings: Settings, launch_id: str):
-    """The named actor that holds the ASHA rungs (sweep.scheduler=asha); trials ask it each epoch.
+def start_rungs_board(settings: Settings, experiment: str, total: int, history_dir: Path | None):
+    """The named actor that holds the rungs of sweep.scheduler (asha, seed_halving); trials ask it
+    after each evaluation. A resumed sweep's board learns again what the trials' histories say.
 
     Returns (name, handle); the caller keeps the handle for the sweep's duration (it owns the actor).
     """
-    if settings.sweep.scheduler != "asha":
+    from sweep.run.schedulers import ASHA_NAMESPACE, board_name, make_board
+
+    board_class, kwargs = make_board(settings, total)
+    if board_class is None:
         return None, None
     import ray
 
-    from sweep.run.schedulers import ASHA_NAMESPACE, AshaRungs
-
-    name = f"sweep-asha-{launch_id}"
-    max_t = max([settings.train.epochs, *settings.sweep.grid.get("epochs", [])])
-    handle = ray.remote(num_cpus=0)(AshaRungs).options(name=name, namespace=ASHA_NAMESPACE).remote(max_t=max_t)
+    name = board_name(experiment)
+    handle = ray.remote(num_cpus=0)(board_class).options(name=name, namespace=ASHA_NAMESPACE).remote(**kwargs)
+    if settings.resume and history_dir is not None:
+        replay_rungs(handle, history_dir)
     return name, handle
+
+
+def replay_rungs(board, history_dir: Path) -> None:
+    """Tell a new board the rung evaluations (and failures before a rung) the trials recorded."""
+    import ray
+
+    from sweep.run.schedulers import RUNG, EvalPoint
+    from sweep.run.trial import TRIAL_ERROR
+
+    for path in sorted(Path(history_dir).glob("*.json")):
+        rows = json.loads(path.read_text())
+        task, seed = _task_seed_of(rows)
+        rungs = [row for row in rows if row.get(RUNG)]
+        for row in rungs:
+            point = EvalPoint.from_report(task, seed, row)
+            if point is not None:
+                ray.get(board.at_eval.remote(point))
+        if not rungs and rows and rows[-1].get(TRIAL_ERROR) and hasattr(board, "gone"):
+            ray.get(board.gone.remote(task, path.stem))
+
+
+def _task_seed_of(rows: list[dict[str, Any]]) -> tuple[str, int]:
+    row = next((r for r in rows if "task" in r), rows[0] if rows else {})
+    return str(row.get("task", "?")), int(row.get("seed", -1))
 
 
 def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[TrialRecord], list[Path]]:
@@ -332,13 +381,14 @@ def _run_tune(settings: Settings, out_dir: Path, tracking, stop) -> tuple[list[T
     plan = plans[chosen.order[0].task]  # the first trials' size drives the wait for launched nodes
     storage = sweep_storage(storage_path(settings, out_dir, len(nodes)))
     launch_id = uuid.uuid4().hex[:8]
-    asha_board, _board_handle = start_asha_board(settings, launch_id)  # the handle keeps the board alive
+    _refuse_halving_with_ddp(settings, plans)
+    rungs_board, _board_handle = start_rungs_board(settings, storage.experiment, total, storage.history_dir)  # the handle keeps it alive
     placements = {task: Placement(p.workers, p.gpus_per_worker, p.cpus_per_worker, storage.train,
                                   str(storage.history_dir) if storage.history_dir else None)
                   for task, p in plans.items()}
     trainable = tune.with_parameters(
         train_driver_fn, settings=settings, placements=placements, launch_id=launch_id,
-        asha_board=asha_board, tracking=tracking,
+        rungs_board=rungs_board, tracking=tracking,
     )
     trainable = tune.with_resources(trainable, ResourcesByTask(placements))
     concurrency = min(max(p.max_concurrent for p in plans.values()), total)
@@ -371,9 +421,13 @@ def _run_tune(settings: Settings, out_dir: Path, tracking, stop) -> tuple[list[T
             tune_config=tune.TuneConfig(
                 num_samples=settings.sweep.num_samples,
                 # the dispatch order as given; no trial after a DDP one until its workers are placed
-                search_alg=DdpFirst({t for t, p in placements.items() if not p.in_trial_process}, concurrency),
+                search_alg=DdpFirst({t for t, p in placements.items() if not p.in_trial_process},
+                                    # a trial paused at the seed-halving rung still counts as live for the
+                                    # generator's limit: it must hand out every seed (the resources limit)
+                                    0 if settings.sweep.scheduler == "seed_halving" else concurrency),
                 # A trial's driver process serves the next trial: no new process, no re-import.
                 reuse_actors=True,
+                **_tune_scheduler(settings, rungs_board),
             ),
             run_config=tune.RunConfig(
                 name=EXPERIMENT, storage_path=storage.root, verbose=0,
@@ -386,6 +440,26 @@ def _run_tune(settings: Settings, out_dir: Path, tracking, stop) -> tuple[list[T
     progress.close()
     train_dir = storage.local_train_dir
     return records_from_results(grid, settings, plans, storage.history_dir, train_dir), checkpoint_folders(grid, train_dir)
+
+
+def _tune_scheduler(settings: Settings, rungs_board: str | None) -> dict[str, Any]:
+    """Seed halving pauses trials that reach the rung before their task is decided (Tune's side)."""
+    if settings.sweep.scheduler != "seed_halving":
+        return {}
+    from sweep.run.halving_scheduler import SeedHalvingScheduler
+
+    return {"scheduler": SeedHalvingScheduler(rungs_board, settings.sweep.halving.at)}
+
+
+def _refuse_halving_with_ddp(settings: Settings, plans: dict[str, TrialPlan]) -> None:
+    """A paused DDP trial would leave its Train worker group running: refused before any trial."""
+    from sweep.errors import ConfigError
+
+    ddp = sorted(task for task, p in plans.items() if p.workers > 1)
+    if settings.sweep.scheduler == "seed_halving" and ddp:
+        raise ConfigError(
+            f"sweep.scheduler=seed_halving: the trials of {', '.join(ddp)} are multi-GPU (DDP), which seed halving "
+            "cannot pause at its rung; give them 1 GPU (resources.gpus_per_trial=1) or use sweep.scheduler=asha")
 
 
 def _plan(settings: Settings, nodes, autoscaler, total: int):

@@ -1,0 +1,89 @@
+"""Tune's side of seed halving: pause a trial at the rung until its task is decided.
+
+Seed halving decides once, when every trial of a task has reached the rung (``schedulers.SeedHalving``
+on the rungs board). A trial that gets there first waits; if it kept its CPU/GPU while waiting,
+the seeds not yet started could never run where trials outnumber slots. Tune can pause it: it keeps
+the trial's last checkpoint (the rung evaluation's), frees the resources and resumes it later
+from there. Multi-GPU (DDP) trials are refused with seed halving (tuner): pausing their function
+would leave the Train worker group running.
+"""
+
+from __future__ import annotations
+
+from ray.tune.schedulers import FIFOScheduler
+
+from sweep.run.schedulers import ASHA_NAMESPACE, EvalPoint
+
+
+class SeedHalvingScheduler(FIFOScheduler):
+    """Tune's side of seed halving: pauses a trial that reached the rung before its task is decided
+    (Tune keeps its checkpoint of that evaluation and frees its resources), starts every pending
+    trial before a paused one, and resumes the paused trials once their task is decided (a stopped
+    one ends at once on resume, having asked the board)."""
+
+    _supports_buffered_results = False  # a result must be seen before the trial trains on
+
+    def __init__(self, board: str, at: float):
+        super().__init__()
+        self.board_name, self.at = board, at
+        self.decided: set[str] = set()
+        self._board = None
+
+    def __getstate__(self):  # Tune pickles its scheduler with the experiment state: no actor handle
+        return {**self.__dict__, "_board": None}
+
+    @property
+    def board(self):
+        if self._board is None:
+            import ray
+
+            self._board = ray.get_actor(self.board_name, namespace=ASHA_NAMESPACE)
+        return self._board
+
+    def on_trial_result(self, tune_controller, trial, result: dict) -> str:
+        import ray
+
+        task, seed = _task_and_seed(trial)
+        point = EvalPoint.from_report(task, seed, result)
+        if point is None or point.progress < self.at - 1e-9 or task in self.decided:
+            return self.CONTINUE
+        verdict = ray.get(self.board.at_eval.remote(point))
+        if verdict is None:
+            return self.PAUSE  # saves the checkpoint it just reported, frees its resources
+        self.decided.add(task)
+        return self.CONTINUE
+
+    def on_trial_complete(self, tune_controller, trial, result) -> None:
+        self._gone(trial)
+
+    def on_trial_error(self, tune_controller, trial) -> None:
+        self._gone(trial)
+
+    def _gone(self, trial) -> None:
+        import ray
+
+        task, _ = _task_and_seed(trial)
+        if task not in self.decided and ray.get(self.board.gone.remote(task, trial.trial_id)):
+            self.decided.add(task)
+
+    def choose_trial_to_run(self, tune_controller):
+        from ray.tune.experiment import Trial
+
+        trials = tune_controller.get_trials()
+        for trial in trials:  # every seed starts before a paused one goes on
+            if trial.status == Trial.PENDING:
+                return trial
+        for trial in trials:
+            if trial.status == Trial.PAUSED and _task_and_seed(trial)[0] in self.decided:
+                return trial
+        return None
+
+    def debug_string(self) -> str:
+        return f"Seed halving at {self.at:.0%} of training."
+
+
+
+
+def _task_and_seed(trial) -> tuple[str, int]:
+    point = (trial.config or {}).get("trial", {})
+    return point.get("task", "?"), int(point.get("seed", -1))

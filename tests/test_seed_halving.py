@@ -1,0 +1,89 @@
+"""Seed halving end to end: the issue's own case. The demo (tiny RoBERTa, synthetic WNLI, 4 epochs)
+leaves some seeds at chance for good while others learn in epoch 2 (`scripts/bench_seed_stopping.py`
+prints each seed's curve): with ``sweep.scheduler=seed_halving sweep.halving.keep=2
+sweep.halving.at=0.5`` and two evaluations per epoch, every seed starts, one decision is taken
+halfway, the seeds still at the trivial score stop there as degenerate, the learners below the best
+two as below the cut, and exactly two run to the end.
+
+Two CPUs, so two trials at a time: the first trials reach the rung before the last seeds have
+started and must wait without holding a CPU (Tune pauses them), else the sweep would hang."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sweep.results import MADE_BY, load_records
+from sweep.seed_ranking import BELOW_CUT, DEGENERATE
+from test_cli import sweep_cmd
+
+pytestmark = pytest.mark.slow
+
+SEEDS = [3, 4, 6, 7, 9, 11]  # halfway: 3 and 4 at chance (for good), the other four above it
+
+
+def test_seed_halving_keeps_two_of_six_and_stops_the_degenerate_at_the_rung(tmp_path):
+    out = tmp_path / "out"
+    r = sweep_cmd("experiment=demo", f"sweep.seeds=[{','.join(map(str, SEEDS))}]", "train.epochs=4",
+                  "train.evals_per_epoch=2", "sweep.scheduler=seed_halving", "sweep.halving.keep=2", "sweep.halving.at=0.5",
+                  "cluster.num_cpus=2", f"out_dir={out}", cwd=tmp_path, cache=tmp_path / "cache", timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    records = {rec.seed: rec for rec in load_records(out / "results.json")}
+    assert sorted(records) == SEEDS and all(rec.status == "TERMINATED" for rec in records.values())
+    steps_total = records[SEEDS[0]].steps_total
+    rung = steps_total // 2  # 13 steps per epoch, evaluated after batches 7 and 13: the rung is step 26 of 52
+    finished = sorted(s for s, rec in records.items() if rec.steps_done == steps_total)
+    stopped = {s: rec for s, rec in records.items() if rec.stopped}
+    assert len(finished) == 2 and sorted(stopped) == sorted(set(SEEDS) - set(finished)), records
+
+    # every stopped seed stopped at the rung, with its reason; the degenerate ones at the trivial score
+    histories = {json.loads(p.read_text())[0]["seed"]: json.loads(p.read_text())
+                 for p in (out / "ray" / "history").glob("*.json")}
+    rung_rows = {seed: next(row for row in rows if row["rung"]) for seed, rows in histories.items()}
+    assert {row["step"] for row in rung_rows.values()} == {rung}
+    for seed, rec in stopped.items():
+        assert rec.steps_done == rung and rec.stopped_at_step == rung
+        assert rec.stopped.startswith((DEGENERATE, BELOW_CUT)), rec.stopped
+    degenerate = {s for s, rec in stopped.items() if rec.stopped.startswith(DEGENERATE)}
+    learners = {s for s, row in rung_rows.items() if row["score"] > row["trivial_score"] + 1e-9}
+    at_trivial = set(SEEDS) - learners
+    assert len(learners) >= 2 and at_trivial, f"the demo should leave some seeds at chance: {rung_rows}"
+    assert degenerate == at_trivial - set(finished)
+    # the kept two are the best two at the rung by score, then eval loss
+    ranked = sorted(rung_rows, key=lambda s: (-rung_rows[s]["score"], rung_rows[s]["eval/eval_loss"], s))
+    assert finished == sorted(ranked[:2])
+
+    # a kept trial that waited at the rung went on from its checkpoint there, not from the start
+    waited = [s for s in finished if any(row["resumed"] for row in histories[s])]
+    assert waited, "no kept trial was paused at the rung (two CPUs for six seeds: the first two must wait)"
+    for s in waited:
+        resumed = [row["step"] for row in histories[s] if row["resumed"]]
+        assert resumed[0] > rung and [row["step"] for row in histories[s]] == sorted({row["step"] for row in histories[s]})
+
+    # the best model: the best evaluation of the kept trials, wherever it fell (mid-epoch allowed)
+    best = max(records.values(), key=lambda rec: (rec.score, -rec.seed))
+    made_by = json.loads((out / "best" / "WNLI" / MADE_BY).read_text())
+    assert made_by["seed"] == best.seed
+
+    # what a person reads: the summary's stops and compute, in the output and summary.csv
+    summary = json.loads((out / "results.json").read_text())["summary"][0]
+    assert summary["stopped"] == 4 and summary["steps"] == 2 * steps_total + 4 * rung
+    assert summary["steps_full"] == 6 * steps_total
+    assert "stopped early:" in r.stdout
+    for s in stopped:
+        assert f"WNLI seed {s} at step {rung} of {steps_total}: " in r.stdout
+    share = summary["steps"] / summary["steps_full"]
+    assert f"compute WNLI: {summary['steps']} of {summary['steps_full']} steps ({share:.0%}" in r.stdout
+
+    # MLflow: each stopped trial's run says why, when
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    experiment = client.get_experiment_by_name("glue-tiny-roberta").experiment_id
+    runs = {int(run.data.params["seed"]): run for run in client.search_runs([experiment]) if "seed" in run.data.params}
+    assert sorted(runs) == SEEDS
+    for s in SEEDS:
+        tag = runs[s].data.tags.get("sweep.stopped")
+        assert (tag == records[s].stopped) if s in stopped else tag is None, (s, tag)
+        assert runs[s].info.status == "FINISHED"
