@@ -133,7 +133,9 @@ def _launch_ids(out: Path) -> dict[str, set[str]]:
 @pytest.mark.slow
 def test_resume_after_the_driver_is_killed_skips_finished_trials(tmp_path):
     out, cache = tmp_path / "out", tmp_path / "cache"
-    args = ["experiment=demo", "sweep.seeds=[38,39,40,41]", "train.epochs=2", "sweep.keep_checkpoints=all", f"out_dir={out}"]
+    # two evaluations per epoch: the killed trials go on from mid-epoch checkpoints too
+    args = ["experiment=demo", "sweep.seeds=[38,39,40,41]", "train.epochs=2", "train.evals_per_epoch=2",
+            "sweep.keep_checkpoints=all", f"out_dir={out}"]
     env = {**os.environ, "SWEEP_CACHE_DIR": str(cache)}
     proc = subprocess.Popen([sys.executable, "-m", "sweep", *args], cwd=tmp_path, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
@@ -155,7 +157,7 @@ def test_resume_after_the_driver_is_killed_skips_finished_trials(tmp_path):
     assert "resume: continuing the sweep" in r.stdout
     records = load_records(out / "results.json")
     assert sorted(rec.seed for rec in records) == [38, 39, 40, 41]
-    assert all(rec.status == "TERMINATED" and rec.epochs_done == 2 for rec in records)
+    assert all(rec.status == "TERMINATED" and rec.epochs_done == 2 and rec.steps_done == rec.steps_total for rec in records)
     after = _launch_ids(out)
     (launch_1,) = {next(iter(ids)) for ids in first.values() if len(ids) == 1} or {None}
     rerun = {t for t, ids in after.items() if ids - {launch_1}}

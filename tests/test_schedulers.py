@@ -1,5 +1,7 @@
 """The rungs: ASHA and seed halving per task, the tie-free ranking, the trivial score of each metric."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -148,3 +150,32 @@ def test_halving_does_not_wait_for_a_trial_that_failed_before_the_rung():
     assert board.verdict_of("a").go_on and not board.verdict_of("b").go_on  # keep ceil(0.5 * 2) = 1
     assert board.gone("RTE", "a")  # a kept trial ending later changes nothing
     assert board.verdict_of("a").go_on
+
+
+def test_a_resumed_sweeps_board_learns_the_rungs_again_from_the_histories(tmp_path):
+    """resume=true starts a new board: the rung rows and the failures before a rung in the trials'
+    histories give it the same decision as the board of the killed driver."""
+    from sweep.run.schedulers import RUNG, recorded_rungs
+
+    def row(trial, seed, step, score, rung=False):
+        return {"trial_id": trial, "task": "RTE", "seed": seed, "epoch": 1, "step": step, "progress": step / 40,
+                "end_of_epoch": step % 20 == 0, "score": score, "eval/eval_loss": 0.6, "trivial_score": 0.5, RUNG: rung}
+
+    histories = {
+        "t1": [row("t1", 1, 5, 0.5), row("t1", 1, 10, 0.8, rung=True), row("t1", 1, 15, 0.9)],
+        "t2": [row("t2", 2, 5, 0.5), row("t2", 2, 10, 0.5, rung=True)],
+        "t3": [{"trial_id": "t3", "task": "RTE", "seed": 3, "trial_error": "DataFormatError: train.tsv:4"}],
+        "t4": [row("t4", 4, 5, 0.6)],  # running, before its rung when the driver died
+    }
+    for trial, rows in histories.items():
+        (tmp_path / f"{trial}.json").write_text(json.dumps(rows))
+    points, gone = recorded_rungs(tmp_path)
+    assert [(p.trial_id, p.step, p.score) for p in points] == [("t1", 10, 0.8), ("t2", 10, 0.5)]
+    assert gone == [("RTE", "t3")]
+    board = SeedHalving({"RTE": 4}, keep=1, at=0.25)
+    for p in points:
+        assert board.at_eval(p) is None
+    board.gone(*gone[0])
+    assert not board.decided("RTE")  # t4 has still to reach its rung
+    assert board.at_eval(point("t4", 0.7, seed=4, trivial=0.5)).reason == BELOW_CUT
+    assert board.verdict_of("t1").go_on and board.verdict_of("t2").reason == DEGENERATE

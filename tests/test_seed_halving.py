@@ -83,7 +83,31 @@ def test_seed_halving_keeps_two_of_six_and_stops_the_degenerate_at_the_rung(tmp_
     experiment = client.get_experiment_by_name("glue-tiny-roberta").experiment_id
     runs = {int(run.data.params["seed"]): run for run in client.search_runs([experiment]) if "seed" in run.data.params}
     assert sorted(runs) == SEEDS
+    (parent,) = client.search_runs([experiment], "tags.sweep.model = 'tiny-roberta'")
+    assert parent.data.metrics["WNLI.stopped"] == 4 and parent.data.metrics["WNLI.steps"] == summary["steps"]
+    assert parent.data.metrics["WNLI.steps_full"] == summary["steps_full"]
     for s in SEEDS:
         tag = runs[s].data.tags.get("sweep.stopped")
         assert (tag == records[s].stopped) if s in stopped else tag is None, (s, tag)
         assert runs[s].info.status == "FINISHED"
+
+
+def test_asha_now_cuts_seeds_that_tie_at_chance(tmp_path):
+    """The issue's report: `sweep.scheduler=asha` on the demo with six seeds cut nothing, because the
+    seeds tied at chance at every rung and a tie was kept. Ranked by eval loss, then seed, ties no
+    longer keep everyone: trials stop at the epoch-end rungs, each with its reason, and the sweep
+    spends fewer steps than running every seed to the end."""
+    out = tmp_path / "out"
+    r = sweep_cmd("experiment=demo", "sweep.scheduler=asha", "sweep.seeds=[1,2,3,4,5,6]", "train.epochs=4",
+                  "tracking=none", "cluster.num_cpus=2", f"out_dir={out}", cwd=tmp_path, cache=tmp_path / "cache", timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    records = load_records(out / "results.json")
+    assert len(records) == 6 and all(rec.status == "TERMINATED" for rec in records)
+    stopped = [rec for rec in records if rec.stopped]
+    assert len(stopped) >= 2, [(rec.seed, rec.steps_done, rec.score) for rec in records]
+    per_epoch = records[0].steps_total // 4
+    for rec in stopped:
+        assert rec.stopped.startswith((DEGENERATE, BELOW_CUT)) and "at epoch" in rec.stopped
+        assert rec.steps_done < rec.steps_total and rec.steps_done % per_epoch == 0  # at an epoch-end rung
+    summary = json.loads((out / "results.json").read_text())["summary"][0]
+    assert summary["stopped"] == len(stopped) and summary["steps"] < summary["steps_full"]

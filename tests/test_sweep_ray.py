@@ -170,45 +170,56 @@ def test_multi_node_without_storage_path_is_an_error(two_gpu_nodes, tmp_path):
         run_tune(validate(compose_cfg()), tmp_path)
 
 
-@pytest.mark.parametrize("size", [[], ["resources.gpus_per_trial=2"]], ids=["trial-process", "ddp"])
-def test_a_killed_trial_is_retried_from_its_checkpoint(local_ray, cache_dir, tmp_path, monkeypatch, size):
+@pytest.mark.parametrize("size, evals", [([], 3), (["resources.gpus_per_trial=2"], 1)], ids=["trial-process-mid-epoch", "ddp"])
+def test_a_killed_trial_is_retried_from_its_checkpoint(local_ray, cache_dir, tmp_path, monkeypatch, size, evals):
     """The process running the trial's loop (the Tune trial's own; rank 0 of a DDP run's Train
-    workers) is SIGKILLed after its second epoch: Tune retries the trial from its latest registered
-    checkpoint (a DDP trial's new TorchTrainer resumes its Train run), and the retry reports the
-    remaining epochs."""
+    workers) is SIGKILLed once its history holds evaluation ``evals + 2``: Tune retries the trial from
+    its latest registered checkpoint (a DDP trial's new TorchTrainer resumes its Train run), and the
+    retry reports the remaining evaluations. With 3 evaluations per epoch that checkpoint is one
+    inside epoch 2: the retry goes on from the middle of an epoch."""
     monkeypatch.setenv("SWEEP_CACHE_DIR", str(cache_dir))
     data = write_synthetic_glue(tmp_path / "data", ["RTE"], n_train=1500, n_dev=64)
-    epochs = 5  # 3 epochs (~2 s each) after the kill point: time for the killer to see epoch 2 in the history
-    settings = validate(compose_cfg("task=RTE", "sweep.seeds=[38]", f"train.epochs={epochs}",
+    epochs = 5  # 3 epochs (~2 s each) after the kill point: time for the killer to see it in the history
+    settings = validate(compose_cfg("task=RTE", "sweep.seeds=[38]", f"train.epochs={epochs}", f"train.evals_per_epoch={evals}",
                                     "train.max_train_samples=null", f"storage.data_dir={data}", *size))
-    killed, epochs_at_kill = [], []
+    killed, steps_at_kill = [], []
 
-    def kill_after_two_epochs():
+    def kill_after_evaluation_n():
         deadline = time.time() + 240
         while time.time() < deadline and not killed:
-            # After epoch 2 is on record the driver has long registered epoch 1's checkpoint (a
-            # kill right after the first report could beat the driver to it: a restart from scratch).
+            # The history row comes before its report: once row n is on record, the report of row
+            # n - 1 has returned, its checkpoint registered (a kill right after the first report
+            # could beat the driver to it: a restart from scratch).
             history = next((tmp_path / "out").rglob("history/*.json"), None)
             rows = json.loads(history.read_text()) if history and history.stat().st_size else []
-            if len(rows) >= 2:
-                # The process that reported the epoch is the one running the loop (no actor-table lookup)
+            if len(rows) >= evals + 2:
+                # The process that reported the evaluation is the one running the loop (no actor-table lookup)
                 os.kill(rows[-1]["pid"], signal.SIGKILL)
                 killed.append(rows[-1]["pid"])
-                epochs_at_kill.append(len(rows))
+                steps_at_kill.append(rows[-1]["step"])
             time.sleep(0.05)
 
-    killer = threading.Thread(target=kill_after_two_epochs, daemon=True)
+    killer = threading.Thread(target=kill_after_evaluation_n, daemon=True)
     killer.start()
     records, _ = run_tune(settings, tmp_path / "out")
     killer.join()
     assert killed, "no trial process was killed"
-    assert epochs_at_kill[0] < epochs, f"the trial was killed after its last epoch ({epochs_at_kill}): nothing left to resume"
     (record,) = records
+    assert steps_at_kill[0] < record.steps_total, f"killed after its last evaluation ({steps_at_kill}): nothing to resume"
     assert record.status == "TERMINATED" and record.epochs_done == epochs, record.error
+    assert record.steps_done == record.steps_total
     history = json.loads(next((tmp_path / "out").rglob("history/*.json")).read_text())
-    assert [r["epoch"] for r in history if not r["resumed"]][:2] == [1, 2]
-    resumed = [r["epoch"] for r in history if r["resumed"]]
-    assert resumed and resumed[-1] == epochs and 2 <= resumed[0] <= epochs_at_kill[0] + 1, history  # from a checkpoint, not epoch 1
+    steps = [r["step"] for r in history]
+    assert steps == sorted(set(steps)), steps  # the retry dropped rows past its checkpoint: none twice, none missing
+    assert len(steps) == epochs * evals
+    first_steps = [r["step"] for r in history if not r["resumed"]]
+    resumed = [r["step"] for r in history if r["resumed"]]
+    # from a checkpoint, not the start: the first evaluation after it is past the second one
+    after_kill = steps[steps.index(steps_at_kill[0]) + 1]
+    assert resumed and resumed[-1] == record.steps_total and first_steps[1] < resumed[0] <= after_kill, history
+    from_step = steps[steps.index(resumed[0]) - 1]  # the checkpoint the retry went on from
+    per_epoch = record.steps_total // epochs
+    assert (from_step % per_epoch != 0) == (evals > 1), (from_step, per_epoch)  # mid-epoch when it evaluates inside epochs
     pids = [r["pid"] for r in history]
     assert pids[0] == killed[0] and len(set(pids)) == 2  # the killed process, then the retry's new one
 

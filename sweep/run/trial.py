@@ -440,7 +440,7 @@ def _end_failed(ctx: TrialContext, error: BaseException) -> None:
     """The trial failed on its own data, config or the model's limits: a retry would fail the same
     way. Its history and its last report say so (records_from_results marks it ERROR), and the
     trainable returns instead of raising, so neither Tune nor Train runs it again (nor a resume)."""
-    row = {"trial_id": ctx.trial_id, "launch_id": ctx.launch_id, TRIAL_ERROR: error_line(error),
+    row = {"trial_id": ctx.trial_id, "task": ctx.task, "seed": ctx.seed, "launch_id": ctx.launch_id, TRIAL_ERROR: error_line(error),
            TRIAL_DONE: True, "reported_at": time.time()}
     history_file = ctx.history_file
     if history_file is not None:

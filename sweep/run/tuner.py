@@ -314,24 +314,13 @@ def replay_rungs(board, history_dir: Path) -> None:
     """Tell a new board the rung evaluations (and failures before a rung) the trials recorded."""
     import ray
 
-    from sweep.run.schedulers import RUNG, EvalPoint
-    from sweep.run.trial import TRIAL_ERROR
+    from sweep.run.schedulers import recorded_rungs
 
-    for path in sorted(Path(history_dir).glob("*.json")):
-        rows = json.loads(path.read_text())
-        task, seed = _task_seed_of(rows)
-        rungs = [row for row in rows if row.get(RUNG)]
-        for row in rungs:
-            point = EvalPoint.from_report(task, seed, row)
-            if point is not None:
-                ray.get(board.at_eval.remote(point))
-        if not rungs and rows and rows[-1].get(TRIAL_ERROR) and hasattr(board, "gone"):
-            ray.get(board.gone.remote(task, path.stem))
-
-
-def _task_seed_of(rows: list[dict[str, Any]]) -> tuple[str, int]:
-    row = next((r for r in rows if "task" in r), rows[0] if rows else {})
-    return str(row.get("task", "?")), int(row.get("seed", -1))
+    points, gone = recorded_rungs(history_dir)
+    for point in points:
+        ray.get(board.at_eval.remote(point))
+    for task, trial_id in gone:
+        ray.get(board.gone.remote(task, trial_id))
 
 
 def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[TrialRecord], list[Path]]:
