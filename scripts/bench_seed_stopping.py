@@ -12,8 +12,8 @@ drawn from the pool:
   rung evaluations; stopped seeds spent the steps up to the rung and offer their best evaluation
   so far (as the sweep's records do), kept seeds run to the end.
 
-Two pools: generated GLUE-layout data with the tiny model (the demo's, where a share of seeds stays
-at chance), and real RTE from ../shared/data with MiniLM on a subset. ``--sweep`` also runs the
+Three pools: generated GLUE-layout data with the tiny model (the demo's, where a share of seeds
+stays at chance), and real RTE and SST-2 from ../shared/data with MiniLM on subsets. ``--sweep`` also runs the
 real thing once (``python -m sweep`` with seed_halving, and with fifo, on the demo) and compares
 its kept seeds, steps and best score with what the simulation predicts for the same seeds.
 
@@ -48,6 +48,11 @@ POOLS = {
     "rte-minilm": ("model=minilm", "task=RTE", "train.max_train_samples=256", "train.max_eval_samples=277",
                    "train.epochs=3", "train.batch_size=16", "train.lr=5e-5", "train.evals_per_epoch=2",
                    f"storage.data_dir={ROOT.parent / 'shared' / 'data'}"),
+    # real SST-2 (400 dev rows), MiniLM on 512 training rows, 3 epochs, a high lr (1e-4): the small-data,
+    # large-lr regime where Mosbach et al. see seeds collapse to the majority class
+    "sst2-minilm": ("model=minilm", "task=SST-2", "train.max_train_samples=512", "train.max_eval_samples=400",
+                    "train.epochs=3", "train.batch_size=16", "train.lr=1e-4", "train.evals_per_epoch=2",
+                    f"storage.data_dir={ROOT.parent / 'shared' / 'data'}"),
 }
 
 
@@ -142,7 +147,7 @@ def run_sweeps(seeds: list[int], keep: float, at: float, work: Path) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pools", nargs="+", default=list(POOLS), choices=list(POOLS))
-    p.add_argument("--pool-size", type=int, nargs="+", default=[20, 8], help="seeds fine-tuned per pool (in --pools order)")
+    p.add_argument("--pool-size", type=int, nargs="+", default=[20, 8, 10], help="seeds fine-tuned per pool (in --pools order)")
     p.add_argument("--seeds", type=int, default=6, help="seeds per sweep (drawn from the pool)")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--keep", type=float, nargs="+", default=[0.5, 2])

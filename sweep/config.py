@@ -236,6 +236,7 @@ def _check_ranges(s: Settings) -> None:
     _check_hparams(s)
 
     _check_resources(s)
+    _check_halving_trials(s)
 
     _check(s.cluster.scale_timeout_s > 0, "cluster.scale_timeout_s", f"must be > 0 seconds, got {s.cluster.scale_timeout_s}")
     _check_node_types(s.cluster.node_types)
@@ -249,6 +250,16 @@ def _check_halving(h: HalvingConfig) -> None:
     _check(0 < h.at < 1, "sweep.halving.at", f"must be a fraction of training in (0, 1), e.g. 0.25; got {h.at}")
     _check(0 < h.keep < 1 or (h.keep >= 1 and float(h.keep).is_integer()), "sweep.halving.keep",
            f"must be a whole number of trials per task (>= 1) or a share in (0, 1), e.g. 2 or 0.5; got {h.keep}")
+
+
+def _check_halving_trials(s: Settings) -> None:
+    """Seed halving pauses trials at its rung; a paused multi-GPU (DDP) trial would leave its Train
+    worker group running (resources.gpus_per_trial=auto is checked again once the plan is made)."""
+    if s.sweep.scheduler != "seed_halving":
+        return
+    ddp = [t.name for t in s.tasks if isinstance(s.resources.gpus_for(t.name), (int, float)) and s.resources.gpus_for(t.name) > 1]
+    _check(not ddp, "sweep.scheduler", f"seed_halving cannot pause the multi-GPU (DDP) trials of {', '.join(ddp)}; "
+           "give them 1 GPU (resources.gpus_per_trial=1) or use sweep.scheduler=asha")
 
 
 def _check_node_types(node_types: list[Any]) -> None:

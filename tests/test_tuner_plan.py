@@ -74,10 +74,12 @@ def test_multi_node_without_shared_storage_says_what_to_set(tmp_path):
     ("sweep.halving.at=0", "sweep.halving.at: must be a fraction of training in (0, 1)"),
     ("sweep.halving.keep=2.5", "sweep.halving.keep: must be a whole number of trials per task (>= 1) or a share in (0, 1)"),
     ("sweep.halving.keep=0", "sweep.halving.keep: must be a whole number"),
+    ("sweep.scheduler=seed_halving resources.gpus_per_trial=2",
+     "sweep.scheduler: seed_halving cannot pause the multi-GPU (DDP) trials of WNLI"),
 ])
 def test_bad_sweep_options(override, expected):
     with pytest.raises(ConfigError) as e:
-        settings(override)
+        settings(*override.split())
     assert str(e.value).startswith(expected), str(e.value)
 
 
