@@ -8,7 +8,8 @@
 - ``tuner.py``:       connect, plan, one Tune run for every trial (or resume it), records from results
 - ``trial.py``:       one trial: the Tune function (``train_driver_fn``) running a TorchTrainer whose
                       workers run ``train_fn_per_worker`` with a typed ``TrialContext``
-- ``schedulers.py``:  ASHA rungs per task, asked by the trials after each epoch
+- ``schedulers.py``:  the rungs boards (ASHA, seed halving) per task, asked by the trials after each evaluation
+- ``halving_scheduler.py``: Tune's side of seed halving: pause a trial at the rung until its task is decided
 - ``failures.py``:    which trial failures a retry cannot fix (data, config, model limits): plain Python
 - ``stop.py``:        SIGTERM/SIGINT stop the sweep through Tune's own stop; the resume command line
 - ``progress.py``:    the one-line-per-change progress callback
