@@ -128,8 +128,8 @@ class TrialContext:
 
 
 class EpochReporter:
-    """What a worker does after each evaluation, in order: log to MLflow, report (rank 0 with the
-    checkpoint), record it in the trial's own history, and ask the rungs (ASHA, seed halving)
+    """What a worker does after each evaluation, in order: log to MLflow, record it in the trial's
+    own history, report (rank 0 with the checkpoint), and ask the rungs (ASHA, seed halving)
     whether to go on."""
 
     def __init__(self, ctx: TrialContext, rank: int, resumed_at: int | None, timing: dict[str, float]) -> None:

@@ -304,6 +304,10 @@ def start_rungs_board(settings: Settings, experiment: str, total: int, history_d
     import ray
 
     name = board_name(experiment)
+    try:  # the board of an earlier run of this sweep in this process, not yet collected
+        ray.kill(ray.get_actor(name, namespace=ASHA_NAMESPACE))
+    except ValueError:
+        pass
     handle = ray.remote(num_cpus=0)(board_class).options(name=name, namespace=ASHA_NAMESPACE).remote(**kwargs)
     if settings.resume and history_dir is not None:
         replay_rungs(handle, history_dir)
