@@ -187,9 +187,8 @@ def test_a_killed_trial_is_retried_from_its_checkpoint(local_ray, cache_dir, tmp
     def kill_after_evaluation_n():
         deadline = time.time() + 240
         while time.time() < deadline and not killed:
-            # The history row comes before its report: once row n is on record, the report of row
-            # n - 1 has returned, its checkpoint registered (a kill right after the first report
-            # could beat the driver to it: a restart from scratch).
+            # Once evaluation n is on record the driver has long registered the checkpoint of n - 1
+            # (a kill right after the first report could beat the driver to it: a restart from scratch).
             history = next((tmp_path / "out").rglob("history/*.json"), None)
             rows = json.loads(history.read_text()) if history and history.stat().st_size else []
             if len(rows) >= evals + 2:

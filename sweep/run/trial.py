@@ -128,8 +128,8 @@ class TrialContext:
 
 
 class EpochReporter:
-    """What a worker does after each evaluation, in order: log to MLflow, record it in the trial's
-    own history, report (rank 0 with the checkpoint), and ask the rungs (ASHA, seed halving)
+    """What a worker does after each evaluation, in order: log to MLflow, report (rank 0 with the
+    checkpoint), record it in the trial's own history, and ask the rungs (ASHA, seed halving)
     whether to go on."""
 
     def __init__(self, ctx: TrialContext, rank: int, resumed_at: int | None, timing: dict[str, float]) -> None:
@@ -149,10 +149,15 @@ class EpochReporter:
     def __call__(self, epoch, save) -> None:
         metrics = self.metrics(epoch)
         self.log_to_mlflow(epoch)
-        # Recorded before the report: seed halving's pause ends the trial inside its report call.
-        # A crash in between is harmless: the resumed trial drops rows past its checkpoint.
-        self.record(metrics)
+        # A history row says its checkpoint is registered (a killer, a resumed sweep rely on it), so
+        # it comes after the report; but seed halving's pause ends the trial inside the report of
+        # its rung evaluation, whose row therefore comes first (a retry drops rows past its checkpoint).
+        rung = metrics[RUNG]
+        if rung:
+            self.record(metrics)
         self.report(metrics, epoch, save)
+        if not rung:
+            self.record(metrics)
         self.ask_rungs(epoch)
 
     def metrics(self, epoch) -> dict[str, Any]:
