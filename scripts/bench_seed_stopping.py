@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sweep.config import compose_settings  # noqa: E402
-from sweep.seed_ranking import RungEntry, halving_verdicts, keep_count  # noqa: E402
+from sweep.seed_ranking import RungEntry, halving_verdicts, keep_count, past_rung  # noqa: E402
 
 POOLS = {
     # the README's demo recipe (tiny RoBERTa, synthetic WNLI, 256 rows, 4 epochs), 2 evaluations per epoch
@@ -62,7 +62,7 @@ class SeedRun:
     evals: list[dict]  # step, progress, score, eval_loss, trivial
 
     def rung(self, at: float) -> dict:
-        return next(e for e in self.evals if e["progress"] >= at - 1e-9)
+        return next(e for e in self.evals if past_rung(e["progress"], at))
 
     def best_until(self, step: int) -> float:
         return max(e["score"] for e in self.evals if e["step"] <= step)

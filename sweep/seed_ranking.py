@@ -65,6 +65,11 @@ class RungEntry:
         return self.trivial is not None and self.score <= self.trivial + TOLERANCE
 
 
+def past_rung(progress: float, at: float) -> bool:
+    """An evaluation at ``progress`` (step / planned steps) is at or past seed halving's fraction ``at``."""
+    return progress >= at - TOLERANCE
+
+
 def ranked(entries: list[RungEntry]) -> list[RungEntry]:
     """The trials of one task at one rung, best first, no ties."""
     return sorted(entries, key=RungEntry.sort_key)

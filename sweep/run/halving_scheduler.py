@@ -13,6 +13,8 @@ from __future__ import annotations
 from ray.tune.schedulers import FIFOScheduler
 
 from sweep.run.schedulers import ASHA_NAMESPACE, EvalPoint
+from sweep.run.trial import trial_of
+from sweep.seed_ranking import past_rung
 
 
 class SeedHalvingScheduler(FIFOScheduler):
@@ -43,9 +45,9 @@ class SeedHalvingScheduler(FIFOScheduler):
     def on_trial_result(self, tune_controller, trial, result: dict) -> str:
         import ray
 
-        task, seed = _task_and_seed(trial)
+        task, seed, _ = trial_of(trial.config)
         point = EvalPoint.from_report(task, seed, result)
-        if point is None or point.progress < self.at - 1e-9 or task in self.decided:
+        if point is None or not past_rung(point.progress, self.at) or task in self.decided:
             return self.CONTINUE
         verdict = ray.get(self.board.at_eval.remote(point))
         if verdict is None:
@@ -62,7 +64,7 @@ class SeedHalvingScheduler(FIFOScheduler):
     def _gone(self, trial) -> None:
         import ray
 
-        task, _ = _task_and_seed(trial)
+        task = trial_of(trial.config)[0]
         if task not in self.decided and ray.get(self.board.gone.remote(task, trial.trial_id)):
             self.decided.add(task)
 
@@ -74,16 +76,9 @@ class SeedHalvingScheduler(FIFOScheduler):
             if trial.status == Trial.PENDING:
                 return trial
         for trial in trials:
-            if trial.status == Trial.PAUSED and _task_and_seed(trial)[0] in self.decided:
+            if trial.status == Trial.PAUSED and trial_of(trial.config)[0] in self.decided:
                 return trial
         return None
 
     def debug_string(self) -> str:
         return f"Seed halving at {self.at:.0%} of training."
-
-
-
-
-def _task_and_seed(trial) -> tuple[str, int]:
-    point = (trial.config or {}).get("trial", {})
-    return point.get("task", "?"), int(point.get("seed", -1))

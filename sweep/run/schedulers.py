@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from sweep.seed_ranking import GO_ON, RungEntry, Verdict, asha_verdict, halving_verdicts, keep_count
+from sweep.seed_ranking import GO_ON, RungEntry, Verdict, asha_verdict, halving_verdicts, keep_count, past_rung
 
 ASHA_NAMESPACE = "sweep"  # the Ray namespace of the named rungs actor (the driver creates it, trials look it up)
 RUNG = "rung"  # on a trial's report and history row: this evaluation was a decision point
@@ -111,7 +111,7 @@ class SeedHalving:
         """A verdict, or None: wait, the task's other trials have not all reached the rung."""
         if point.trial_id in self.verdicts:
             return self.verdicts[point.trial_id]
-        if point.progress < self.at - 1e-9:
+        if not past_rung(point.progress, self.at):
             return GO_ON
         self.entries[point.task].setdefault(point.trial_id, point.entry())
         self._decide(point.task)

@@ -52,6 +52,7 @@ from sweep.files import write_json
 from sweep.run.failures import error_line, trial_error
 from sweep.run.gate import WORKERS_READY
 from sweep.run.schedulers import ASHA_NAMESPACE, RUNG, EarlyStop, EvalPoint
+from sweep.seed_ranking import past_rung
 from sweep.tasks import TaskSpec
 
 # Reported every evaluation; the checkpoint manager keeps the best by it (plus the latest, for a
@@ -143,7 +144,7 @@ class EpochReporter:
         self.board = ray.get_actor(ctx.rungs_board, namespace=ASHA_NAMESPACE) if ctx.rungs_board else None
         halving = ctx.settings.sweep.halving if ctx.settings.sweep.scheduler == "seed_halving" else None
         self.rung_at = halving.at if halving is not None else None
-        self.past_rung = any(row.get(RUNG) for row in self.history)
+        self.rung_seen = any(row.get(RUNG) for row in self.history)
         self.stopped: dict[str, Any] = {}  # the rungs' reason, once they stop the trial
 
     def __call__(self, epoch, save) -> None:
@@ -181,9 +182,9 @@ class EpochReporter:
 
     def is_rung(self, epoch) -> bool:
         """Seed halving's decision point: the trial's first evaluation at or past fraction ``at``."""
-        if self.rung_at is None or self.past_rung or epoch.progress < self.rung_at - 1e-9:
+        if self.rung_at is None or self.rung_seen or not past_rung(epoch.progress, self.rung_at):
             return False
-        self.past_rung = True
+        self.rung_seen = True
         return True
 
     def log_to_mlflow(self, epoch) -> None:
