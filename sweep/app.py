@@ -45,7 +45,7 @@ def start_tracking(settings: Settings, cfg: DictConfig, out_dir: Path | None = N
     if settings.tracking.kind != "mlflow":
         return None, None
     from sweep.tracking import SweepTracker, TrialTracking, check_reachable, saved_parent
-    from sweep.tracking_spool import SPOOL_DIR
+    from sweep.tracking.spool import SPOOL_DIR
 
     uri = absolute_store(check_reachable(settings.tracking.uri, settings.tracking.required))
     experiment = settings.tracking.experiment or default_experiment(settings)
@@ -64,7 +64,7 @@ def register(settings: Settings, tracker, best: dict[str, TrialRecord], out_dir:
     """The best model per task into the registry as <model>-<task>; alias champion only on improvement."""
     from sweep.secrets import scrub
     from sweep.tracking import register_best
-    from sweep.tracking_spool import unreachable
+    from sweep.tracking.spool import unreachable
 
     spec = {t.name: t for t in settings.tasks}
     for task, record in best.items():

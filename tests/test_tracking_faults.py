@@ -19,7 +19,7 @@ from configs import demo_config
 from sweep.results import TrialRecord, load_records, summarize, write_results
 from sweep.tasks import load_task
 from sweep.tracking import ORIGINAL_TAG, SweepTracker, TrialLogger
-from sweep.tracking_spool import SPOOL_DIR, UNSENT_FILE, read_records, spool_files
+from sweep.tracking.spool import SPOOL_DIR, UNSENT_FILE, read_records, spool_files
 from test_sweep_tracking import local_ray  # noqa: F401 (fixture)
 
 WNLI = load_task("WNLI")

@@ -1,0 +1,39 @@
+"""Experiment tracking over MLflow's client API: a parent run per sweep, a nested run per trial, the registry.
+
+Trials log from other processes (Ray workers), so every call names its run id through an
+``MlflowClient``; nothing relies on MLflow's global active run. Everything that reaches the store
+(params, tags, text artifacts, error messages) goes through ``scrub`` first, and params whose key
+looks like a credential are dropped. Calls retry with jittered backoff on a locked sqlite file or
+a transient server error, so concurrent trials can share one store.
+
+A store that stops answering during a sweep does not stop it: with a spool folder (the sweep's
+``out_dir/mlflow-unsent``) every call after the parent's start that gets no answer is kept on disk
+(``spool.py``), sent in order once the store answers again, and at the end of the sweep
+what is left is one file for ``python -m sweep.tracking replay FILE [--uri URI]``.
+
+- ``store.py``:     the client, retries on a busy store, keys / flattened and scrubbed params and tags,
+                    ``check_reachable`` (a server that answers, else the local fallback), ``ensure_experiment``
+- ``spool.py``:     calls the store did not answer, kept on disk one file per run (``unreachable`` says which)
+- ``sender.py``:    ``_Sender`` makes a kept or fresh call in a store (finding its run), ``_Tracked`` sends or keeps
+- ``parent.py``:    the driver's ``SweepTracker`` (the parent run), ``TrialTracking``, ``saved_parent``, summary metrics
+- ``trial_run.py``: a trial's ``TrialLogger`` (its nested run, tagged with node and device)
+- ``registry.py``:  ``register_best``: a new model version, alias champion only when it beats the champion
+- ``replaying.py``: ``replay`` kept calls into a store, and the command line ``main``
+- ``__main__.py``:  ``python -m sweep.tracking replay FILE [--uri URI]``
+
+What other modules import is re-exported here: ``from sweep.tracking import SweepTracker``.
+"""
+
+from sweep.errors import TrackingError
+from sweep.tracking.parent import FINAL_WAIT_S, PARENT_FILE, SweepTracker, TrialTracking, saved_parent
+from sweep.tracking.registry import CHAMPION, RegistrationResult, register_best
+from sweep.tracking.replaying import Replayed, replay
+from sweep.tracking.sender import ORIGINAL_TAG
+from sweep.tracking.store import FALLBACK_URI, check_reachable, ensure_experiment
+from sweep.tracking.trial_run import TrialLogger
+
+__all__ = [
+    "CHAMPION", "FALLBACK_URI", "FINAL_WAIT_S", "ORIGINAL_TAG", "PARENT_FILE", "RegistrationResult", "Replayed",
+    "SweepTracker", "TrackingError", "TrialLogger", "TrialTracking", "check_reachable", "ensure_experiment",
+    "register_best", "replay", "saved_parent",
+]

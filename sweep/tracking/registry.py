@@ -1,0 +1,77 @@
+"""The model registry: ``register_best`` logs a trial's model folder, registers it as a new version of
+``<model>-<task>`` and moves alias ``champion`` to it only if it beats the champion's score.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+
+from sweep.results import registry_name
+from sweep.tracking.store import _client, _retry
+
+CHAMPION = "champion"
+
+
+# --- registry ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RegistrationResult:
+    name: str
+    version: str
+    promoted: bool  # the alias "champion" now points at this version
+    previous_champion_score: float | None
+
+
+def _better(score: float, than: float, mode: str) -> bool:
+    return score > than if mode == "max" else score < than
+
+
+def _ensure_registered_model(client: MlflowClient, name: str) -> None:
+    try:
+        _retry(client.create_registered_model, name)
+    except MlflowException as e:
+        if e.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+
+
+def _champion_score(client: MlflowClient, name: str) -> float | None:
+    """The ``score`` tag of the version holding alias champion (None: no champion, or no score)."""
+    version = _retry(client.get_registered_model, name).aliases.get(CHAMPION)
+    if version is None:
+        return None
+    score = _retry(client.get_model_version, name, str(version)).tags.get("score")
+    return float(score) if score is not None else None
+
+
+def register_best(
+    uri: str,
+    model_name: str,
+    task: str,
+    run_id: str,
+    model_dir: Path,
+    score: float,
+    mode: str,
+    metric: str,
+) -> RegistrationResult:
+    """Log ``model_dir`` under ``model/`` of ``run_id``, register it as a new version of
+    ``<model_name>-<task>`` and move alias ``champion`` to it only if it beats the champion's score."""
+    if mode not in ("max", "min"):
+        raise ValueError(f"mode: got {mode!r}, allowed: max, min")
+    if not Path(model_dir).is_dir():
+        raise FileNotFoundError(f"model folder {model_dir} does not exist")
+    client = _client(uri)
+    name = registry_name(model_name, task)
+    _retry(client.log_artifacts, run_id, str(model_dir), "model")
+    _ensure_registered_model(client, name)
+    tags = {"score": repr(float(score)), "metric": metric, "mode": mode}
+    version = _retry(client.create_model_version, name, source=f"runs:/{run_id}/model", run_id=run_id, tags=tags)
+    previous = _champion_score(client, name)
+    promoted = previous is None or _better(score, previous, mode)
+    if promoted:
+        _retry(client.set_registered_model_alias, name, CHAMPION, version.version)
+    return RegistrationResult(name, str(version.version), promoted, previous)

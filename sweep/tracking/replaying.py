@@ -1,0 +1,87 @@
+"""Calls a sweep kept while the store did not answer, sent later: ``replay`` (into the store they were
+meant for, or another), and ``main``, the command line of ``python -m sweep.tracking replay``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from sweep.errors import TrackingError
+from sweep.secrets import scrub
+from sweep.tracking.sender import _Sender
+from sweep.tracking.spool import Spool, read_records, spool_files, unreachable
+
+log = logging.getLogger(__name__)
+
+
+# --- replaying kept calls: python -m sweep.tracking replay FILE [--uri URI] ----------------------
+
+
+@dataclass(frozen=True)
+class Replayed:
+    uri: str
+    sent: int
+    left: int  # not sent: the store stopped answering, or refused them
+    file: Path | None  # where the calls not sent are (None: all sent)
+
+
+def replay(where: Path, uri: str | None = None) -> Replayed:
+    """Send the calls kept in ``where`` (a spool file or folder) to ``uri`` (default: the store they
+    were meant for). Runs are found by id, else by parent and name, so a second replay, or one into
+    a server that already holds part of the sweep, adds no runs; sent calls leave the file. Stops at
+    the first call the store does not answer."""
+    files = spool_files(Path(where))
+    if uri is None:
+        recorded = {r.get("uri") for f in files for r in read_records(f)}
+        if len(recorded) != 1:
+            raise TrackingError(f"replay: {where} holds calls for {len(recorded)} stores; name one with --uri URI")
+        uri = str(recorded.pop())
+    sender = _Sender(uri)
+    sent = 0
+    for path in files:
+        pending, refused = read_records(path), []
+        for i, record in enumerate(pending):
+            try:
+                sender.send(record)
+                sent += 1
+            except Exception as e:
+                if unreachable(e):
+                    Spool(path).keep(refused + pending[i:])
+                    return Replayed(uri, sent, _count(files), path)
+                refused.append(record)  # kept for a look, not in the way of the rest
+                log.warning("replay: %s refused a %s call of run %s: %s", scrub(uri), record.get("op"),
+                            record.get("run_name"), scrub(str(e)).splitlines()[0][:300])
+        Spool(path).keep(refused)
+    return Replayed(uri, sent, _count(files), next((p for p in files if p.exists()), None))
+
+
+def _count(files: list[Path]) -> int:
+    return sum(len(read_records(p)) for p in files if p.exists())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sweep.tracking")
+    commands = parser.add_subparsers(dest="command", required=True)
+    cmd = commands.add_parser("replay", help="send the MLflow calls a sweep kept while the store did not answer")
+    cmd.add_argument("file", type=Path, help="a sweep's mlflow-unsent.jsonl (or its mlflow-unsent/ folder)")
+    cmd.add_argument("--uri", help="the tracking store to send them to (default: the one they were meant for)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    if not spool_files(args.file):
+        print(f"error: replay: {args.file} is not a file or folder of kept MLflow calls", file=sys.stderr)
+        return 2
+    try:
+        done = replay(args.file, args.uri)
+    except TrackingError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"replay: {done.sent} MLflow calls sent to {scrub(done.uri)}")
+    if done.left:
+        print(f"replay: {done.left} calls not sent (the store did not answer or refused them); they stay in {done.file}",
+              file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,212 @@
+"""How one run's calls reach the store: ``_Sender`` makes each call (finding the run it belongs to
+there), ``_Tracked`` sends a run's calls now or, while the store does not answer, keeps them in the
+run's spool file and sends them later, in order. The base of ``SweepTracker`` and ``TrialLogger``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from mlflow import MlflowClient
+from mlflow.entities import Metric
+from mlflow.exceptions import MlflowException
+
+from sweep.secrets import scrub
+from sweep.tracking.spool import Record, Spool, spool_for, unreachable
+from sweep.tracking.store import _client, _log_params, _quote, _retry, _set_tags, ensure_experiment
+
+log = logging.getLogger(__name__)
+
+ORIGINAL_TAG = "sweep.original_run_id"  # a run made by replay into another store: the id it had
+QUIET_S = 10.0  # after a call got no answer, calls go straight to the spool this long, then one tries again
+QUIET_MAX_S = 300.0  # ... doubling while the store stays away
+
+T = TypeVar("T")
+
+
+class _Sender:
+    """Applies call records to one store, finding each record's run there (by id, else by its
+    parent and name, else creating it) once per run."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        self.client = _client(uri)
+        self.experiments: dict[tuple[str, str | None], str] = {}
+        self.runs: dict[str, str] = {}  # a record's run key -> the run's id in this store
+
+    def send(self, record: Record) -> str:
+        """Make the call of ``record``; the id of the run it went to."""
+        run_id, fresh = self._run(record)
+        op = record["op"]
+        if op == "start":
+            self._start(run_id, record, fresh)
+        elif op == "metrics":
+            metrics = [Metric(k, float(v), int(ts), int(step)) for k, v, ts, step in record["metrics"]]
+            for i in range(0, len(metrics), 1000):  # MLflow's most metrics per log_batch
+                _retry(self.client.log_batch, run_id, metrics=metrics[i : i + 1000])
+        elif op == "end":
+            if record.get("error"):
+                _retry(self.client.set_tag, run_id, "error", record["error"])
+            if record.get("tags"):  # why a trial ended early (sweep.stopped), set as it ends
+                _set_tags(self.client, run_id, record["tags"])
+            _retry(self.client.set_terminated, run_id, record["status"], end_time=record["time"])
+        elif op == "text":
+            _retry(self.client.log_text, run_id, record["text"], record["artifact_file"])
+        elif op == "artifact":
+            if Path(record["path"]).is_file():
+                _retry(self.client.log_artifact, run_id, record["path"])
+            else:
+                log.warning("tracking: %s is gone; not logged to run %s", record["path"], run_id)
+        else:
+            raise ValueError(f"unknown MLflow call record op {op!r}")
+        return run_id
+
+    def _start(self, run_id: str, record: Record, fresh: bool) -> None:
+        logged: Mapping[str, str] = {}
+        if not fresh:
+            run = _retry(self.client.get_run, run_id)
+            if run.info.status != "RUNNING":
+                _retry(self.client.update_run, run_id, status="RUNNING")
+            _set_tags(self.client, run_id, self._tags(record))
+            logged = run.data.params
+        # Params are write-once in MLflow: a resumed run logs only those it lacks.
+        _log_params(self.client, run_id, {k: v for k, v in record["params"].items() if k not in logged})
+
+    def _tags(self, record: Record) -> dict[str, str]:
+        tags = dict(record.get("tags") or {})
+        if record.get("parent"):
+            tags["mlflow.parentRunId"] = self.runs[f"parent:{record['parent']}"]
+        return tags
+
+    def _experiment(self, record: Record) -> str:
+        key = (str(record["experiment_id"]), record.get("experiment"))
+        if key not in self.experiments:
+            found = self._lookup(self.client.get_experiment, key[0])
+            if found is not None and found.lifecycle_stage == "active" and key[1] in (None, found.name):
+                self.experiments[key] = found.experiment_id
+            else:  # another store: the experiment by name (a fresh server gets it created)
+                self.experiments[key] = ensure_experiment(self.client, key[1] or f"replayed-{key[0]}", self.uri)
+        return self.experiments[key]
+
+    def _lookup(self, call: Callable[..., T], *args: Any) -> T | None:
+        """``call(*args)``, None when the store says there is no such thing (not when it does not answer)."""
+        try:
+            return _retry(call, *args)
+        except MlflowException as e:
+            if unreachable(e):
+                raise
+            return None
+
+    def _existing(self, run_id: str | None, experiment_id: str) -> str | None:
+        run = self._lookup(self.client.get_run, run_id) if run_id else None
+        return run.info.run_id if run is not None and run.info.experiment_id == experiment_id else None
+
+    def _search(self, experiment_id: str, query: str) -> str | None:
+        runs = _retry(self.client.search_runs, [experiment_id], filter_string=query, max_results=1)
+        return runs[0].info.run_id if runs else None
+
+    def _parent(self, parent_id: str, name: str | None, experiment_id: str) -> tuple[str, bool]:
+        key = f"parent:{parent_id}"
+        fresh = False
+        if key not in self.runs:
+            found = self._existing(parent_id, experiment_id) or self._search(
+                experiment_id, f"tags.{ORIGINAL_TAG} = '{parent_id}'")
+            if found is None:  # a store that never saw the sweep: a stand-in parent, found again by its tag
+                run = _retry(self.client.create_run, experiment_id, run_name=name or f"sweep-{parent_id[:8]}",
+                             tags={ORIGINAL_TAG: parent_id})
+                found, fresh = run.info.run_id, True
+            self.runs[key] = found
+        return self.runs[key], fresh
+
+    def _run(self, record: Record) -> tuple[str, bool]:
+        """The run ``record`` goes to in this store, and whether it was created just now."""
+        experiment_id = self._experiment(record)
+        if not record.get("parent"):  # the sweep's own parent run
+            return self._parent(record["run_id"], record.get("run_name"), experiment_id)
+        parent, _ = self._parent(record["parent"], None, experiment_id)
+        key = f"{record['parent']}/{record['run_name']}"
+        if key in self.runs:
+            return self.runs[key], False
+        found = self._existing(record.get("run_id"), experiment_id) or self._search(
+            experiment_id, f"tags.mlflow.parentRunId = '{parent}' and attributes.run_name = {_quote(record['run_name'])}")
+        fresh = found is None
+        if fresh:
+            tags = {**self._tags(record), **({ORIGINAL_TAG: record["run_id"]} if record.get("run_id") else {})}
+            found = _retry(self.client.create_run, experiment_id, run_name=record["run_name"], tags=tags).info.run_id
+        self.runs[key] = found
+        return found, fresh
+
+
+class _Tracked:
+    """One run's calls: sent now, or, while the store does not answer, kept in the run's spool file
+    (and training goes on); later calls first send what waits, in order."""
+
+    def __init__(self, uri: str, spool_dir: str | Path | None) -> None:
+        self.uri = uri
+        self.sender = _Sender(uri)
+        self.spool_dir = Path(spool_dir) if spool_dir is not None else None
+        self.spool: Spool | None = None
+        self._backlog = False
+        self._quiet_until = 0.0  # after a failure, calls go straight to the spool until then
+        self._quiet_s = QUIET_S
+
+    @property
+    def client(self) -> MlflowClient:
+        return self.sender.client
+
+    def _use_spool(self, run_name: str) -> None:
+        if self.spool_dir is not None:
+            self.spool = spool_for(self.spool_dir, run_name)
+            self._backlog = self.spool.path.exists()  # a restarted trial: what its last process kept
+
+    def _emit(self, record: Record, last: bool = False) -> None:
+        may_try = last or time.monotonic() >= self._quiet_until
+        if self._backlog and may_try:
+            self.flush()
+        if not self._backlog and may_try:
+            try:
+                self._sent(record, self.sender.send(record))
+                return
+            except Exception as e:
+                if self.spool is None or not unreachable(e):
+                    raise
+                self._went_away(e)
+        if self.spool is not None and self.spool.append(record):
+            self._backlog = True
+
+    def flush(self) -> bool:
+        """Send what waits, oldest first; True when nothing is left."""
+        if self.spool is None:
+            return True
+        pending = self.spool.pending()
+        for i, record in enumerate(pending):
+            try:
+                self._sent(record, self.sender.send(record))
+            except Exception as e:
+                if unreachable(e):
+                    self.spool.keep(pending[i:])
+                    self._went_away(e)
+                    return False
+                log.warning("tracking: the MLflow store refused a kept call (%s: %s); dropped",
+                            record["op"], scrub(str(e)).splitlines()[0][:300])
+        self.spool.keep([])
+        self._backlog = False
+        self._quiet_s = QUIET_S
+        if pending:
+            log.info("tracking: %d kept MLflow calls sent to %s", len(pending), scrub(self.uri))
+        return True
+
+    def _went_away(self, error: BaseException) -> None:
+        if time.monotonic() >= self._quiet_until:
+            where = self.spool.path if self.spool is not None else "nowhere"
+            log.warning("tracking: MLflow at %s did not answer (%s); calls kept in %s, training goes on",
+                        scrub(self.uri), scrub(str(error)).splitlines()[0][:200], where)
+        self._quiet_until = time.monotonic() + self._quiet_s
+        self._quiet_s = min(self._quiet_s * 2, QUIET_MAX_S)  # a long outage is probed less and less often
+
+    def _sent(self, record: Record, run_id: str) -> None:
+        """A record reached the store as run ``run_id``."""
