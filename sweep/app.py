@@ -144,17 +144,24 @@ def check_sources(settings: Settings) -> Settings:
 
 
 def upload_outputs(settings: Settings, out_dir: Path) -> None:
-    """storage.output_prefix: each task's best model and the result files, for a serving runtime."""
+    """storage.output_prefix: each task's best model and the result files, for a serving runtime; and a
+    sqlite MLflow store, under <prefix>/mlflow/ (its failure is one line, never the sweep's)."""
+    from sweep.storage.mlflow_upload import upload_mlflow
     from sweep.storage.s3 import make_client, upload_tree
 
     prefix = settings.storage.output_prefix.rstrip("/")
-    client = make_client(settings.storage.endpoint, settings.storage.region)
-    keys = upload_tree(client, out_dir / "best", f"{prefix}/best")
-    results = [out_dir / name for name in RESULT_FILES if (out_dir / name).is_file()]
-    keys += upload_tree(client, out_dir, prefix, files=results)
-    for task in sorted(p.name for p in (out_dir / "best").iterdir() if p.is_dir()):
-        print(f"uploaded: best {task} -> {prefix}/best/{task}/")
-    print(f"uploaded: {len(keys)} files to {prefix}/")
+    try:
+        client = make_client(settings.storage.endpoint, settings.storage.region)
+        keys = upload_tree(client, out_dir / "best", f"{prefix}/best")
+        results = [out_dir / name for name in RESULT_FILES if (out_dir / name).is_file()]
+        keys += upload_tree(client, out_dir, prefix, files=results)
+        for task in sorted(p.name for p in (out_dir / "best").iterdir() if p.is_dir()):
+            print(f"uploaded: best {task} -> {prefix}/best/{task}/")
+        print(f"uploaded: {len(keys)} files to {prefix}/")
+    finally:  # the records too when the results could not go: the head's disk goes with the cluster
+        if settings.tracking.kind == "mlflow" and settings.tracking.uri:
+            upload_mlflow(absolute_store(settings.tracking.uri), prefix, settings.storage.endpoint,
+                          settings.storage.region, out_dir=out_dir)
 
 
 def run(cfg: DictConfig, out_dir: Path) -> list:
