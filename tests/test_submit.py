@@ -137,16 +137,48 @@ def test_override_value_last_wins_and_null_or_deleted_is_unset():
 
 
 def test_outputs_unset_warns_they_stay_on_the_head():
-    (line,) = output_locations(["+experiment=demo"])
+    line, mlflow = output_locations(["+experiment=demo"])
     assert line.startswith("warning: results stay on the head node's disk")
     assert "outputs/" in line
     assert "storage.output_prefix=s3://" in line and "cluster.storage_path=s3://" in line
+    assert mlflow.startswith("warning: the MLflow records stay in sqlite:///mlflow.db on the head node's disk, "
+                             "relative to the job's working directory; to keep them, set storage.output_prefix=s3://")
+    assert "tracking.uri=http://" in mlflow
 
 
 def test_outputs_set_say_where_they_go():
-    lines = output_locations(["cluster.storage_path=s3://bkt/ckpt", "storage.output_prefix=s3://bkt/out"])
-    assert len(lines) == 2 and not any(line.startswith("warning") for line in lines)
+    lines = output_locations(["cluster.storage_path=s3://bkt/ckpt", "storage.output_prefix=s3://bkt/out/"])
+    assert len(lines) == 3 and not any(line.startswith("warning") for line in lines)
     assert "s3://bkt/ckpt" in lines[0] and "s3://bkt/out" in lines[1]
+    assert lines[2] == ("outputs: the MLflow records go to sqlite:///mlflow.db on the head node's disk, relative to "
+                        "the job's working directory, and with their artifacts to s3://bkt/out/mlflow/ when the "
+                        "sweep ends (storage.output_prefix)")
+
+
+def test_mlflow_records_on_a_server_are_said_without_its_password():
+    both = ["cluster.storage_path=s3://bkt/ckpt", "storage.output_prefix=s3://bkt/out"]
+    line = output_locations([*both, "tracking.uri=http://sweep:s3cr3t-pass@mlflow.sweep.svc:5000"])[-1]
+    assert line == "outputs: the MLflow records go to http://sweep:***@mlflow.sweep.svc:5000 (tracking.uri)"
+    assert "s3cr3t" not in " ".join(output_locations(["tracking.uri=postgresql://u:s3cr3t@db/mlflow"]))
+    # No sqlite store, so no warning about the head, even without storage.output_prefix.
+    assert not output_locations(["cluster.storage_path=s3://b/c", "tracking.uri=http://mlflow:5000"])[-1].startswith("warning")
+    # An unreachable server with tracking.required=false falls back to the head's sqlite file: said too.
+    fallback = output_locations(["tracking.uri=http://mlflow:5000", "tracking.required=false"])[-1]
+    assert fallback.endswith("if it does not answer, sqlite:///mlflow.db on the head (lost with the head)")
+    fallback = output_locations([*both, "tracking.uri=http://mlflow:5000", "tracking.required=false"])[-1]
+    assert fallback.endswith("if it does not answer, sqlite:///mlflow.db on the head, uploaded to s3://bkt/out/mlflow/")
+
+
+@pytest.mark.parametrize("overrides", [["tracking=none"], ["tracking.kind=none"], ["tracking=mlflow", "tracking.kind=none"],
+                                       ["tracking=none", "tracking.uri=http://mlflow:5000"]])
+def test_no_mlflow_records_with_tracking_none(overrides):
+    line = output_locations(overrides)[-1]
+    assert line == "outputs: no MLflow records (tracking=none)"
+
+
+def test_a_sqlite_store_elsewhere_on_the_head_still_warns():
+    line = output_locations(["tracking=none", "tracking.kind=mlflow", "tracking.uri=sqlite:////data/mlflow.db"])[-1]
+    assert line.startswith("warning: the MLflow records stay in sqlite:////data/mlflow.db on the head node's disk;")
 
 
 def test_outputs_half_set_note_the_other_half():

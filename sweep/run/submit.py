@@ -40,6 +40,7 @@ PROG = "python -m sweep.submit"
 # working_dir at 100 MiB, and none of these belong on the cluster). gitignore syntax, any depth.
 WORKING_DIR_EXCLUDES = (".venv", "outputs", "multirun", "mlflow.db", "mlruns", "mlartifacts", ".git",
                         "__pycache__", ".pytest_cache", ".cache", "*.egg-info", "bench_results")
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"  # conf/tracking/mlflow.yaml
 PROBE_TIMEOUT_S = 5.0  # Ray's client sets no timeout: an address that never answers would hang it
 STOP_TIMEOUT_S = 30.0
 EXIT_FAILED, EXIT_USAGE, EXIT_DETACHED = 1, 2, 130
@@ -181,7 +182,34 @@ def output_locations(overrides: Sequence[str]) -> list[str]:
     elif not storage:
         lines.append(f"note: checkpoints stay on {on_head}; a cluster of several nodes needs "
                      "cluster.storage_path=s3://BUCKET/PREFIX (or a folder every node shares)")
+    lines.append(tracking_location(overrides, prefix))
     return lines
+
+
+def tracking_location(overrides: Sequence[str], prefix: str | None) -> str:
+    """Where the sweep's MLflow records will be: a server, the head's sqlite file (uploaded to
+    ``<prefix>/mlflow/`` with storage.output_prefix, else lost with the head), or none. Scrubbed:
+    a tracking URI can carry a password."""
+    from sweep.secrets import scrub
+    from sweep.storage.mlflow_upload import SUBDIR, sqlite_file
+
+    kind = override_value(overrides, "tracking.kind") or override_value(overrides, "tracking") or "mlflow"
+    if kind == "none":
+        return "outputs: no MLflow records (tracking=none)"
+    uri = override_value(overrides, "tracking.uri") or DEFAULT_TRACKING_URI
+    db = sqlite_file(uri)
+    if db is None:
+        fallback = ""
+        if override_value(overrides, "tracking.required") in ("false", "False"):
+            fallback = (f"; if it does not answer, {DEFAULT_TRACKING_URI} on the head"
+                        + (f", uploaded to {prefix.rstrip('/')}/{SUBDIR}/" if prefix else " (lost with the head)"))
+        return f"outputs: the MLflow records go to {scrub(uri)} (tracking.uri){fallback}"
+    where = f"{scrub(uri)} on the head node's disk" + ("" if db.is_absolute() else ", relative to the job's working directory")
+    if prefix:
+        return (f"outputs: the MLflow records go to {where}, and with their artifacts to "
+                f"{prefix.rstrip('/')}/{SUBDIR}/ when the sweep ends (storage.output_prefix)")
+    return (f"warning: the MLflow records stay in {where}; to keep them, set storage.output_prefix=s3://BUCKET/PREFIX "
+            f"(the store is uploaded to PREFIX/{SUBDIR}/) or tracking.uri=http://MLFLOW-SERVER:5000")
 
 
 _PY_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b")
