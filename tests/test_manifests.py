@@ -133,13 +133,11 @@ def test_containerfile_is_one_image_for_ray_and_the_server() -> None:
     assert images == {"registry.example.com/sweep:latest"}
 
 
-def test_rayjob_entrypoint_composes_with_the_package_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The RayJob's command, with `--cfg job`: Hydra composes and prints the config, the app does not run."""
+def _composed(entrypoint: str, tmp_path: Path):
+    """A RayJob's command, with `--cfg job`: Hydra composes and prints the config, the app does not run."""
     from omegaconf import OmegaConf
 
-    from sweep.config import validate
-
-    argv = shlex.split(_one("rayjob.yaml", "RayJob")["spec"]["entrypoint"])
+    argv = shlex.split(entrypoint)
     assert argv[:3] == ["python", "-m", "sweep"]
     # No S3 is contacted (the app never runs); no credentials of this machine reach the child anyway.
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k != "ENDPOINT_URL"}
@@ -147,13 +145,36 @@ def test_rayjob_entrypoint_composes_with_the_package_config(tmp_path: Path, monk
     done = subprocess.run([sys.executable, "-m", "sweep", *argv[3:], "--cfg", "job"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
-    cfg = OmegaConf.create(done.stdout)
+    return OmegaConf.create(done.stdout)
+
+
+def test_rayjob_entrypoint_composes_with_the_package_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sweep.config import validate
+
+    cfg = _composed(_one("rayjob.yaml", "RayJob")["spec"]["entrypoint"], tmp_path)
     assert (cfg.cluster.address, cfg.storage.kind, cfg.storage.bucket) == ("auto", "s3", "sweep-data")
     assert cfg.cluster.storage_path == "s3://sweep-results/ray"
     assert cfg.storage.output_prefix == "s3://sweep-results/glue-roberta-base"
     monkeypatch.setenv("SWEEP_CACHE_DIR", str(tmp_path / "cache"))
     settings = validate(cfg)  # the package's own checks of the composed config pass too
     assert len(settings.tasks) == 9  # task=glue: the whole benchmark in one Tune run
+    # The MLflow records: the head's sqlite store, which the driver uploads under storage.output_prefix.
+    assert (cfg.tracking.kind, cfg.tracking.uri) == ("mlflow", "sqlite:///mlflow.db")
+
+
+def test_rayjob_tracking_server_alternative_is_valid_and_composes(tmp_path: Path, crds) -> None:
+    """The override rayjob.yaml offers in a comment (a tracking server instead of the head's sqlite file),
+    added to the entrypoint: the RayJob is still valid and the sweep's config composes with it."""
+    commented = re.findall(r"^\s*#\s+(tracking\.uri=\S+)\s*$", (KUBERAY / "rayjob.yaml").read_text(), re.MULTILINE)
+    assert commented == ["tracking.uri=http://mlflow.sweep.svc:5000"]
+    job = _one("rayjob.yaml", "RayJob")
+    job["spec"]["entrypoint"] += " " + commented[0]
+    assert manifest_errors(job, crds, installed_ray_version()) == []
+    cfg = _composed(job["spec"]["entrypoint"], tmp_path)
+    assert (cfg.tracking.kind, cfg.tracking.uri) == ("mlflow", "http://mlflow.sweep.svc:5000")
+    assert cfg.storage.output_prefix == "s3://sweep-results/glue-roberta-base"  # the rest unchanged
+    readme = (KUBERAY / "README.md").read_text()
+    assert commented[0] in readme and "s3://sweep-results/glue-roberta-base/mlflow/" in readme
 
 
 # ---------------------------------------------------------------------------------------------
