@@ -35,7 +35,7 @@ HEAD = {"CPU": 2, "GPU": 0}
 def overrides(work: Path, name: str, seeds: list[int]) -> list[str]:
     return ["experiment=demo", "tracking=none", "cluster.address=auto", "resources.gpus_per_trial=1",
             f"sweep.seeds=[{','.join(map(str, seeds))}]", "train.epochs=1", "train.max_train_samples=32",
-            "train.max_eval_samples=32", f"cluster.storage_path={work / name / 'storage'}",
+            "train.max_eval_samples=32", f"cluster.storage_path={work / name / 'storage'}", "cluster.shared_storage=true",
             f"storage.cache_dir={work / 'cache'}", f"out_dir={work / name / 'out'}"]
 
 

@@ -140,7 +140,7 @@ def run_sweep(name: str, work: Path, proxy: FaultyProxy, args, faults: bool) -> 
     command = [sys.executable, "-m", "sweep", "experiment=demo", f"task=[{','.join(TASKS)}]",
                f"sweep.seeds=[{','.join(map(str, SEEDS))}]", f"train.epochs={args.epochs}", "train.max_train_samples=null",
                "storage=s3", f"storage.bucket={BUCKET}", f"storage.cache_dir={base / 'driver-cache'}", "resources.gpus_per_trial=0",
-               f"cluster.address={cluster.address}", f"cluster.storage_path={storage}",
+               f"cluster.address={cluster.address}", f"cluster.storage_path={storage}", "cluster.shared_storage=true",
                f"tracking.uri={mlflow.url}", f"tracking.experiment=chaos-{name}", f"out_dir={out}"]
     print(f"chaos: {name}: {' '.join(command[3:])}", flush=True)
     started = time.monotonic()

@@ -74,11 +74,11 @@ def register(settings: Settings, tracker, best: dict[str, TrialRecord], out_dir:
         try:
             result = register_best(tracker.uri, settings.model.name, task, record.run_id, out_dir / "best" / task,
                                    record.score, spec[task].mode, spec[task].metric)
-        except Exception as e:
-            if not unreachable(e):
-                raise
-            print(f"registry: {task}: the MLflow server at {scrub(tracker.uri)} does not answer; not registered "
-                  f"(the best model stays in {out_dir / 'best' / task})")
+        except Exception as e:  # the sweep's work is done: a registry that fails loses none of it
+            why = ("does not answer" if unreachable(e)
+                   else f"refused it ({type(e).__name__}: {scrub(str(e)).splitlines()[0][:300] if str(e) else ''})")
+            print(f"registry: {task}: not registered: the MLflow store at {scrub(tracker.uri)} {why}; the best model "
+                  f"stays in {out_dir / 'best' / task}; run the same command with resume=true to register it")
             continue
         before = f"{result.previous_champion_score:.4f}" if result.previous_champion_score is not None else "none"
         verdict = ("now champion" if result.promoted
@@ -114,16 +114,35 @@ def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkp
         print(stops)
     print(f"results: {out_dir / 'results.csv'}  summary: {out_dir / 'summary.csv'}  plot: {plot}")
     if tracker is not None:
-        from sweep.tracking import FINAL_WAIT_S
+        record_in_mlflow(settings, tracker, records, summaries, best, out_dir, plot)
+    return summaries
 
-        tracker.flush_all(wait_s=FINAL_WAIT_S)  # what trials kept while the store was away, if it is back
+
+def record_in_mlflow(settings: Settings, tracker, records: list[TrialRecord], summaries: list, best: dict[str, TrialRecord],
+                     out_dir: Path, plot: Path | None) -> None:
+    """The end of the sweep in MLflow: what waits in the spool, the registry, the parent's results.
+
+    The results and best models are written by now: a store that fails here loses none of them
+    and does not fail the sweep; the line says what was not recorded and how to record it."""
+    from sweep.secrets import scrub
+    from sweep.tracking import FINAL_WAIT_S
+
+    try:
+        tracker.flush_all(wait_s=FINAL_WAIT_S)  # what the trials' runs kept while the store was away, if it is back
         register(settings, tracker, best, out_dir)
         tracker.finish(records, summaries, out_dir, plot)
+    except Exception as e:
+        print(f"tracking: the sweep's results were not all recorded in MLflow at {scrub(tracker.uri)} "
+              f"({type(e).__name__}: {scrub(str(e)).splitlines()[0][:300] if str(e) else ''}); they are in {out_dir}")
+    try:
         unsent, path = tracker.close(out_dir)
-        if unsent:
-            print(f"tracking: {unsent} MLflow calls could not be sent; replay them with: "
-                  f"python -m sweep.tracking replay {path}")
-    return summaries
+    except Exception as e:
+        print(f"tracking: could not keep the unsent MLflow calls ({type(e).__name__}: {scrub(str(e))[:200]}); "
+              f"they stay in {out_dir}")
+        return
+    if unsent:
+        print(f"tracking: {unsent} MLflow calls could not be sent; replay them with: "
+              f"python -m sweep.tracking replay {path}")
 
 
 def check_sources(settings: Settings) -> Settings:

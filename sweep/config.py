@@ -129,6 +129,7 @@ class StorageConfig:
     max_unpack_gb: float = 64.0
     progress_every_s: float = 10.0  # a long download's progress line, this often (0: every chunk)
     output_prefix: Optional[str] = None  # s3://bucket/prefix: best models + results go there after the sweep
+    ship_to_nodes: bool = True  # storage=local: send data_dir / model folders to nodes that do not see them
 
 
 @dataclass
@@ -143,6 +144,7 @@ class TrackingConfig:
 class ClusterConfig:
     address: Optional[str] = None
     storage_path: Optional[str] = None
+    shared_storage: bool = False  # storage_path is a folder every node mounts (NFS): allowed on several nodes
     num_cpus: Optional[int] = None
     verbose: bool = False
     scale_timeout_s: float = 900.0

@@ -31,7 +31,7 @@ def sweep_cfg(address: str, tmp_path: Path, *extra: str):
     return demo_config(
         "tracking=none", f"cluster.address={address}", "resources.gpus_per_trial=1", "sweep.seeds=[38,39,40,41]",
         "train.epochs=1", "train.max_train_samples=32", "train.max_eval_samples=32",
-        f"cluster.storage_path={tmp_path / 'storage'}", f"storage.cache_dir={tmp_path / 'cache'}",
+        f"cluster.storage_path={tmp_path / 'storage'}", "cluster.shared_storage=true", f"storage.cache_dir={tmp_path / 'cache'}",
         f"out_dir={tmp_path / 'out'}", *extra,
     )
 
@@ -60,7 +60,7 @@ def sweep_overrides(tmp_path: Path, name: str, seeds: str) -> list[str]:
     return [
         "experiment=demo", "tracking=none", "cluster.address=auto", "resources.gpus_per_trial=1",
         f"sweep.seeds={seeds}", "train.epochs=1", "train.max_train_samples=32", "train.max_eval_samples=32",
-        f"cluster.storage_path={tmp_path / name / 'storage'}", f"storage.cache_dir={tmp_path / 'cache'}",
+        f"cluster.storage_path={tmp_path / name / 'storage'}", "cluster.shared_storage=true", f"storage.cache_dir={tmp_path / 'cache'}",
         f"out_dir={tmp_path / name / 'out'}",
     ]
 

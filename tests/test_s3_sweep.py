@@ -46,7 +46,7 @@ def sweep(tmp_path, name: str, seeds: str, *extra: str):
     cfg = demo_config(
         "tracking=none", "storage=s3", f"storage.bucket={BUCKET}",
         f"storage.cache_dir={tmp_path / 'driver-cache'}", f"sweep.seeds={seeds}", "train.epochs=1",
-        "train.max_train_samples=32", f"cluster.storage_path={tmp_path / 'storage' / name}", f"out_dir={out}", *extra,
+        "train.max_train_samples=32", f"cluster.storage_path={tmp_path / 'storage' / name}", "cluster.shared_storage=true", f"out_dir={out}", *extra,
     )
     run(cfg, out)
     return out

@@ -117,7 +117,7 @@ def test_two_tasks_three_seeds_end_to_end(local_ray, cache_dir, tmp_path, monkey
 
 def test_gpu_packing_on_two_nodes(two_gpu_nodes, cache_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("SWEEP_CACHE_DIR", str(cache_dir))
-    base = ["train.epochs=1", "train.max_train_samples=32", f"cluster.storage_path={tmp_path / 'storage'}"]
+    base = ["train.epochs=1", "train.max_train_samples=32", f"cluster.storage_path={tmp_path / 'storage'}", "cluster.shared_storage=true"]
 
     one = validate(compose_cfg(*base, "sweep.seeds=[1,2,3,4,5,6]", "resources.gpus_per_trial=1"))
     records, _ = run_tune(one, tmp_path / "one")
@@ -126,7 +126,7 @@ def test_gpu_packing_on_two_nodes(two_gpu_nodes, cache_dir, tmp_path, monkeypatc
     assert len({r.node for r in records}) == 2
 
     half = validate(compose_cfg(*base, "sweep.seeds=[1,2,3,4,5,6,7,8]", "resources.gpus_per_trial=0.5",
-                                f"cluster.storage_path={tmp_path / 'storage2'}"))
+                                f"cluster.storage_path={tmp_path / 'storage2'}", "cluster.shared_storage=true"))
     records, _ = run_tune(half, tmp_path / "half")
     assert [r.status for r in records] == ["TERMINATED"] * 8, [r.error for r in records]
     assert most_at_once(holding_spans(records)) == 8  # two trials per GPU
@@ -150,7 +150,7 @@ def test_longest_task_first_and_a_ddp_task_beside_one_gpu_trials(two_gpu_nodes, 
     settings = validate(compose_cfg(
         "task=[WNLI,MRPC,SST-2,RTE]", "sweep.seeds=[1]", "+resources.tasks.RTE.gpus_per_trial=2",
         "train.epochs=1", "train.max_train_samples=null", f"storage.data_dir={data}",
-        f"cluster.storage_path={tmp_path / 'storage'}",
+        f"cluster.storage_path={tmp_path / 'storage'}", "cluster.shared_storage=true",
     ))
     with WorkerWatch(TRAIN_WORKER) as watch:
         records, _ = run_tune(settings, tmp_path / "out")

@@ -13,7 +13,9 @@
 - ``failures.py``:    which trial failures a retry cannot fix (data, config, model limits): plain Python
 - ``stop.py``:        SIGTERM/SIGINT stop the sweep through Tune's own stop; the resume command line
 - ``progress.py``:    the one-line-per-change progress callback
+- ``mlflow_runs.py``: every trial's nested MLflow run, logged by the driver from the trials' reports
 - ``disk_stop.py``:   a trial's full disk ends the sweep with its one line (resume=true finishes it)
-- ``stage_nodes.py``: the callback that stages sources on every node before the first trial
+- ``stage_nodes.py``: staging on every node before the first trial (and on nodes that join later),
+                      the driver's folders shipped through Ray, the nodes' progress lines
 - ``submit.py``:      ``python -m sweep.submit``: a sweep as a Ray Job on a running cluster
 """

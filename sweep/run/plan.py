@@ -106,18 +106,46 @@ def trial_count(settings: Settings) -> int:
     return len(settings.tasks) * len(settings.sweep.seeds) * points * settings.sweep.num_samples
 
 
-def storage_path(settings: Settings, out_dir: Path, node_count: int) -> str:
-    if settings.cluster.storage_path:
-        return settings.cluster.storage_path
+def many_nodes(node_count: int, autoscaler: AutoscalerView | None, declared: list | None = None) -> str | None:
+    """Why the cluster is (or can become) more than one node, as a phrase; None: one node for good.
+
+    The nodes alive now, the node types its autoscaler can launch, and those the user declared in
+    ``cluster.node_types`` (KubeRay's autoscaler, which the driver cannot read) all count: on an
+    autoscaling cluster that starts as a head alone, every trial runs on a node launched later."""
     if node_count > 1:
+        return f"has {node_count} nodes"
+    launchable = [t.name for t in (autoscaler.node_types if autoscaler is not None else ()) if t.max_workers != 0]
+    if launchable:
+        return f"can launch nodes of type {', '.join(launchable)}"
+    if declared:
+        names = [str(t.get("name", "?")) if isinstance(t, dict) else str(t) for t in declared]
+        return f"can launch nodes of type {', '.join(names)} (cluster.node_types)"
+    return None
+
+
+def storage_path(settings: Settings, out_dir: Path, node_count: int, autoscaler: AutoscalerView | None = None) -> str:
+    """Where the trials write what the driver reads back (checkpoints, histories, Tune's state).
+
+    On a cluster that is or can become several nodes, each with its own disk, that must be a place
+    every node reaches: s3://…, or a folder the user says every node mounts (cluster.shared_storage)."""
+    cluster = settings.cluster
+    several = many_nodes(node_count, autoscaler, cluster.node_types)
+    path = cluster.storage_path
+    if several is None:
+        return path or str(Path(out_dir) / "ray")
+    if not path:
         raise ResourceError(
-            f"cluster.storage_path: this Ray cluster has {node_count} nodes, and trials write checkpoints "
-            "where the driver must read them; set cluster.storage_path to a folder every node can reach "
-            "(NFS) or to s3://bucket/prefix"
+            f"cluster.storage_path: this Ray cluster {several}, each node with its own disk, and trials write checkpoints "
+            "where the driver must read them; set cluster.storage_path=s3://bucket/prefix, or a folder every node mounts "
+            "(NFS) with cluster.shared_storage=true"
         )
-    return str(Path(out_dir) / "ray")
-
-
+    if not is_remote(path) and not cluster.shared_storage:
+        raise ResourceError(
+            f"cluster.storage_path={path}: a folder on this machine, but this Ray cluster {several}, each node with its "
+            "own disk, so checkpoints written on another node would not be here; if every node mounts this folder "
+            "(NFS), say so with cluster.shared_storage=true, else use cluster.storage_path=s3://bucket/prefix"
+        )
+    return path
 
 
 @dataclass(frozen=True)

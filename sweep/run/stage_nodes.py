@@ -1,22 +1,27 @@
-"""Staging on every node at sweep start: one task pinned to each alive node, all in parallel.
+"""Staging on every node: at sweep start one task pinned to each alive node, all in parallel; later
+by the first trial on a node that joined mid-sweep (an autoscaled GPU node).
 
 ``run_tune`` runs it before it plans (the plan reads the staged data) and before the first trial;
-each trial still calls the same
-``ensure_local`` (a no-op on a staged node), so a node that joins later stages on first use.
-Each node also checks every task's data files (and an LM block size against the staged model), so
-a missing file fails the sweep before any trial asks for a GPU. A long download's progress lines
-reach the driver's terminal through a small actor (the workers' own output is not forwarded
-unless ``cluster.verbose=true``).
+each trial stages through the same ``stage_here`` (a no-op on a staged node). Each node also checks
+every task's data files (and an LM block size against the staged model), so a missing file fails
+the sweep before any trial asks for a GPU. With ``storage=local`` the folders the config names on
+the driver's machine reach the nodes that do not see them through Ray's object store
+(``sweep.storage.shipping``). Progress lines (downloads, shipped folders, a late node's staging)
+reach the driver's terminal through a small actor that lives as long as the sweep (the workers'
+own output is not forwarded unless ``cluster.verbose=true``).
 """
 
 from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import ray
 from ray.exceptions import RayTaskError
+from ray.tune import Callback
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from sweep.config import Settings
@@ -30,11 +35,18 @@ class NodeStaging:
     host: str
     downloaded: int  # bytes fetched from S3 on this node by this staging
     seconds: float
+    received: int = 0  # bytes of the driver's own folders shipped to this node through Ray
+
+    def line(self) -> str:
+        moved = [f"{n / 2**20:.1f} MiB {how}" for n, how in ((self.downloaded, "downloaded"),
+                                                             (self.received, "received from the driver")) if n]
+        return f"node {self.node_id[:8]} ({self.host}): {', '.join(moved) or 'already staged'} in {self.seconds:.1f} s"
 
 
 @ray.remote(num_cpus=0)
 class ProgressRelay:
-    """Progress lines from the nodes' staging tasks, until the driver takes them."""
+    """Progress lines from the nodes' staging (at the start, and by trials on nodes that join
+    later), until the driver takes them."""
 
     def __init__(self) -> None:
         self.lines: list[str] = []
@@ -50,20 +62,117 @@ class ProgressRelay:
         return lines
 
 
-def stage_this_node(settings: Settings, relay=None) -> NodeStaging:
-    from sweep.storage.staging import check_tasks_here, ensure_local
+Shipments = dict[str, tuple[str, Any]]  # config key -> (the folder on the driver, its ObjectRef)
+
+
+def ship_sources(settings: Settings) -> Shipments:
+    """On the driver: each folder the config names on this machine, packed once into Ray's object
+    store, for the nodes that do not see it (storage.ship_to_nodes=false: none)."""
+    from sweep.storage.shipping import driver_folders, pack
+
+    if not settings.storage.ship_to_nodes:
+        return {}
+    shipments: Shipments = {}
+    for key, origin in driver_folders(settings).items():
+        started = time.monotonic()
+        blob = pack(origin)
+        shipments[key] = (origin, ray.put(blob))
+        print(f"staging: {key}={origin} ({len(blob) / 2**20:.1f} MiB) packed in {time.monotonic() - started:.1f} s, "
+              "for the nodes that do not see it", flush=True)
+    return shipments
+
+
+def receive_sources(settings: Settings, shipments: Shipments | None, where: str,
+                    progress: Callable[[str], None] | None = None) -> int:
+    """On a node: unpack the driver's folders it lacks into its cache (once); the bytes received.
+    A folder it lacks that was not shipped is the one line naming this node."""
+    from sweep.storage.shipping import missing_here, unpack
+    from sweep.storage.staging import GiB, cache_root, missing_folder_error
+
+    cache = cache_root(settings.storage)
+    missing = missing_here(settings, cache)
+    unshipped = {key: origin for key, origin in missing.items() if key not in (shipments or {})}
+    if unshipped:
+        raise missing_folder_error(unshipped, where)
+    received = 0
+    for key, origin in missing.items():
+        blob = ray.get(shipments[key][1])
+        unpack(blob, cache, origin, int(settings.storage.max_unpack_gb * GiB))
+        received += len(blob)
+        if progress is not None:
+            progress(f"{key}: {len(blob) / 2**20:.1f} MiB received from the driver")
+    return received
+
+
+def this_node() -> tuple[str, str]:
+    """(node id, 'node abcd1234 (ip, host)'): how the lines name the node that runs this code."""
+    node = ray.get_runtime_context().get_node_id()
+    return node, f"node {node[:8]} ({ray.util.get_node_ip_address()}, {socket.gethostname()})"
+
+
+def stage_here(settings: Settings, relay=None, shipments: Shipments | None = None):
+    """This node's sources (shipped, downloaded or already here) and what that took; progress
+    lines go to the driver through ``relay``."""
+    from sweep.storage.staging import ensure_local
 
     started = time.monotonic()
-    node = ray.get_runtime_context().get_node_id()
+    node, where = this_node()
     progress = (lambda line: relay.post.remote(f"node {node[:8]}: {line}")) if relay is not None else None
+    received = receive_sources(settings, shipments, where, progress)
     sources = ensure_local(settings, progress)
+    return sources, NodeStaging(node, socket.gethostname(), sources.downloaded, time.monotonic() - started, received)
+
+
+def stage_this_node(settings: Settings, relay=None, shipments: Shipments | None = None) -> NodeStaging:
+    from sweep.storage.staging import check_tasks_here
+
+    sources, staged = stage_here(settings, relay, shipments)
     check_tasks_here(settings, sources)
     if relay is not None:
         ray.get(relay.sync.remote())  # our lines are in before the driver sees us done
-    return NodeStaging(node, socket.gethostname(), sources.downloaded, time.monotonic() - started)
+    return staged
 
 
-def stage_all_nodes(settings: Settings) -> list[NodeStaging]:
+def stage_for_trial(settings: Settings, relay=None, shipments: Shipments | None = None):
+    """A trial's sources: a no-op on a node staged at the start; on a node that joined later (an
+    autoscaled GPU node) the staging happens here, and the driver's terminal shows it."""
+    sources, staged = stage_here(settings, relay, shipments)
+    if relay is not None and (staged.downloaded or staged.received):
+        relay.post.remote(staged.line())
+    return sources
+
+
+class StagingLines(Callback):
+    """The nodes' staging lines on the driver's terminal while the trials run (nodes that join late)."""
+
+    def __init__(self, relay) -> None:
+        self.lines = RelayLines(relay)
+
+    def on_step_end(self, iteration, trials, **info) -> None:
+        self.lines()
+
+    def on_experiment_end(self, trials, **info) -> None:
+        self.lines(force=True)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"lines": RelayLines(None)}  # Tune pickles its callbacks; the relay is this launch's
+
+
+class RelayLines:
+    """Prints the lines the nodes posted, at most every RELAY_EVERY_S (a Tune callback's step hook)."""
+
+    def __init__(self, relay) -> None:
+        self.relay, self.last = relay, 0.0
+
+    def __call__(self, force: bool = False) -> None:
+        if self.relay is None or (not force and time.monotonic() - self.last < RELAY_EVERY_S):
+            return
+        self.last = time.monotonic()
+        for line in ray.get(self.relay.take.remote()):
+            print(f"staging: {line}", flush=True)
+
+
+def stage_all_nodes(settings: Settings, relay=None, shipments: Shipments | None = None) -> list[NodeStaging]:
     """Stage on every alive node at once; the first node's error is raised as itself."""
     task = ray.remote(num_cpus=0, max_retries=0)(stage_this_node)
     nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
@@ -72,23 +181,23 @@ def stage_all_nodes(settings: Settings) -> list[NodeStaging]:
         sources = [s for s in (pins.model, pins.data) if s is not None]
         what = ", ".join(f"{s.uri} ({s.size / 2**20:.1f} MiB)" for s in sources)
         print(f"staging: {what} on {len(nodes)} node(s)…", flush=True)
-    relay = ProgressRelay.remote() if settings.storage.kind == "s3" else None  # only downloads have progress
-    refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(settings, relay)
-            for node in nodes]
+    own_relay = relay is None  # the sweep passes the relay that outlives this (nodes that join later)
+    relay = ProgressRelay.remote() if own_relay else relay
+    refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
+        settings, relay, shipments) for node in nodes]
+    lines = RelayLines(relay)
     try:
         pending = refs
         while pending:
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=RELAY_EVERY_S)
-            for line in ray.get(relay.take.remote()) if relay is not None else []:
-                print(f"staging: {line}", flush=True)
+            lines(force=True)
             ray.get(ready)  # a node that failed stops the wait at once
         results = ray.get(refs)
     except RayTaskError as e:  # the user needs the cause (a missing key, an unsafe archive), not Ray's wrapper
         raise e.cause from None
     finally:
-        if relay is not None:
+        if own_relay:
             ray.kill(relay)
     for r in results:
-        moved = f"{r.downloaded / 2**20:.1f} MiB downloaded" if r.downloaded else "already staged"
-        print(f"staging: node {r.node_id[:8]} ({r.host}): {moved} in {r.seconds:.1f} s")
+        print(f"staging: {r.line()}")
     return results

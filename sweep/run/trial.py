@@ -31,8 +31,7 @@ import platform
 import shutil
 import tempfile
 import time
-import traceback
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -111,8 +110,8 @@ class TrialContext:
     driver_started: float
     history_dir: str | None
     rungs_board: str | None = None
-    tracking: Any = None  # tracking.TrialTracking, or None
     in_trial_process: bool = False  # Train's local mode: report to Tune directly
+    staging: Any = None  # (the driver's staging-lines relay, the driver's shipped folders): stage_nodes
 
     @property
     def spec(self) -> TaskSpec:
@@ -129,15 +128,19 @@ class TrialContext:
 
 
 class EpochReporter:
-    """What a worker does after each evaluation, in order: log to MLflow, report (rank 0 with the
-    checkpoint), record it in the trial's own history, and ask the rungs (ASHA, seed halving)
-    whether to go on."""
+    """What a worker does after each evaluation, in order: report (rank 0 with the checkpoint),
+    record it in the trial's own history, and ask the rungs (ASHA, seed halving) whether to go on.
+
+    The trial never talks to MLflow: the driver logs its run from these reports (run/mlflow_runs.py),
+    so a node needs no route to the tracking store and writes nothing the driver must read but
+    through Tune and the sweep's storage."""
 
     def __init__(self, ctx: TrialContext, rank: int, resumed_at: int | None, timing: dict[str, float]) -> None:
         """``resumed_at``: the step of the checkpoint the trial goes on from (None: from the start)."""
         self.ctx, self.rank, self.resumed, self.timing = ctx, rank, resumed_at is not None, timing
         self.node = ray.get_runtime_context().get_node_id()
-        self.mlflow_run = _start_trial_run(ctx) if rank == 0 else None
+        self.node_ip = ray.util.get_node_ip_address()
+        self.device = _device_name()
         history_file = ctx.history_file if rank == 0 else None
         history = _read_history(history_file) if self.resumed and history_file else []
         self.history = [row for row in history if row.get("step", 0) <= resumed_at]
@@ -149,7 +152,6 @@ class EpochReporter:
 
     def __call__(self, epoch, save) -> None:
         metrics = self.metrics(epoch)
-        self.log_to_mlflow(epoch)
         # A history row says its checkpoint is registered (a killer, a resumed sweep rely on it), so
         # it comes after the report; but seed halving's pause ends the trial inside the report of
         # its rung evaluation, whose row therefore comes first (a retry drops rows past its checkpoint).
@@ -163,8 +165,6 @@ class EpochReporter:
 
     def metrics(self, epoch) -> dict[str, Any]:
         return {
-            # empty while the store has not answered yet: the run is made once it does
-            "mlflow_run_id": (self.mlflow_run.run_id or "") if self.mlflow_run is not None else "",
             "trial_id": self.ctx.trial_id, "task": self.ctx.task, "seed": self.ctx.seed,
             "epoch": epoch.epoch, "train_loss": epoch.train_loss, "score": epoch.score,
             "step": epoch.step, "steps_total": epoch.steps_total, "progress": epoch.progress,
@@ -172,7 +172,8 @@ class EpochReporter:
             RUNG: self.is_rung(epoch),
             CHECKPOINT_RANK: checkpoint_rank(epoch.score, epoch.progress),
             "train_seconds": epoch.train_seconds, "eval_seconds": epoch.eval_seconds,
-            "train_tokens": epoch.train_tokens, "node": self.node, "host": platform.node(),
+            "train_tokens": epoch.train_tokens, "node": self.node, "node_ip": self.node_ip,
+            "host": platform.node(), "device": self.device,
             "resumed": self.resumed, "launch_id": self.ctx.launch_id,
             # where a trial's time goes: driver start -> worker process -> imports -> loop -> epochs
             "driver_started": self.ctx.driver_started, "process_started": PROCESS_STARTED,
@@ -186,14 +187,6 @@ class EpochReporter:
             return False
         self.rung_seen = True
         return True
-
-    def log_to_mlflow(self, epoch) -> None:
-        if self.mlflow_run is not None:
-            # step: the epoch with one evaluation per epoch (as always), else the training step
-            once_per_epoch = self.ctx.train.eval_every is None and self.ctx.train.evals_per_epoch == 1
-            self.mlflow_run.log_epoch(epoch.epoch if once_per_epoch else epoch.step,
-                                      {"train_loss": epoch.train_loss, "score": epoch.score,
-                                       "epoch": epoch.step / epoch.steps_total * self.ctx.train.epochs, **epoch.metrics})
 
     checkpoint_bytes = 0  # the last checkpoint's size: what the next one needs
 
@@ -255,17 +248,13 @@ class EpochReporter:
         verdict = ray.get(self.board.verdict_of.remote(self.ctx.trial_id))
         return EarlyStop(verdict) if verdict is not None and not verdict.go_on else None
 
-    def end(self, status: str, error: str | None = None, stop: EarlyStop | None = None) -> None:
+    def end(self, status: str, stop: EarlyStop | None = None) -> None:
         if stop is not None:
             last = self.history[-1] if self.history else {}
             self.stopped = {STOPPED: stop.verdict.stop_text, "stopped_at_step": last.get("step"),
                             "stopped_at_progress": last.get("progress")}
         if status == "FINISHED":
             self.mark_done()
-        if self.mlflow_run is not None:
-            tags = {"sweep.stopped": self.stopped[STOPPED], "sweep.stopped_at_step": self.stopped["stopped_at_step"]} \
-                if self.stopped else None
-            self.mlflow_run.end(status, error, tags=tags)
 
     def mark_done(self) -> None:
         """The history says the trial is over (all epochs, or stopped by the rungs, with why): a
@@ -298,12 +287,13 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     """Runs in each Ray Train worker: stage (no-op when staged), fine-tune, report every epoch."""
     # Imported here, not at the top: the trial's driver process never needs torch/transformers.
     from sweep.finetune import Distributed, finetune
-    from sweep.storage.staging import cache_root, ensure_local
+    from sweep.run.stage_nodes import stage_for_trial
+    from sweep.storage.staging import cache_root
 
     # rss_at_start_mb: what the previous trial left in a reused process (tests check it does not grow)
     timing = {"imported": time.time(), "pid": os.getpid(), "rss_at_start_mb": psutil.Process().memory_info().rss / 2**20}
     ctx: TrialContext = config["context"]
-    sources = ensure_local(ctx.settings)
+    sources = stage_for_trial(ctx.settings, *(ctx.staging or (None, None)))  # a no-op on a node staged at the start
     if ctx.in_trial_process:  # ray.train's API refuses to run inside a Tune function: one worker, rank 0
         rank, world = 0, 1
     else:
@@ -332,7 +322,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     except SystemExit:
         raise  # Tune paused (seed halving) or stopped the trial: its MLflow run goes on when it resumes
     except BaseException:
-        reporter.end("FAILED", traceback.format_exc())
+        reporter.end("FAILED")
         raise
     else:
         reporter.end("FINISHED")
@@ -377,26 +367,13 @@ def _restore_latest(in_trial_process: bool) -> Path | None:
     return Path(checkpoint.to_directory(tempfile.mkdtemp(prefix="sweep-resume-")))
 
 
-def _start_trial_run(ctx: TrialContext):
-    """The trial's nested MLflow run, logged straight to the store from this worker (None: no tracking).
+def _device_name() -> str:
+    """The device the loop trains on, for the trial's MLflow run (torch is imported by then)."""
+    import torch
 
-    A restarted trial (or one of a resumed sweep) finds its run again by name and goes on logging
-    into it. What the store does not take (it is down) waits in the sweep's spool folder.
-    """
-    if ctx.tracking is None:
-        return None
-    from sweep.tracking import TrialLogger
-
-    tracking = ctx.tracking
-    params = {"task": ctx.task, "seed": ctx.seed, **asdict(ctx.train)}
-    logger = TrialLogger(
-        tracking.uri, tracking.experiment_id, tracking.parent_run_id,
-        run_name=f"{ctx.task}-seed{ctx.seed}-{ctx.trial_id}", params=params,
-        tags={"sweep.trial_id": ctx.trial_id, "sweep.hparams": str(ctx.hparams or {})},
-        experiment_name=getattr(tracking, "experiment_name", None), spool_dir=getattr(tracking, "spool_dir", None),
-    )
-    logger.start()
-    return logger
+    if torch.cuda.is_available():
+        return f"cuda:{torch.cuda.current_device()} ({torch.cuda.get_device_name()})"
+    return "cpu"
 
 
 def _device(in_trial_process: bool):
@@ -419,7 +396,7 @@ def _has_nccl() -> bool:
 
 
 def train_driver_fn(config: dict[str, Any], settings: Settings, placements: dict[str, Placement], launch_id: str,
-                    rungs_board: str | None = None, tracking=None) -> None:
+                    rungs_board: str | None = None, staging=None) -> None:
     """The Tune trainable: one TorchTrainer run for this (task, seed, hparams)."""
     trial_id = tune.get_context().get_trial_id()
     task, seed, hparams = trial_of(config)
@@ -427,7 +404,7 @@ def train_driver_fn(config: dict[str, Any], settings: Settings, placements: dict
     ctx = TrialContext(
         settings=settings, task=task, seed=seed, hparams=hparams,
         trial_id=trial_id, launch_id=launch_id, driver_started=time.time(), history_dir=placement.history_dir,
-        rungs_board=rungs_board, tracking=tracking, in_trial_process=placement.in_trial_process,
+        rungs_board=rungs_board, staging=staging, in_trial_process=placement.in_trial_process,
     )
     done = _finished_before(ctx)
     if done is not None:  # finished before a killed driver's Tune state recorded it: report, don't rerun

@@ -16,7 +16,7 @@ from typing import Any
 from sweep.config import AUTO, Settings
 from sweep.costs import grid_points
 from sweep.schedule import TrialWork
-from sweep.run.plan import EXPERIMENT, TrialPlan, plan_trials, storage_path, sweep_storage, trial_count
+from sweep.run.plan import EXPERIMENT, TrialPlan, many_nodes, plan_trials, storage_path, sweep_storage, trial_count
 from sweep.results import TrialRecord
 
 log = logging.getLogger(__name__)
@@ -47,8 +47,10 @@ def point_of(trial: TrialWork, points: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def records_from_results(grid, settings: Settings, plans: dict[str, TrialPlan], history_dir: Path | None = None,
-                         train_dir: Path | None = None) -> list[TrialRecord]:
-    """One TrialRecord per Tune trial (``plans``: each task's), with the best epoch's metrics and checkpoint."""
+                         train_dir: Path | None = None, run_id_of=None) -> list[TrialRecord]:
+    """One TrialRecord per Tune trial (``plans``: each task's), with the best epoch's metrics and checkpoint.
+
+    ``run_id_of(tune trial id, task, seed)``: the id of the trial's MLflow run (the driver logged it)."""
     from sweep.run.trial import CHECKPOINT_RANK, trial_of
 
     records = []
@@ -78,8 +80,7 @@ def records_from_results(grid, settings: Settings, plans: dict[str, TrialPlan], 
             record.started_at = started
             record.pid = int(first["pid"]) if "pid" in first and first["pid"] == first["pid"] else None
             record.node = str(best.get("node", ""))
-            run_id = best.get("mlflow_run_id")
-            record.run_id = run_id if isinstance(run_id, str) else ""
+            record.run_id = run_id_of(trial_id, task, seed) if run_id_of is not None and trial_id else ""
             record.checkpoint = _best_checkpoint(best, _checkpoint_dirs(result, train_dir, trial_id))
         own_error = _own_error(result, df)
         if own_error is not None:  # failed on its own data/config/model: ended at once, not retried
@@ -356,8 +357,9 @@ def _run_tune(settings: Settings, out_dir: Path, tracking, stop) -> tuple[list[T
     from sweep.run.gate import DdpFirst
     from sweep.run.cluster_request import request_trial_resources
     from sweep.run.disk_stop import StopOnDiskFull, fit_until_disk_full
+    from sweep.run.mlflow_runs import TrialRuns
     from sweep.run.progress import SweepProgress, WaitForNodes
-    from sweep.run.stage_nodes import stage_all_nodes
+    from sweep.run.stage_nodes import ProgressRelay, StagingLines, ship_sources, stage_all_nodes
     from sweep.run.trial import Placement, train_driver_fn
 
     nodes = alive_nodes()
@@ -366,13 +368,18 @@ def _run_tune(settings: Settings, out_dir: Path, tracking, stop) -> tuple[list[T
     autoscaler = read_autoscaler() if settings.cluster.address else None
     if autoscaler is not None and not autoscaler.node_types and settings.cluster.node_types:
         autoscaler = declared_view(autoscaler, settings.cluster.node_types)
+    # where trials write what this driver reads back: a place every node reaches, before any staging
+    storage = sweep_storage(storage_path(settings, out_dir, len(nodes), autoscaler))
+    several = many_nodes(len(nodes), autoscaler, settings.cluster.node_types)
     for spec in settings.tasks:  # a trial no node can hold is an error before any staging
         if settings.resources.gpus_for(spec.name) != AUTO:
             plan_trials(settings, nodes, autoscaler, wanted=total, task=spec.name)
-    stage_all_nodes(settings)  # every node stages (and checks the task files) before the plan reads them
+    relay = ProgressRelay.remote()  # the nodes' staging lines, at the start and from nodes that join later
+    # storage=local on nodes with their own disks: the driver's folders travel through Ray to those that lack them
+    shipments = ship_sources(settings) if several else {}
+    stage_all_nodes(settings, relay, shipments)  # every node stages (and checks the task files) before the plan reads them
     sizes, params, cluster, chosen, plans = _plan(settings, nodes, autoscaler, total)
     plan = plans[chosen.order[0].task]  # the first trials' size drives the wait for launched nodes
-    storage = sweep_storage(storage_path(settings, out_dir, len(nodes)))
     launch_id = uuid.uuid4().hex[:8]
     _refuse_halving_with_ddp(settings, plans)
     rungs_board, _board_handle = start_rungs_board(settings, storage.experiment, total, storage.history_dir)  # the handle keeps it alive
@@ -380,8 +387,8 @@ def _run_tune(settings: Settings, out_dir: Path, tracking, stop) -> tuple[list[T
                                   str(storage.history_dir) if storage.history_dir else None)
                   for task, p in plans.items()}
     trainable = tune.with_parameters(
-        train_driver_fn, settings=settings, placements=placements, launch_id=launch_id,
-        rungs_board=rungs_board, tracking=tracking,
+        train_driver_fn, settings=settings, placements=placements, launch_id=launch_id, rungs_board=rungs_board,
+        staging=(relay, shipments),
     )
     trainable = tune.with_resources(trainable, ResourcesByTask(placements))
     concurrency = min(max(p.max_concurrent for p in plans.values()), total)
@@ -392,7 +399,10 @@ def _run_tune(settings: Settings, out_dir: Path, tracking, stop) -> tuple[list[T
           f"{' x grid' if settings.sweep.grid else ''}), up to {concurrency} at once on {len(nodes)} node(s){grows}; "
           + _describe_sizes(plans))
     progress = SweepProgress(settings, total, _forecast(settings, chosen, params, cluster, concurrency))
-    callbacks = [progress, StopOnDiskFull()]  # a full disk ends the sweep with its one line
+    callbacks = [progress, StopOnDiskFull(), StagingLines(relay)]  # a full disk ends the sweep with its one line
+    trial_runs = TrialRuns(settings, tracking, launch_id, _board_handle) if tracking is not None else None
+    if trial_runs is not None:  # every trial's MLflow run, logged here from its reports (no node talks to MLflow)
+        callbacks.append(trial_runs)
     if plan.waiting:
         print(plan.waiting)
         callbacks.append(WaitForNodes(NodeWait(plan.scale, autoscaler.alive_counts, settings.cluster.scale_timeout_s), progress))
@@ -404,7 +414,9 @@ def _run_tune(settings: Settings, out_dir: Path, tracking, stop) -> tuple[list[T
     if settings.resume and tune.Tuner.can_restore(experiment):
         print(f"resume: continuing the sweep in {experiment}; finished trials are not run again")
         tuner = tune.Tuner.restore(experiment, trainable=trainable, resume_unfinished=True, resume_errored=False)
-        # Restore keeps the original run config; progress goes through our callback regardless.
+        # Restore brings back the first launch's run config, callbacks pickled then included: this
+        # launch's own (its progress, its MLflow runs with its launch id) replace them.
+        tuner._local_tuner.get_run_config().callbacks = callbacks
     else:
         if settings.resume:
             print(f"resume: nothing to resume in {experiment}; starting the sweep")
@@ -427,12 +439,18 @@ def _run_tune(settings: Settings, out_dir: Path, tracking, stop) -> tuple[list[T
                 callbacks=callbacks, **retries_and_checkpoints(settings, placements),
             ),
         )
-    with request_trial_resources(launch_id, asked), stop.tune_running():
-        grid = fit_until_disk_full(tuner)  # tuner.fit(); a trial's full disk ends it as one DiskFullError
+    try:
+        with request_trial_resources(launch_id, asked), stop.tune_running():
+            grid = fit_until_disk_full(tuner)  # tuner.fit(); a trial's full disk ends it as one DiskFullError
+    finally:
+        if trial_runs is not None:
+            trial_runs.close()  # every call queued so far sent (or kept in the spool), however the sweep ends
     stop.check()  # SIGTERM/SIGINT: Tune stopped the trials and saved its state; end here
     progress.close()
     train_dir = storage.local_train_dir
-    return records_from_results(grid, settings, plans, storage.history_dir, train_dir), checkpoint_folders(grid, train_dir)
+    records = records_from_results(grid, settings, plans, storage.history_dir, train_dir,
+                                   trial_runs.run_id_of if trial_runs is not None else None)
+    return records, checkpoint_folders(grid, train_dir)
 
 
 def _tune_scheduler(settings: Settings, rungs_board: str | None) -> dict[str, Any]:

@@ -14,6 +14,7 @@ no-op that makes no request when its node already holds them.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -185,6 +186,16 @@ def check_tasks_here(settings: Settings, sources: LocalSources) -> None:
     check_model_folder(settings, sources.model_dir)  # every max_seq_length / block_size the sweep tries
 
 
+def missing_folder_error(missing: dict[str, str], where: str | None = None) -> StagingError:
+    """One line for the driver's folders (config key -> path) that a node does not see."""
+    where = where or f"host {socket.gethostname()}"
+    named = ", ".join(f"{key}={path}" for key, path in missing.items())
+    return StagingError(
+        f"{named}: a folder on the driver's machine, but not on {where} (a node of a cluster sees only its own "
+        "disk); mount it on every node, or put the sources in S3 (storage=s3 storage.bucket=...)"
+    )
+
+
 def ensure_local(settings: Settings, progress: Callable[[str], None] | None = None) -> LocalSources:
     """The model and data folders on this machine (a no-op when they are already there).
 
@@ -193,8 +204,10 @@ def ensure_local(settings: Settings, progress: Callable[[str], None] | None = No
     if settings.storage.kind == "s3":
         return _stage_s3(settings, progress)
     from sweep.models import resolve_model_dir  # transformers: only where a model is resolved
+    from sweep.storage.shipping import with_copies
 
     cache = cache_root(settings.storage)
+    settings = with_copies(settings, cache)  # the driver's folders this node lacks, as shipped here
     staged = Path(os.path.expanduser(settings.storage.model_dir)) if settings.storage.model_dir else None
     model_dir = resolve_model_dir(asdict(settings.model), cache, staged)
     return LocalSources(model_dir=model_dir, data_dir=local_data_dir(settings.storage))

@@ -158,6 +158,11 @@ class _Tracked:
     def client(self) -> MlflowClient:
         return self.sender.client
 
+    @property
+    def kept(self) -> bool:
+        """Calls of this run wait in its spool (the store did not take them yet)."""
+        return self._backlog
+
     def _use_spool(self, run_name: str) -> None:
         if self.spool_dir is not None:
             self.spool = spool_for(self.spool_dir, run_name)

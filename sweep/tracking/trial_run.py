@@ -85,6 +85,11 @@ class TrialLogger(_Tracked):
                 "parent": self.parent_run_id, "run_name": self.run_name, "run_id": self.run_id, "op": op,
                 "time": int(time.time() * 1000), **args}
 
+    @property
+    def began(self) -> bool:
+        """``start`` was called (the run exists, or its creation waits in the spool)."""
+        return self._began
+
     def _sent(self, record: Record, run_id: str) -> None:
         self.run_id = run_id
 

@@ -1,0 +1,236 @@
+"""Every trial's nested MLflow run, written by the driver from what the trials report to Tune.
+
+A trial may run on any node, and a node of a real cluster has its own disk and maybe no route to
+the tracking store (a ``sqlite:///`` file on the head, a server inside the cluster's network): so a
+trial never talks to MLflow. It reports every evaluation to Tune, as it must anyway, and this Tune
+callback on the driver turns those reports into the trial's nested run under the sweep's parent:
+params, each evaluation's metrics at its step, the node it ran on, its end (status, error, why the
+rungs stopped it). The same idea as Ray's ``MLflowLoggerCallback``, with runs nested under a parent.
+
+The calls run on one background thread, in order, so a slow or absent store never holds up Tune's
+event loop (and with it every trial); what the store does not take waits in the driver's spool
+(``tracking.TrialLogger`` with the sweep's spool folder) and is sent when it answers again.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import asdict, replace
+from typing import Any
+
+from ray.tune import Callback
+
+from sweep.config import Settings
+from sweep.run.trial import TRIAL_ERROR, trial_of
+from sweep.secrets import scrub
+
+log = logging.getLogger(__name__)
+
+CLOSE_WAIT_S = 600.0  # at the end, how long the driver waits for the calls still queued
+
+
+def run_name(task: str, seed: int, trial_id: str) -> str:
+    """The trial's run name: a retried or resumed trial finds its run again by it."""
+    return f"{task}-seed{seed}-{trial_id}"
+
+
+def evaluation_metrics(report: dict[str, Any], train) -> tuple[int, dict[str, float]] | None:
+    """(step, metrics) of one evaluation report as the trial's run logs it; None for a report that
+    is no evaluation (a DDP trial's workers-ready report, a trial's error row).
+
+    The step is the epoch with one evaluation per epoch, else the training step (with a fractional
+    ``epoch`` metric to plot against)."""
+    if "score" not in report or "step" not in report or report.get("score") is None:
+        return None
+    once_per_epoch = train.eval_every is None and train.evals_per_epoch == 1
+    step = int(report["epoch"] if once_per_epoch else report["step"])
+    metrics = {"train_loss": report.get("train_loss"), "score": report["score"],
+               "epoch": report["step"] / report["steps_total"] * train.epochs if report.get("steps_total") else None,
+               **{k[len("eval/"):]: v for k, v in report.items() if k.startswith("eval/")}}
+    return step, {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and v == v}
+
+
+class TrialRuns(Callback):
+    """The driver's Tune callback that logs each trial's nested run (see the module's docstring).
+
+    ``tracking``: the sweep's ``TrialTracking`` (store, experiment, parent, spool folder);
+    ``launch_id``: this driver's launch, so that a finished trial a resumed sweep reports again
+    from its history is not logged twice; ``rungs_board``: the ASHA / seed-halving actor, which
+    says why a trial it stopped ended.
+    """
+
+    def __init__(self, settings: Settings, tracking, launch_id: str, rungs_board=None) -> None:
+        self.settings, self.tracking, self.launch_id, self.board = settings, tracking, launch_id, rungs_board
+        self.loggers: dict[str, Any] = {}  # Tune trial id -> TrialLogger (used on the worker thread only)
+        self.last: dict[str, dict[str, Any]] = {}  # Tune trial id -> its last evaluation report
+        self.busy_s = 0.0  # the driver's time spent in this callback's hooks (bench_tracking reads it)
+        self.calls: queue.Queue | None = None
+        self.thread: threading.Thread | None = None  # started with the first call
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Tune pickles its run config (callbacks included) into the experiment; a resumed sweep
+        # gives Tune a new TrialRuns of its own launch instead (tuner.py), so only plain state.
+        return {**self.__dict__, "loggers": {}, "last": {}, "calls": None, "thread": None}
+
+    # --- Tune's hooks (Tune's event loop: only queue work here) ----------------------------------
+
+    def on_trial_start(self, iteration, trials, trial, **info) -> None:
+        self._queue(self._start, trial.trial_id, trial.config, None)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+        began = time.perf_counter()
+        report = {k: v for k, v in result.items() if k != "config"}
+        if evaluation_metrics(report, self._train(trial.config)) is not None:
+            self.last[trial.trial_id] = report
+        self._queue(self._result, trial.trial_id, trial.config, report)
+        self.busy_s += time.perf_counter() - began
+
+    def on_trial_complete(self, iteration, trials, trial, **info) -> None:
+        report = self.last.get(trial.trial_id) or {}
+        error = (trial.last_result or {}).get(TRIAL_ERROR)
+        stopped = self._stopped(trial.trial_id, report) if not error else None
+        self._queue(self._end, trial.trial_id, trial.config, "FAILED" if error else "FINISHED", error, stopped)
+
+    def on_trial_error(self, iteration, trials, trial, **info) -> None:
+        self._queue(self._end, trial.trial_id, trial.config, "FAILED", _error_of(trial), None)
+
+    def on_experiment_end(self, trials, **info) -> None:
+        self.close()
+
+    # --- the driver's side -----------------------------------------------------------------------
+
+    def close(self, wait_s: float = CLOSE_WAIT_S, store_wait_s: float | None = None) -> None:
+        """Wait for the queued calls (each one sent or spooled), then up to ``store_wait_s`` (default
+        tracking.FINAL_WAIT_S) for a store that went away to take what the runs kept; idempotent."""
+        from sweep.tracking.parent import FINAL_WAIT_S, FLUSH_POLL_S
+
+        if self.thread is not None and self.thread.is_alive():
+            self.calls.put(None)
+            self.thread.join(wait_s)
+            if self.thread.is_alive():
+                log.warning("tracking: %d MLflow calls still queued after %.0f s", self.calls.qsize(), wait_s)
+                return
+        # A run whose first calls waited in the spool gets its id once they are sent: the records need it.
+        deadline = time.monotonic() + (FINAL_WAIT_S if store_wait_s is None else store_wait_s)
+        waiting = [logger for logger in self.loggers.values() if logger.kept]
+        while waiting:
+            waiting = [logger for logger in waiting if not logger.flush()]
+            if not waiting or time.monotonic() >= deadline:
+                break
+            time.sleep(FLUSH_POLL_S)
+
+    def run_id_of(self, trial_id: str, task: str, seed: int) -> str:
+        """The id of a trial's run in the store, after ``close``: the one this driver logged, else (a
+        trial a resumed sweep did not run again) found by its name under the parent; "" when the
+        store never took it (its calls wait in the spool)."""
+        logger = self.loggers.get(trial_id)
+        if logger is not None and logger.run_id:
+            return logger.run_id
+        t = self.tracking
+        try:
+            return find_child_run(t.uri, t.experiment_id, t.parent_run_id, run_name(task, seed, trial_id)) or ""
+        except Exception as e:  # the store is away: the record has no run id, registration says so
+            log.warning("tracking: cannot look up the run of trial %s (%s)", trial_id, scrub(str(e)).splitlines()[0][:200])
+            return ""
+
+    def _queue(self, call, *args) -> None:
+        if self.thread is None or not self.thread.is_alive():
+            self.calls = queue.Queue()
+            self.thread = threading.Thread(target=self._work, args=(self.calls,), name="sweep-mlflow-runs", daemon=True)
+            self.thread.start()
+        self.calls.put((call, args))
+
+    def _work(self, calls: queue.Queue) -> None:
+        while True:
+            item = calls.get()
+            if item is None:
+                return
+            call, args = item
+            try:
+                call(*args)
+            except Exception as e:  # a store that refused a call: the sweep goes on, the line says what
+                log.warning("tracking: MLflow call for trial %s failed (%s)", args[0], scrub(str(e)).splitlines()[0][:300])
+
+    def _train(self, config: dict[str, Any]):
+        _, _, hparams = trial_of(config)
+        return replace(self.settings.train, **hparams)
+
+    def _logger(self, trial_id: str, config: dict[str, Any]):
+        from sweep.tracking import TrialLogger
+
+        if trial_id not in self.loggers:
+            task, seed, hparams = trial_of(config)
+            t = self.tracking
+            self.loggers[trial_id] = TrialLogger(
+                t.uri, t.experiment_id, t.parent_run_id, run_name=run_name(task, seed, trial_id),
+                params={"task": task, "seed": seed, **asdict(self._train(config))},
+                tags={"sweep.trial_id": trial_id, "sweep.hparams": str(hparams or {})},
+                experiment_name=t.experiment_name, spool_dir=t.spool_dir,
+            )
+        return self.loggers[trial_id]
+
+    def _start(self, trial_id: str, config: dict[str, Any], placed: dict[str, Any] | None) -> None:
+        logger = self._logger(trial_id, config)
+        if placed is not None:  # where the trial runs, from its first report
+            logger.tags.update({k: v for k, v in placed.items() if v is not None})
+        logger.start()  # creates the run, or finds it again (a retried, paused or resumed trial)
+
+    def _result(self, trial_id: str, config: dict[str, Any], report: dict[str, Any]) -> None:
+        logger = self._logger(trial_id, config)
+        placed = {k: v for k, v in (("node", report.get("node_ip") or report.get("node")), ("host", report.get("host")),
+                                    ("device", report.get("device"))) if v}
+        # the first report of each run of the trial says where it runs (a retry may be on another node)
+        if not logger.began or any(logger.tags.get(k) != v for k, v in placed.items()):
+            self._start(trial_id, config, placed)
+        evaluation = evaluation_metrics(report, self._train(config))
+        if evaluation is not None and report.get("launch_id") in (None, self.launch_id):
+            logger.log_epoch(*evaluation)  # a finished trial reported again from its history: logged before
+
+    def _end(self, trial_id: str, config: dict[str, Any], status: str, error: str | None,
+             stopped: dict[str, Any] | None) -> None:
+        logger = self._logger(trial_id, config)
+        if not logger.began:  # ended before any report (an error at start)
+            logger.start()
+        logger.end(status, error, tags=stopped)
+
+    def _stopped(self, trial_id: str, report: dict[str, Any]) -> dict[str, Any] | None:
+        """The run's stop tags when the rungs stopped the trial (None: it ran to the end)."""
+        if self.board is None:
+            return None
+        import ray
+
+        try:
+            verdict = ray.get(self.board.verdict_of.remote(trial_id), timeout=30)
+        except Exception as e:
+            log.warning("tracking: cannot ask the rungs board about trial %s (%s)", trial_id, e)
+            return None
+        if verdict is None or verdict.go_on:
+            return None
+        return {"sweep.stopped": verdict.stop_text, "sweep.stopped_at_step": report.get("step")}
+
+
+def find_child_run(uri: str, experiment_id: str, parent_run_id: str, name: str) -> str | None:
+    """The id of the parent's nested run named ``name`` (run names here hold no quote), else None."""
+    from mlflow import MlflowClient
+
+    query = f"tags.mlflow.parentRunId = '{parent_run_id}' and attributes.run_name = '{name}'"
+    runs = MlflowClient(tracking_uri=uri).search_runs([experiment_id], filter_string=query, max_results=1)
+    return runs[0].info.run_id if runs else None
+
+
+def _error_of(trial) -> str:
+    """The end of a failed trial's error (Tune keeps it in the trial's error file)."""
+    try:
+        error = trial.get_error()
+    except Exception:  # an older Tune, or no error kept
+        error = None
+    if error is not None:
+        return str(error)
+    path = getattr(trial, "error_file", None)
+    try:
+        return open(path).read() if path else "trial failed"
+    except OSError:
+        return "trial failed"

@@ -1,0 +1,114 @@
+"""The driver's own source folders, shipped to nodes that do not see them (``storage=local``).
+
+On a laptop every node is this machine; on a real cluster a pod sees only its own disk, so a
+``storage.data_dir`` or ``model.path`` that exists on the driver's side is missing on the others.
+The driver packs each such folder once (a plain tar: weights do not compress), Ray's object store
+carries it to any node that lacks the folder (the original workflow's plasma step), and the node
+unpacks it safely into its cache, where ``ensure_local`` finds it from then on: once per node,
+cached like an S3 source. This module is the plain half (packing, where a copy lives, unpacking);
+``run/stage_nodes.py`` moves the bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tarfile
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from filelock import FileLock
+
+from sweep.config import Settings
+from sweep.files import atomic_folder
+from sweep.storage.archive import extract_archive
+
+SHIPPED = "shipped"  # under a node's cache: the copies of the driver's folders
+DONE = ".shipped-from"  # inside a copy: which driver folder it is (written last)
+
+
+@dataclass(frozen=True)
+class Shipment:
+    """One driver folder a node may lack: the config key naming it, its path on the driver, its size."""
+
+    key: str  # storage.data_dir, model.path or storage.model_dir
+    origin: str  # the absolute path on the driver (and on every node that mounts the same volume)
+    size: int  # bytes of the packed folder
+
+
+def _expand(path: str) -> str:
+    return str(Path(os.path.expanduser(path)).resolve())
+
+
+def driver_folders(settings: Settings) -> dict[str, str]:
+    """Config key -> folder, for each source the config names as a folder on the driver's side."""
+    if settings.storage.kind != "local":
+        return {}
+    folders = {}
+    if settings.storage.data_dir:
+        folders["storage.data_dir"] = _expand(settings.storage.data_dir)
+    if settings.model.path:
+        folders["model.path"] = _expand(settings.model.path)
+    elif settings.storage.model_dir:
+        folders["storage.model_dir"] = _expand(settings.storage.model_dir)
+    return folders
+
+
+def copy_of(cache: Path, origin: str) -> Path:
+    """Where a node keeps its copy of the driver's folder ``origin``."""
+    digest = hashlib.sha256(origin.encode()).hexdigest()[:12]
+    return Path(cache) / SHIPPED / f"{Path(origin).name}-{digest}"
+
+
+def has_copy(cache: Path, origin: str) -> bool:
+    return (copy_of(cache, origin) / DONE).is_file()
+
+
+def missing_here(settings: Settings, cache: Path) -> dict[str, str]:
+    """The driver folders this machine neither sees nor holds a copy of."""
+    return {key: origin for key, origin in driver_folders(settings).items()
+            if not Path(origin).is_dir() and not has_copy(cache, origin)}
+
+
+def pack(origin: str) -> bytes:
+    """The folder as an uncompressed tar of its contents (names relative to the folder)."""
+    with tempfile.TemporaryFile() as f:
+        with tarfile.open(fileobj=f, mode="w") as tar:
+            for child in sorted(Path(origin).iterdir()):
+                tar.add(child, arcname=child.name, recursive=True)
+        f.seek(0)
+        return f.read()
+
+
+def unpack(blob: bytes, cache: Path, origin: str, max_bytes: int) -> Path:
+    """This node's copy of ``origin`` from its packed bytes (safe extraction; once, under a lock)."""
+    target = copy_of(cache, origin)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if has_copy(cache, origin):
+            return target
+        with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".tar") as f:
+            f.write(blob)
+            f.flush()
+            with atomic_folder(target) as tmp:  # a half-unpacked copy is never taken for one
+                extract_archive(Path(f.name), tmp, f"the shipped copy of {origin}", max_bytes)
+                (tmp / DONE).write_text(origin)
+    return target
+
+
+def with_copies(settings: Settings, cache: Path) -> Settings:
+    """``settings`` with each driver folder this machine lacks replaced by its shipped copy here."""
+    folders = driver_folders(settings)
+    swap = {key: str(copy_of(cache, origin)) for key, origin in folders.items()
+            if not Path(origin).is_dir() and has_copy(cache, origin)}
+    if not swap:
+        return settings
+    storage, model = settings.storage, settings.model
+    if "storage.data_dir" in swap:
+        storage = replace(storage, data_dir=swap["storage.data_dir"])
+    if "storage.model_dir" in swap:
+        storage = replace(storage, model_dir=swap["storage.model_dir"])
+    if "model.path" in swap:
+        model = replace(model, path=swap["model.path"])
+    return replace(settings, storage=storage, model=model)

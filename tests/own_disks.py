@@ -1,0 +1,130 @@
+"""A real two-node Ray cluster whose worker node has its own disk: the head started with
+``ray start --head`` (no GPU), the worker with ``ray start --address … --num-gpus=1`` inside its own
+mount namespace (``unshare -m``), where a tmpfs lies over the driver's folder (out_dir, the sqlite
+store, the cache, the driver's data). A file a trial writes there never reaches the driver; only
+``shared`` (the cluster's storage path) is seen by both, as S3 or NFS would be on a real cluster.
+
+Starting it ends every Ray process on the machine (``ray stop --force``): never beside another
+Ray cluster test. Token authentication is off everywhere (``RAY_AUTH_MODE=disabled``, DESIGN §5).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+START_TIMEOUT_S = 120.0
+BIN = Path(sys.executable).parent  # the venv's ray, unshare-spawned shells see it first on PATH
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cluster_env() -> dict[str, str]:
+    return {**os.environ, "RAY_AUTH_MODE": "disabled", "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}
+
+
+def namespace_refused() -> str | None:
+    """Why this machine cannot give a process its own mount namespace with a tmpfs (None: it can)."""
+    if shutil.which("unshare") is None:
+        return "unshare (util-linux) is not installed"
+    done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", "mount -t tmpfs tmpfs /mnt"],
+                          capture_output=True, text=True)
+    return None if done.returncode == 0 else f"unshare -m refused: {done.stderr.strip()[:200]}"
+
+
+_PROBE = """
+import json, os, sys, ray
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+worker = next(n for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU", 0) > 0)
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as On
+def write(folder):
+    open(os.path.join(folder, "written-on-the-worker"), "w").write("x")
+    return sorted(os.listdir(folder))
+seen = ray.get(ray.remote(num_cpus=0)(write).options(scheduling_strategy=On(worker["NodeID"], soft=False)).remote(sys.argv[2]))
+print(json.dumps({"worker": worker["NodeID"], "seen_there": seen, "alive": sum(n["Alive"] for n in ray.nodes())}))
+"""
+
+
+@dataclass
+class OwnDiskCluster:
+    root: Path
+    driver: Path  # hidden from the worker node (its tmpfs lies over it)
+    shared: Path  # seen by both nodes
+    address: str = ""
+    worker_node: str = ""
+    worker: subprocess.Popen | None = None
+
+    def start(self) -> OwnDiskCluster:
+        env = cluster_env()
+        subprocess.run(["ray", "stop", "--force"], env=env, capture_output=True)
+        port = free_port()
+        self.address = f"127.0.0.1:{port}"
+        subprocess.run(["ray", "start", "--head", f"--port={port}", "--num-cpus=1", "--num-gpus=0",
+                        "--include-dashboard=false", "--disable-usage-stats"], env=env, check=True, capture_output=True)
+        hide = f"mount -t tmpfs tmpfs {self.driver}"
+        join = f"exec ray start --address={self.address} --num-cpus=2 --num-gpus=1 --disable-usage-stats --block"
+        log = (self.root / "worker-node.log").open("w")
+        self.worker = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", f"{hide} && {join}"],
+                                       env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.worker_node = self._probe()
+        return self
+
+    def _probe(self) -> str:
+        """Wait for the worker node, and prove its disk is its own: a file it writes in the driver's
+        folder is there for it and not here."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            done = subprocess.run([sys.executable, "-c", _PROBE, self.address, str(self.driver)], env=cluster_env(),
+                                  capture_output=True, text=True, timeout=120)
+            found = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 and done.stdout.strip() else None
+            if found is not None:
+                break
+            if time.monotonic() > deadline or self.worker.poll() is not None:
+                raise RuntimeError(f"worker node did not join: {done.stderr[-2000:]}\n"
+                                   f"{(self.root / 'worker-node.log').read_text()[-2000:]}")
+            time.sleep(2)
+        assert found["seen_there"] == ["written-on-the-worker"], found  # the worker sees its empty tmpfs
+        assert not (self.driver / "written-on-the-worker").exists()  # ... and the driver never sees its file
+        return found["worker"]
+
+    def stop(self) -> None:
+        subprocess.run(["ray", "stop", "--force"], env=cluster_env(), capture_output=True)
+        if self.worker is not None and self.worker.poll() is None:
+            os.killpg(self.worker.pid, signal.SIGKILL)
+            self.worker.wait()
+
+    def sweep(self, *overrides: str, name: str, timeout: float = 480) -> subprocess.CompletedProcess:
+        """``python -m sweep`` on the head's side, as a user runs it there: its outputs in the driver's folder."""
+        args = [sys.executable, "-m", "sweep", "experiment=demo", "cluster.address=auto", "resources.gpus_per_trial=1",
+                f"storage.cache_dir={self.driver / 'cache'}", f"out_dir={self.driver / name}", *overrides]
+        return subprocess.run(args, env=cluster_env(), cwd=self.driver, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def own_disk_cluster(tmp_path_factory: pytest.TempPathFactory):
+    """One cluster for a test module (starting it takes ~20 s)."""
+    refused = namespace_refused()
+    if refused:
+        pytest.skip(f"a node with its own disk needs a mount namespace: {refused}")
+    root = tmp_path_factory.mktemp("own-disks")
+    (root / "driver").mkdir()
+    (root / "shared").mkdir()
+    cluster = OwnDiskCluster(root, root / "driver", root / "shared")
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()

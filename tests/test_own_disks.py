@@ -1,0 +1,116 @@
+"""Sweeps on a cluster whose GPU worker node has its own disk (tests/own_disks.py): every trial's
+MLflow run reaches the driver's store, the best model is exported and registered, the driver's own
+data folder is shipped to the node that lacks it, and an MLflow server restarted mid-sweep loses
+nothing. A shortcut through a shared disk fails these tests: the worker never sees the driver's folder.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from mlflow_fixtures import ServerProcess
+from own_disks import own_disk_cluster  # noqa: F401 (fixture)
+from sweep.data.synthetic import write_synthetic_glue
+from sweep.results import load_records
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def trial_runs(uri: str, experiment: str) -> tuple[object, list]:
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id])
+    (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    return parent, [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+
+
+def assert_every_trial_logged(uri: str, experiment: str, records: list, evaluations: int, per_epoch: bool = True) -> list:
+    """Each trial's nested run: finished, its params, every evaluation's score at its step."""
+    client = MlflowClient(tracking_uri=uri)
+    parent, children = trial_runs(uri, experiment)
+    assert parent.info.status == "FINISHED"
+    assert sorted(int(r.data.params["seed"]) for r in children) == sorted(r.seed for r in records)
+    for run in children:
+        assert run.info.status == "FINISHED", run.info
+        assert run.data.tags["sweep.task"] == "WNLI" and run.data.tags["device"] == "cpu"
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "score")]
+        record = next(r for r in records if r.seed == int(run.data.params["seed"]))
+        # the step is the epoch with one evaluation per epoch, else the training step, up to the last
+        expected = list(range(1, evaluations + 1)) if per_epoch else sorted(set(steps))
+        assert steps == expected and len(steps) == evaluations, steps
+        assert per_epoch or steps[-1] == record.steps_total
+    assert {r.run_id for r in records} == {r.info.run_id for r in children}
+    return children
+
+
+def test_a_sweep_on_a_node_with_its_own_disk_logs_every_trial_and_ships_the_data(own_disk_cluster):
+    """sqlite in the driver's folder, the data only there (storage=local): the worker gets the data
+    through Ray, every trial runs there, its run and metric history reach the driver's store, and
+    the best model is exported and registered."""
+    cluster = own_disk_cluster
+    data = write_synthetic_glue(cluster.driver / "data", ["WNLI"])  # on the driver's side only
+    uri = f"sqlite:///{cluster.driver / 'mlflow.db'}"
+    done = cluster.sweep("sweep.seeds=[1,2]", "train.epochs=2", f"storage.data_dir={data}", f"tracking.uri={uri}",
+                         "tracking.experiment=own-disk", f"cluster.storage_path={cluster.shared / 'one'}",
+                         "cluster.shared_storage=true", name="one")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "storage.data_dir=" in done.stdout and "received from the driver" in done.stdout  # shipped, and said so
+    records = load_records(cluster.driver / "one" / "results.json")
+    assert len(records) == 2 and all(r.ok for r in records), records
+    assert {r.node for r in records} == {cluster.worker_node}  # every trial ran on the node with its own disk
+    children = assert_every_trial_logged(uri, "own-disk", records, evaluations=2)
+    champion = MlflowClient(tracking_uri=uri).get_model_version_by_alias("tiny-roberta-WNLI", "champion")
+    assert champion.run_id in {r.info.run_id for r in children}
+    assert (cluster.driver / "one" / "best" / "WNLI" / "config.json").is_file()
+    assert "now champion" in done.stdout and "Traceback" not in done.stderr
+
+
+def test_a_node_that_lacks_the_data_is_named_when_shipping_is_off(own_disk_cluster):
+    cluster = own_disk_cluster
+    data = write_synthetic_glue(cluster.driver / "data-unshipped", ["WNLI"])
+    done = cluster.sweep("tracking=none", f"storage.data_dir={data}", "storage.ship_to_nodes=false",
+                         f"cluster.storage_path={cluster.shared / 'two'}", "cluster.shared_storage=true", name="two")
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert f"storage.data_dir={data}: a folder on the driver's machine, but not on node {cluster.worker_node[:8]}" in errors[0]
+    assert "storage=s3" in errors[0]
+    assert not (cluster.driver / "two" / "results.json").exists()  # before any trial
+    assert not (cluster.shared / "two" / "history").exists()
+
+
+def test_an_mlflow_server_restarted_mid_sweep_loses_nothing(own_disk_cluster):
+    """The worker node never talks to MLflow; the driver keeps what the server did not take while it
+    was down and sends it when it is back: every run and every evaluation arrives, nothing is left."""
+    cluster = own_disk_cluster
+    server = ServerProcess(cluster.root / "mlflow-server").start()
+    try:
+        outage = threading.Thread(target=_outage, args=(server, cluster.shared / "three" / "history"), daemon=True)
+        outage.start()
+        done = cluster.sweep("sweep.seeds=[1,2]", "train.epochs=3", "train.evals_per_epoch=2", f"tracking.uri={server.url}",
+                             "tracking.experiment=own-disk-server", f"cluster.storage_path={cluster.shared / 'three'}",
+                             "cluster.shared_storage=true", name="three")
+        outage.join(timeout=300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert "did not answer" in done.stdout + done.stderr  # the outage fell inside the sweep
+        assert not (cluster.driver / "three" / "mlflow-unsent.jsonl").exists()  # nothing left unsent
+        records = load_records(cluster.driver / "three" / "results.json")
+        assert {r.node for r in records} == {cluster.worker_node}
+        assert_every_trial_logged(server.url, "own-disk-server", records, evaluations=6, per_epoch=False)
+    finally:
+        server.kill()
+
+
+def _outage(server: ServerProcess, history: Path, within_s: float = 240) -> None:
+    """Kill the server once a trial has reported its first evaluation; start it again 8 s later."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline and not any(history.glob("*.json")):
+        time.sleep(0.2)
+    server.kill()
+    time.sleep(8)
+    server.start()
