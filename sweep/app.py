@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -101,8 +100,10 @@ def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkp
         exported = export_best(record, out_dir / "best" / task, settings.model.name)
         print(f"best {task}: seed {record.seed}, {metric[task]} {record.score:.4f} -> {exported}")
     if settings.sweep.keep_checkpoints == "best" and checkpoint_folders:
+        from sweep.remote_files import remove_folder
+
         for folder in checkpoint_folders:
-            shutil.rmtree(folder, ignore_errors=True)
+            remove_folder(folder)
         for r in records:
             r.checkpoint = None
     summaries = summarize(records, settings.tasks)

@@ -13,12 +13,14 @@ import math
 import re
 import shutil
 import statistics
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sweep.disk import folder_size, writing
 from sweep.files import atomic_folder, write_json, write_text
+from sweep.remote_files import fetch_folder, is_remote
 from sweep.tasks import TaskSpec
 
 MADE_BY = "sweep_made_by.json"  # written beside an exported model: how it was made
@@ -163,9 +165,22 @@ def load_records(path: Path) -> list[TrialRecord]:
 
 def export_best(record: TrialRecord, target: Path, model_name: str) -> Path:
     """Copy the best checkpoint to ``target`` (a save_pretrained folder) with how it was made."""
-    if not record.checkpoint or not Path(record.checkpoint).is_dir():
+    if not record.checkpoint or not (is_remote(record.checkpoint) or Path(record.checkpoint).is_dir()):
         raise FileNotFoundError(f"best trial of {record.task} (seed {record.seed}) has no checkpoint folder")
     target = Path(target)
+    if is_remote(record.checkpoint):  # cluster.storage_path=s3://…: the checkpoint comes here first
+        with tempfile.TemporaryDirectory(prefix=".fetch-", dir=_made(target.parent)) as tmp:
+            fetched = fetch_folder(record.checkpoint, Path(tmp) / "checkpoint")
+            return _export_folder(record, fetched, target, model_name)
+    return _export_folder(record, Path(record.checkpoint), target, model_name)
+
+
+def _made(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _export_folder(record: TrialRecord, checkpoint: Path, target: Path, model_name: str) -> Path:
     made_by = {
         "task": record.task,
         "seed": record.seed,
@@ -176,10 +191,10 @@ def export_best(record: TrialRecord, target: Path, model_name: str) -> Path:
         "best_epoch": record.best_epoch,
         "trial_id": record.trial_id,
     }
-    needed = folder_size(Path(record.checkpoint))
+    needed = folder_size(checkpoint)
     with writing(f"the best model of {record.task}", target.parent, needed, key="out_dir"), \
             atomic_folder(target) as tmp:  # a full disk leaves the previous export (or none), never half of one
-        shutil.copytree(record.checkpoint, tmp, dirs_exist_ok=True)
+        shutil.copytree(checkpoint, tmp, dirs_exist_ok=True)
         (tmp / MADE_BY).write_text(json.dumps(made_by, indent=2, default=str))  # inside the atomic folder
     return target
 

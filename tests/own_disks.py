@@ -33,8 +33,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def cluster_env() -> dict[str, str]:
-    return {**os.environ, "RAY_AUTH_MODE": "disabled", "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}
+def cluster_env(s3_endpoint: str | None = None) -> dict[str, str]:
+    """Every process of the cluster and the driver: token auth off, and (with a moto endpoint) the
+    S3 settings a real cluster's pods get from their secret (tests/s3_fixtures.py's fake keys)."""
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}
+    if s3_endpoint:
+        from s3_fixtures import ACCESS_KEY, SECRET_KEY
+
+        env.update(AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY, AWS_ENDPOINT_URL=s3_endpoint,
+                   AWS_DEFAULT_REGION="us-east-1")
+        env.pop("AWS_PROFILE", None)
+    return env
 
 
 def namespace_refused() -> str | None:
@@ -64,12 +73,17 @@ class OwnDiskCluster:
     root: Path
     driver: Path  # hidden from the worker node (its tmpfs lies over it)
     shared: Path  # seen by both nodes
+    s3_endpoint: str | None = None  # a moto_server both nodes reach (cluster.storage_path=s3://…)
     address: str = ""
     worker_node: str = ""
     worker: subprocess.Popen | None = None
 
+    @property
+    def env(self) -> dict[str, str]:
+        return cluster_env(self.s3_endpoint)
+
     def start(self) -> OwnDiskCluster:
-        env = cluster_env()
+        env = self.env
         subprocess.run(["ray", "stop", "--force"], env=env, capture_output=True)
         port = free_port()
         self.address = f"127.0.0.1:{port}"
@@ -88,7 +102,7 @@ class OwnDiskCluster:
         folder is there for it and not here."""
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
-            done = subprocess.run([sys.executable, "-c", _PROBE, self.address, str(self.driver)], env=cluster_env(),
+            done = subprocess.run([sys.executable, "-c", _PROBE, self.address, str(self.driver)], env=self.env,
                                   capture_output=True, text=True, timeout=120)
             found = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 and done.stdout.strip() else None
             if found is not None:
@@ -102,7 +116,7 @@ class OwnDiskCluster:
         return found["worker"]
 
     def stop(self) -> None:
-        subprocess.run(["ray", "stop", "--force"], env=cluster_env(), capture_output=True)
+        subprocess.run(["ray", "stop", "--force"], env=self.env, capture_output=True)
         if self.worker is not None and self.worker.poll() is None:
             os.killpg(self.worker.pid, signal.SIGKILL)
             self.worker.wait()
@@ -111,7 +125,7 @@ class OwnDiskCluster:
         """``python -m sweep`` on the head's side, as a user runs it there: its outputs in the driver's folder."""
         args = [sys.executable, "-m", "sweep", "experiment=demo", "cluster.address=auto", "resources.gpus_per_trial=1",
                 f"storage.cache_dir={self.driver / 'cache'}", f"out_dir={self.driver / name}", *overrides]
-        return subprocess.run(args, env=cluster_env(), cwd=self.driver, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(args, env=self.env, cwd=self.driver, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -120,11 +134,16 @@ def own_disk_cluster(tmp_path_factory: pytest.TempPathFactory):
     refused = namespace_refused()
     if refused:
         pytest.skip(f"a node with its own disk needs a mount namespace: {refused}")
+    from s3_fixtures import start_moto
+
     root = tmp_path_factory.mktemp("own-disks")
     (root / "driver").mkdir()
     (root / "shared").mkdir()
-    cluster = OwnDiskCluster(root, root / "driver", root / "shared")
+    moto, server = start_moto(root / "moto.log")
+    cluster = OwnDiskCluster(root, root / "driver", root / "shared", s3_endpoint=server.endpoint)
     try:
         yield cluster.start()
     finally:
         cluster.stop()
+        moto.terminate()
+        moto.wait(timeout=10)

@@ -134,11 +134,19 @@ def test_nodes_that_never_come_end_in_one_clear_error(tmp_path):
     from sweep.run import autoscale
 
     with autoscaling_cluster(head=HEAD, worker_types={GPU_TYPE: never_starting_gpu_worker_type(max_workers=2)}) as address:
+        # The head is alone, but the cluster can grow: each launched node has its own disk, so a sweep
+        # without a storage path every node reaches is refused before any trial (this cluster, shared).
+        cfg = sweep_cfg(address, tmp_path)
+        cfg.cluster.storage_path = None
+        with pytest.raises(ResourceError) as no_storage:
+            run(cfg, tmp_path / "out")
         t0 = time.monotonic()
         with pytest.raises(autoscale.ScaleTimeoutError) as error:
             run(sweep_cfg(address, tmp_path, "cluster.scale_timeout_s=10"), tmp_path / "out")
         waited = time.monotonic() - t0
         withdrawn = request_gone(autoscale)
+    assert str(no_storage.value).startswith("cluster.storage_path: this Ray cluster can launch nodes of type gpu_worker")
+    assert "s3://bucket/prefix" in str(no_storage.value) and "\n" not in str(no_storage.value)
     assert str(error.value).startswith("no node of type gpu_worker arrived within 10 s; pending: 2 x {GPU: 1, CPU: 1}")
     assert waited < 120  # the error comes soon after the timeout, not after Train's own retries
     assert withdrawn  # withdrawn on the way out of the failed sweep

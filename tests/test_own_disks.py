@@ -6,6 +6,7 @@ nothing. A shortcut through a shared disk fails these tests: the worker never se
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -104,6 +105,33 @@ def test_an_mlflow_server_restarted_mid_sweep_loses_nothing(own_disk_cluster):
         assert_every_trial_logged(server.url, "own-disk-server", records, evaluations=6, per_epoch=False)
     finally:
         server.kill()
+
+
+def test_checkpoints_and_histories_go_through_s3_storage(own_disk_cluster):
+    """cluster.storage_path=s3://… (the KubeRay manifests' setting): the trials on the worker write
+    their checkpoints and histories to S3 only, and the driver reads them back from there: the
+    records, and the best model fetched and exported."""
+    import boto3
+
+    cluster = own_disk_cluster
+    s3 = boto3.client("s3", endpoint_url=cluster.s3_endpoint, aws_access_key_id=cluster.env["AWS_ACCESS_KEY_ID"],
+                      aws_secret_access_key=cluster.env["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1")
+    s3.create_bucket(Bucket="sweep-results")
+    done = cluster.sweep("sweep.seeds=[1,2]", "train.epochs=2", "tracking=none", "cluster.storage_path=s3://sweep-results/ray",
+                         name="four")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="sweep-results", Prefix="ray/").get("Contents", [])]
+    histories = [k for k in keys if k.startswith("ray/history/")]
+    assert len(histories) == 2, keys
+    assert not any("/checkpoint_" in k for k in keys), keys  # pruned there once the best was exported (keep_checkpoints=best)
+    records = load_records(cluster.driver / "four" / "results.json")
+    assert len(records) == 2 and all(r.ok and r.steps_done == r.steps_total > 0 for r in records), records
+    assert {r.node for r in records} == {cluster.worker_node}
+    best = max(records, key=lambda r: (r.score, -r.seed))
+    made_by = json.loads((cluster.driver / "four" / "best" / "WNLI" / "sweep_made_by.json").read_text())
+    assert made_by["seed"] == best.seed and made_by["score"] == best.score
+    assert (cluster.driver / "four" / "best" / "WNLI" / "config.json").is_file()
+    assert not (cluster.driver / "four" / "ray").exists()  # nothing of the trials' on the driver's disk
 
 
 def _outage(server: ServerProcess, history: Path, within_s: float = 240) -> None:

@@ -155,6 +155,7 @@ def test_halving_does_not_wait_for_a_trial_that_failed_before_the_rung():
 def test_a_resumed_sweeps_board_learns_the_rungs_again_from_the_histories(tmp_path):
     """resume=true starts a new board: the rung rows and the failures before a rung in the trials'
     histories give it the same decision as the board of the killed driver."""
+    from sweep.history import TrialHistories
     from sweep.run.schedulers import RUNG, recorded_rungs
 
     def row(trial, seed, step, score, rung=False):
@@ -169,7 +170,7 @@ def test_a_resumed_sweeps_board_learns_the_rungs_again_from_the_histories(tmp_pa
     }
     for trial, rows in histories.items():
         (tmp_path / f"{trial}.json").write_text(json.dumps(rows))
-    points, gone = recorded_rungs(tmp_path)
+    points, gone = recorded_rungs(TrialHistories(str(tmp_path)))
     assert [(p.trial_id, p.step, p.score) for p in points] == [("t1", 10, 0.8), ("t2", 10, 0.5)]
     assert gone == [("RTE", "t3")]
     board = SeedHalving({"RTE": 4}, keep=1, at=0.25)

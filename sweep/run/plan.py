@@ -11,6 +11,8 @@ from pathlib import Path
 
 from sweep.config import Settings
 from sweep.errors import ResourceError
+from sweep.history import FOLDER as HISTORY_FOLDER, TrialHistories
+from sweep.remote_files import is_remote
 from sweep.run.autoscale import AutoscalerView, ScalePlan, TrialNeeds, format_bundle, plan_scale, trials_fit_on
 
 EXPERIMENT = "tune"  # Tune's experiment folder under the storage path
@@ -167,9 +169,9 @@ class SweepStorage:
         return self.under(EXPERIMENT)  # Tune's experiment (what resume=true restores)
 
     @property
-    def history_dir(self) -> Path | None:
-        """The trials' own epoch records, read back by the driver: only on a disk it can read."""
-        return None if self.remote else Path(self.root) / "history"
+    def histories(self) -> TrialHistories:
+        """The trials' own evaluation records, read back by the driver (a folder or s3://…, like the rest)."""
+        return TrialHistories(self.under(HISTORY_FOLDER))
 
     @property
     def local_train_dir(self) -> Path | None:

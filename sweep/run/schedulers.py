@@ -15,9 +15,7 @@ that evaluation, and resumes the kept trials once the task is decided.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -162,13 +160,12 @@ def board_name(experiment: str) -> str:
     return "sweep-rungs-" + hashlib.sha1(experiment.encode()).hexdigest()[:12]
 
 
-def recorded_rungs(history_dir: Path) -> tuple[list[EvalPoint], list[tuple[str, str]]]:
+def recorded_rungs(histories) -> tuple[list[EvalPoint], list[tuple[str, str]]]:
     """What a resumed sweep's new board must learn again from the trials' histories: every rung
     evaluation, and the (task, trial) pairs that failed on their own before reaching a rung (a
     seed-halving decision must not wait for them)."""
     points, gone = [], []
-    for path in sorted(Path(history_dir).glob("*.json")):
-        rows = json.loads(path.read_text())
+    for trial_id, rows in histories.all().items():  # history.TrialHistories: a folder or s3://…
         first = next((r for r in rows if "task" in r), None)
         if first is None:
             continue
@@ -176,5 +173,5 @@ def recorded_rungs(history_dir: Path) -> tuple[list[EvalPoint], list[tuple[str, 
         rungs = [p for p in (EvalPoint.from_report(task, seed, r) for r in rows if r.get(RUNG)) if p is not None]
         points += rungs
         if not rungs and rows[-1].get("trial_error"):  # trial.TRIAL_ERROR (trial.py imports Ray)
-            gone.append((task, path.stem))
+            gone.append((task, trial_id))
     return points, gone

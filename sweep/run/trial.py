@@ -47,7 +47,7 @@ from ray.tune.integration.ray_train import TuneReportCallback
 from sweep.config import Settings, TrainConfig
 from sweep.disk import folder_size, writing
 from sweep.errors import DiskFullError
-from sweep.files import write_json
+from sweep.history import TrialHistories
 from sweep.run.failures import error_line, trial_error
 from sweep.run.gate import WORKERS_READY
 from sweep.run.schedulers import ASHA_NAMESPACE, RUNG, EarlyStop, EvalPoint
@@ -89,7 +89,7 @@ class Placement:
     gpus_per_worker: float
     cpus_per_worker: float
     storage_path: str  # Train's storage for this sweep's trials (a folder or s3://…)
-    history_dir: str | None  # the trials' own epoch records (None on remote storage)
+    histories: TrialHistories  # the trials' own evaluation records, in the sweep's storage
 
     @property
     def in_trial_process(self) -> bool:
@@ -108,7 +108,7 @@ class TrialContext:
     trial_id: str  # Tune's id of this trial: names its Train run, history file and MLflow run
     launch_id: str  # the driver invocation that ran it (a resumed sweep has a new one)
     driver_started: float
-    history_dir: str | None
+    histories: TrialHistories
     rungs_board: str | None = None
     in_trial_process: bool = False  # Train's local mode: report to Tune directly
     staging: Any = None  # (the driver's staging-lines relay, the driver's shipped folders): stage_nodes
@@ -122,9 +122,11 @@ class TrialContext:
         """The trial's recipe: the sweep's ``train`` with this trial's grid/search values on top."""
         return replace(self.settings.train, **self.hparams)
 
-    @property
-    def history_file(self) -> Path | None:
-        return Path(self.history_dir) / f"{self.trial_id}.json" if self.history_dir else None
+    def read_history(self) -> list[dict[str, Any]]:
+        return self.histories.read(self.trial_id)
+
+    def write_history(self, rows: list[dict[str, Any]]) -> None:
+        self.histories.write(self.trial_id, rows)
 
 
 class EpochReporter:
@@ -141,8 +143,7 @@ class EpochReporter:
         self.node = ray.get_runtime_context().get_node_id()
         self.node_ip = ray.util.get_node_ip_address()
         self.device = _device_name()
-        history_file = ctx.history_file if rank == 0 else None
-        history = _read_history(history_file) if self.resumed and history_file else []
+        history = ctx.read_history() if self.resumed and rank == 0 else []
         self.history = [row for row in history if row.get("step", 0) <= resumed_at]
         self.board = ray.get_actor(ctx.rungs_board, namespace=ASHA_NAMESPACE) if ctx.rungs_board else None
         halving = ctx.settings.sweep.halving if ctx.settings.sweep.scheduler == "seed_halving" else None
@@ -222,10 +223,9 @@ class EpochReporter:
     def record(self, metrics: dict[str, Any]) -> None:
         """The trial's own durable record of its epochs: Tune's progress.csv of a driver that was
         killed may miss the last rows, and resume reads this instead."""
-        history_file = self.ctx.history_file
-        if self.rank == 0 and history_file is not None:
+        if self.rank == 0:
             self.history.append({k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool))})
-            write_json(history_file, self.history)
+            self.ctx.write_history(self.history)
 
     def ask_rungs(self, epoch) -> None:
         """Raise EarlyStop when the rungs stop the trial: every rank gets the same answer."""
@@ -260,10 +260,9 @@ class EpochReporter:
         """The history says the trial is over (all epochs, or stopped by the rungs, with why): a
         resumed sweep whose Tune state missed the end (Tune saves it every 10 s at most) does not
         run it again."""
-        history_file = self.ctx.history_file
-        if self.rank == 0 and history_file is not None and self.history:
+        if self.rank == 0 and self.history:
             self.history[-1].update({TRIAL_DONE: True, **self.stopped})
-            write_json(history_file, self.history)
+            self.ctx.write_history(self.history)
 
 
 def _checkpoint_storage(ctx: TrialContext) -> Path:
@@ -277,10 +276,6 @@ def _checkpoint_storage(ctx: TrialContext) -> Path:
 
 def _checkpoints_in(storage: Path) -> set[Path]:
     return set(storage.glob("checkpoint_*")) if storage.is_dir() else set()
-
-
-def _read_history(path: Path) -> list[dict[str, Any]]:
-    return json.loads(path.read_text()) if path.exists() else []
 
 
 def train_fn_per_worker(config: dict[str, Any]) -> None:
@@ -353,8 +348,7 @@ def _free_for_the_next_trial() -> None:
 
 def _finished_before(ctx: TrialContext) -> dict[str, Any] | None:
     """The last epoch's record of a trial that already ended (in an earlier launch), else None."""
-    history_file = ctx.history_file
-    rows = _read_history(history_file) if history_file is not None else []
+    rows = ctx.read_history()
     return rows[-1] if rows and rows[-1].get(TRIAL_DONE) else None
 
 
@@ -403,7 +397,7 @@ def train_driver_fn(config: dict[str, Any], settings: Settings, placements: dict
     placement = placements[task]
     ctx = TrialContext(
         settings=settings, task=task, seed=seed, hparams=hparams,
-        trial_id=trial_id, launch_id=launch_id, driver_started=time.time(), history_dir=placement.history_dir,
+        trial_id=trial_id, launch_id=launch_id, driver_started=time.time(), histories=placement.histories,
         rungs_board=rungs_board, staging=staging, in_trial_process=placement.in_trial_process,
     )
     done = _finished_before(ctx)
@@ -425,9 +419,7 @@ def _end_failed(ctx: TrialContext, error: BaseException) -> None:
     trainable returns instead of raising, so neither Tune nor Train runs it again (nor a resume)."""
     row = {"trial_id": ctx.trial_id, "task": ctx.task, "seed": ctx.seed, "launch_id": ctx.launch_id, TRIAL_ERROR: error_line(error),
            TRIAL_DONE: True, "reported_at": time.time()}
-    history_file = ctx.history_file
-    if history_file is not None:
-        write_json(history_file, [*_read_history(history_file), row])
+    ctx.write_history([*ctx.read_history(), row])
     tune.report(row)
 
 

@@ -46,7 +46,7 @@ def point_of(trial: TrialWork, points: list[dict[str, Any]]) -> dict[str, Any]:
     return {"task": trial.task, "seed": trial.seed, "grid": points[trial.point]}
 
 
-def records_from_results(grid, settings: Settings, plans: dict[str, TrialPlan], history_dir: Path | None = None,
+def records_from_results(grid, settings: Settings, plans: dict[str, TrialPlan], histories=None,
                          train_dir: Path | None = None, run_id_of=None) -> list[TrialRecord]:
     """One TrialRecord per Tune trial (``plans``: each task's), with the best epoch's metrics and checkpoint.
 
@@ -54,9 +54,9 @@ def records_from_results(grid, settings: Settings, plans: dict[str, TrialPlan], 
     from sweep.run.trial import CHECKPOINT_RANK, trial_of
 
     records = []
-    histories = [(result, _history(result, history_dir)) for result in grid]
-    first_in_process = _first_trial_per_process([df for _, df in histories])
-    for result, df in histories:
+    tables = [(result, _history(result, histories)) for result in grid]
+    first_in_process = _first_trial_per_process([df for _, df in tables])
+    for result, df in tables:
         task, seed, hparams = trial_of(result.config) if result.config and "trial" in result.config else ("?", -1, {})
         plan = plans.get(task)
         trial_id = _trial_id(result)
@@ -81,7 +81,8 @@ def records_from_results(grid, settings: Settings, plans: dict[str, TrialPlan], 
             record.pid = int(first["pid"]) if "pid" in first and first["pid"] == first["pid"] else None
             record.node = str(best.get("node", ""))
             record.run_id = run_id_of(trial_id, task, seed) if run_id_of is not None and trial_id else ""
-            record.checkpoint = _best_checkpoint(best, _checkpoint_dirs(result, train_dir, trial_id))
+            record.checkpoint = (_best_checkpoint(best, _checkpoint_dirs(result, train_dir, trial_id)) if train_dir is not None
+                                 else _remote_best_checkpoint(result, best))
         own_error = _own_error(result, df)
         if own_error is not None:  # failed on its own data/config/model: ended at once, not retried
             record.status, record.error = "ERROR", own_error
@@ -156,16 +157,31 @@ def _checkpoint_dirs(result, train_dir: Path | None, trial_id: str | None) -> li
     return [Path(local)] + ([train_dir / f"trial-{trial_id}"] if trial_id else [])
 
 
-def checkpoint_folders(grid, train_dir: Path | None) -> list[Path]:
-    """Every local folder holding the sweep's checkpoints (pruned once the best models are exported):
-    Train's runs (DDP trials) and the ``checkpoint_*`` folders in Tune's trial folders."""
+def checkpoint_folders(grid, train_dir: Path | None, remote_train: str | None = None) -> list[Path | str]:
+    """Every folder holding the sweep's checkpoints (pruned once the best models are exported):
+    Train's runs (DDP trials) and the ``checkpoint_*`` folders in Tune's trial folders; on remote
+    storage (``train_dir`` None) their URIs."""
     if train_dir is None:
-        return []
+        return _remote_checkpoint_folders(grid, remote_train)
     folders = [train_dir] if train_dir.exists() else []
     for result in grid:
         local = _local_path(result.path)
         if local:
             folders += sorted(Path(local).glob("checkpoint_*"))
+    return folders
+
+
+def _remote_checkpoint_folders(grid, remote_train: str | None) -> list[str]:
+    import pyarrow.fs
+
+    folders = [remote_train] if remote_train else []
+    for result in grid:
+        fs = result.filesystem
+        if fs is None or not result.path:
+            continue
+        found = fs.get_file_info(pyarrow.fs.FileSelector(result.path, allow_not_found=True))
+        folders += sorted(f"{fs.type_name}://{i.path}" for i in found
+                          if i.type == pyarrow.fs.FileType.Directory and i.base_name.startswith("checkpoint_"))
     return folders
 
 
@@ -187,17 +203,27 @@ def _best_checkpoint(best_row, run_dirs: list[Path]) -> str | None:
     return None
 
 
-def _history(result, history_dir: Path | None):
+def _remote_best_checkpoint(result, best_row) -> str | None:
+    """The URI of the best evaluation's checkpoint on remote storage (s3://…): Tune keeps it among
+    the trial's best checkpoints, each with the report it came with."""
+    step = best_row.get("step")
+    for checkpoint, metrics in result.best_checkpoints or []:
+        if step is not None and step == step and metrics.get("step") == int(step):
+            scheme = checkpoint.filesystem.type_name if checkpoint.filesystem is not None else "local"
+            return checkpoint.path if scheme == "local" else f"{scheme}://{checkpoint.path}"
+    return None
+
+
+def _history(result, histories):
     """Every epoch a trial reported. The trial's own history file comes first: a driver killed
     mid-sweep loses Tune's last unflushed rows, and after ``Tuner.restore`` a finished trial's
     history is not in memory."""
     import pandas as pd
 
     trial_id = _trial_id(result)
-    if history_dir is not None and trial_id:
-        own = history_dir / f"{trial_id}.json"
-        if own.is_file():
-            return pd.DataFrame(json.loads(own.read_text()))
+    rows = histories.read(trial_id) if histories is not None and trial_id else []
+    if rows:
+        return pd.DataFrame(rows)
     df = result.metrics_dataframe
     if df is not None:  # only epochs: a DDP trial's first report only says its workers are up
         df = df[df["epoch"].notna()] if "epoch" in df else df.iloc[0:0]
@@ -291,7 +317,7 @@ def retries_and_checkpoints(settings: Settings, placements: dict[str, Any]) -> d
     }
 
 
-def start_rungs_board(settings: Settings, experiment: str, total: int, history_dir: Path | None):
+def start_rungs_board(settings: Settings, experiment: str, total: int, histories):
     """The named actor that holds the rungs of sweep.scheduler (asha, seed_halving); trials ask it
     after each evaluation. A resumed sweep's board learns again what the trials' histories say.
 
@@ -310,18 +336,18 @@ def start_rungs_board(settings: Settings, experiment: str, total: int, history_d
     except ValueError:
         pass
     handle = ray.remote(num_cpus=0)(board_class).options(name=name, namespace=ASHA_NAMESPACE).remote(**kwargs)
-    if settings.resume and history_dir is not None:
-        replay_rungs(handle, history_dir)
+    if settings.resume:
+        replay_rungs(handle, histories)
     return name, handle
 
 
-def replay_rungs(board, history_dir: Path) -> None:
+def replay_rungs(board, histories) -> None:
     """Tell a new board the rung evaluations (and failures before a rung) the trials recorded."""
     import ray
 
     from sweep.run.schedulers import recorded_rungs
 
-    points, gone = recorded_rungs(history_dir)
+    points, gone = recorded_rungs(histories)
     for point in points:
         ray.get(board.at_eval.remote(point))
     for task, trial_id in gone:
@@ -382,9 +408,9 @@ def _run_tune(settings: Settings, out_dir: Path, tracking, stop) -> tuple[list[T
     plan = plans[chosen.order[0].task]  # the first trials' size drives the wait for launched nodes
     launch_id = uuid.uuid4().hex[:8]
     _refuse_halving_with_ddp(settings, plans)
-    rungs_board, _board_handle = start_rungs_board(settings, storage.experiment, total, storage.history_dir)  # the handle keeps it alive
+    rungs_board, _board_handle = start_rungs_board(settings, storage.experiment, total, storage.histories)  # the handle keeps it alive
     placements = {task: Placement(p.workers, p.gpus_per_worker, p.cpus_per_worker, storage.train,
-                                  str(storage.history_dir) if storage.history_dir else None)
+                                  storage.histories)
                   for task, p in plans.items()}
     trainable = tune.with_parameters(
         train_driver_fn, settings=settings, placements=placements, launch_id=launch_id, rungs_board=rungs_board,
@@ -448,9 +474,9 @@ def _run_tune(settings: Settings, out_dir: Path, tracking, stop) -> tuple[list[T
     stop.check()  # SIGTERM/SIGINT: Tune stopped the trials and saved its state; end here
     progress.close()
     train_dir = storage.local_train_dir
-    records = records_from_results(grid, settings, plans, storage.history_dir, train_dir,
+    records = records_from_results(grid, settings, plans, storage.histories, train_dir,
                                    trial_runs.run_id_of if trial_runs is not None else None)
-    return records, checkpoint_folders(grid, train_dir)
+    return records, checkpoint_folders(grid, train_dir, storage.train if storage.remote else None)
 
 
 def _tune_scheduler(settings: Settings, rungs_board: str | None) -> dict[str, Any]:
