@@ -2,8 +2,10 @@
 faults injected on a schedule, and whether both end with the same results.
 
 The sweep (2 GLUE tasks x 6 seeds, a tiny model, staged from S3, logged to an ``mlflow server``) is
-run by ``python -m sweep`` joined to a ``ray.cluster_utils.Cluster`` of 3 one-CPU nodes, each with
-its own cache folder (as separate machines). The faults, each triggered by the sweep's progress
+run by ``python -m sweep`` joined to a 3-node Ray cluster of one-CPU nodes whose two worker nodes
+each have their OWN DISK, as pods do (``ray start`` inside ``unshare -m`` with a tmpfs over the
+driver's folder: out_dir and the caches; tests/own_disks.py): only the storage path and the MLflow
+server are shared, so any shortcut through the driver's disk would show. The faults, each triggered by the sweep's progress
 (epochs on record in the trials' histories) so both runs see them at the same point:
 
 1. a trial's process is SIGKILLed (the Train worker: one-worker trials run Train's loop in it);
@@ -15,7 +17,7 @@ Reports: rows, per-trial scores (the loop is deterministic on CPU: they must be 
 seed per task, the wall time of each run and the cost of the faults, the trials restarted and the
 epochs trained twice. Exit status 1 if the two runs disagree.
 
-    python scripts/chaos.py                      # ~3 minutes on 2 cores (each run starts its own cluster)
+    python scripts/chaos.py                      # ~6 minutes on 2 cores (each run starts its own cluster)
     python scripts/chaos.py --epochs 3 --out chaos.json
 """
 
@@ -34,9 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the same service stand-ins the tests start
 
-from ray.cluster_utils import Cluster  # noqa: E402
-
 from mlflow_fixtures import ServerProcess  # noqa: E402
+from own_disks import OwnDiskCluster, mount_namespace, namespace_refused  # noqa: E402
 from s3_fixtures import ACCESS_KEY, SECRET_KEY, FaultyProxy, start_moto, upload  # noqa: E402
 from sweep.data.synthetic import write_synthetic_glue  # noqa: E402
 from sweep.models import resolve_model_dir  # noqa: E402
@@ -64,18 +65,21 @@ class Faults:
     """Injects the three faults when the sweep has this many epochs on record. Runs in the main
     thread (Ray starts a node only from there) while the sweep's driver runs as its own process."""
 
-    def __init__(self, cluster: Cluster, storage: Path, proxy: FaultyProxy, mlflow: ServerProcess, epochs: int,
+    def __init__(self, cluster: OwnDiskCluster, storage: Path, proxy: FaultyProxy, mlflow: ServerProcess, epochs: int,
                  cache_root: Path, at: tuple[int, int, int]):
         self.cluster, self.storage, self.proxy, self.mlflow = cluster, storage, proxy, mlflow
         self.epochs, self.cache_root, self.at = epochs, cache_root, at
         self.log: list[str] = []
         self.driver: subprocess.Popen | None = None
 
-    def running_trial(self, rows_by_trial, on_nodes=None):
-        """A trial with epochs left, its last row (the process and node running it now)."""
+    def running_trial(self, rows_by_trial, on_workers: bool = False):
+        """A trial with epochs left, its last row (the process and node running it now); with
+        ``on_workers`` only one whose process runs on a worker node (another mount namespace)."""
+        here = mount_namespace(os.getpid())
         for trial, rows in sorted(rows_by_trial.items(), key=lambda kv: -kv[1][-1]["reported_at"]):
             last = rows[-1]
-            if last["epoch"] <= self.epochs - 2 and (on_nodes is None or last["node"] in on_nodes):
+            on_worker = mount_namespace(int(last["pid"])) not in (None, here)
+            if last["epoch"] <= self.epochs - 2 and (not on_workers or on_worker):
                 return trial, last
         return None, None
 
@@ -91,11 +95,11 @@ class Faults:
         self.log.append(f"{time.strftime('%H:%M:%S')} {text}")
         print(f"chaos: {text}", flush=True)
 
-    def when_running(self, epochs_on_record: int, deadline: float, on_nodes=None):
+    def when_running(self, epochs_on_record: int, deadline: float, on_workers: bool = False):
         """Once the sweep has this many epochs on record: the first trial seen with epochs left (on
-        one of ``on_nodes``), as (trial, its last row); (None, None) if the sweep ends first."""
+        a worker node), as (trial, its last row); (None, None) if the sweep ends first."""
         while self.wait_for(epochs_on_record, deadline) is not None:
-            trial, last = self.running_trial(histories(self.storage), on_nodes)
+            trial, last = self.running_trial(histories(self.storage), on_workers)
             if last is not None:
                 return trial, last
             time.sleep(0.05)
@@ -108,15 +112,13 @@ class Faults:
         if last is not None:
             os.kill(int(last["pid"]), signal.SIGKILL)
             self.note(f"killed trial {trial}'s process (pid {last['pid']}) after its epoch {last['epoch']}")
-        workers = {n.node_id: n for n in self.cluster.worker_nodes}
-        trial, last = self.when_running(self.at[1], deadline, on_nodes=workers)
+        trial, last = self.when_running(self.at[1], deadline, on_workers=True)
         if last is not None:
             self.proxy.fail_left = 3  # within boto3's 5 attempts: an outage it rides out
-            self.cluster.remove_node(workers[last["node"]], allow_graceful=False)
-            replacement = self.cluster.add_node(num_cpus=1, env_vars={
-                "SWEEP_NODE_CACHE_DIR": str(self.cache_root / f"node{len(workers) + 1}")})
+            self.cluster.kill_node_of(int(last["pid"]))  # raylet and every process on that node's disk
+            replacement = self.cluster.add_worker(cpus=1)
             self.note(f"node {last['node'][:8]} died with trial {trial} after its epoch {last['epoch']}; S3 answers "
-                      f"503 to the next 3 GETs; node {replacement.node_id[:8]} joined")
+                      f"503 to the next 3 GETs; node {replacement[:8]} joined")
         if self.wait_for(self.at[2], deadline) is not None:
             self.mlflow.kill()
             self.note("MLflow server killed")
@@ -128,24 +130,23 @@ class Faults:
 def run_sweep(name: str, work: Path, proxy: FaultyProxy, args, faults: bool) -> dict:
     base = work / name
     mlflow = ServerProcess(base / "mlflow").start()
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "env_vars": {"SWEEP_NODE_CACHE_DIR": str(base / "node0")}, "_system_config": FAST_HEALTH_CHECKS})
-    for i in (1, 2):
-        cluster.add_node(num_cpus=1, env_vars={"SWEEP_NODE_CACHE_DIR": str(base / f"node{i}")})
-    cluster.wait_for_nodes()
-    storage, out = base / "storage", base / "out"
+    driver, storage = base / "driver", base / "storage"  # the driver's folder (hidden from the workers), shared storage
+    driver.mkdir(parents=True)
+    cluster = OwnDiskCluster(base, driver, storage).start(head_cpus=1, workers=((1, 0), (1, 0)),
+                                                          system_config=FAST_HEALTH_CHECKS)
+    out = driver / "out"
     per_trial = 2 * args.epochs
     injector = Faults(cluster, storage, proxy, mlflow, args.epochs, base, (3, len(SEEDS) * per_trial // 3 + 4,
                                                                           len(SEEDS) * per_trial // 2 + 6))
     command = [sys.executable, "-m", "sweep", "experiment=demo", f"task=[{','.join(TASKS)}]",
                f"sweep.seeds=[{','.join(map(str, SEEDS))}]", f"train.epochs={args.epochs}", "train.max_train_samples=null",
-               "storage=s3", f"storage.bucket={BUCKET}", f"storage.cache_dir={base / 'driver-cache'}", "resources.gpus_per_trial=0",
+               "storage=s3", f"storage.bucket={BUCKET}", f"storage.cache_dir={driver / 'cache'}", "resources.gpus_per_trial=0",
                f"cluster.address={cluster.address}", f"cluster.storage_path={storage}", "cluster.shared_storage=true",
                f"tracking.uri={mlflow.url}", f"tracking.experiment=chaos-{name}", f"out_dir={out}"]
     print(f"chaos: {name}: {' '.join(command[3:])}", flush=True)
     started = time.monotonic()
     log = (base / "driver.log").open("w")
-    driver = subprocess.Popen(command, cwd=base, stdout=log, stderr=subprocess.STDOUT, text=True)
+    driver = subprocess.Popen(command, cwd=base, stdout=log, stderr=subprocess.STDOUT, text=True, env=cluster.env)
     try:
         if faults:
             injector.run(driver)
@@ -154,7 +155,7 @@ def run_sweep(name: str, work: Path, proxy: FaultyProxy, args, faults: bool) -> 
         driver.kill()
         log.close()
         wall = time.monotonic() - started
-        cluster.shutdown()
+        cluster.stop()
         mlflow.kill()
     output = (base / "driver.log").read_text()
     if returncode != 0:
@@ -185,6 +186,9 @@ def main() -> None:
     p.add_argument("--timeout", type=int, default=1500, help="seconds each sweep may take")
     p.add_argument("--out", type=Path, default=None, help="write the report as JSON here")
     args = p.parse_args()
+    refused = namespace_refused()
+    if refused:
+        raise SystemExit(f"chaos: worker nodes with their own disks need a mount namespace: {refused}")
     if subprocess.run([str(Path(sys.executable).with_name("ray")), "status"], capture_output=True).returncode == 0:
         raise SystemExit("chaos: a Ray cluster is already running on this machine; stop it first (ray stop)")
 

@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -58,73 +58,139 @@ def namespace_refused() -> str | None:
 _PROBE = """
 import json, os, sys, ray
 ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
-worker = next(n for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU", 0) > 0)
+worker = next(n for n in ray.nodes() if n["Alive"] and n["Resources"].get(sys.argv[3], 0) > 0)
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as On
 def write(folder):
     open(os.path.join(folder, "written-on-the-worker"), "w").write("x")
     return sorted(os.listdir(folder))
 seen = ray.get(ray.remote(num_cpus=0)(write).options(scheduling_strategy=On(worker["NodeID"], soft=False)).remote(sys.argv[2]))
-print(json.dumps({"worker": worker["NodeID"], "seen_there": seen, "alive": sum(n["Alive"] for n in ray.nodes())}))
+print(json.dumps({"worker": worker["NodeID"], "seen_there": seen}))
 """
+
+
+def mount_namespace(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/mnt")
+    except OSError:
+        return None
 
 
 @dataclass
 class OwnDiskCluster:
     root: Path
-    driver: Path  # hidden from the worker node (its tmpfs lies over it)
-    shared: Path  # seen by both nodes
-    s3_endpoint: str | None = None  # a moto_server both nodes reach (cluster.storage_path=s3://…)
+    driver: Path  # hidden from every worker node (each has its own tmpfs over it)
+    shared: Path  # seen by every node
+    s3_endpoint: str | None = None  # a moto_server every node reaches (cluster.storage_path=s3://…)
     address: str = ""
-    worker_node: str = ""
-    worker: subprocess.Popen | None = None
+    workers: dict[str, subprocess.Popen] = field(default_factory=dict)  # node id -> its `unshare … ray start`
 
     @property
     def env(self) -> dict[str, str]:
         return cluster_env(self.s3_endpoint)
 
-    def start(self) -> OwnDiskCluster:
+    @property
+    def worker_node(self) -> str:
+        """The first worker node's id."""
+        return next(iter(self.workers))
+
+    def start(self, head_cpus: int = 1, workers: tuple[tuple[int, int], ...] = ((2, 1),),
+              system_config: dict | None = None) -> OwnDiskCluster:
+        """The head (no GPU, the driver's disk) and one worker node per (CPUs, GPUs), each on its own disk."""
         env = self.env
         subprocess.run(["ray", "stop", "--force"], env=env, capture_output=True)
         port = free_port()
         self.address = f"127.0.0.1:{port}"
-        subprocess.run(["ray", "start", "--head", f"--port={port}", "--num-cpus=1", "--num-gpus=0",
-                        "--include-dashboard=false", "--disable-usage-stats"], env=env, check=True, capture_output=True)
-        hide = f"mount -t tmpfs tmpfs {self.driver}"
-        join = f"exec ray start --address={self.address} --num-cpus=2 --num-gpus=1 --disable-usage-stats --block"
-        log = (self.root / "worker-node.log").open("w")
-        self.worker = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", f"{hide} && {join}"],
-                                       env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.worker_node = self._probe()
+        extra = [f"--system-config={json.dumps(system_config)}"] if system_config else []
+        subprocess.run(["ray", "start", "--head", f"--port={port}", f"--num-cpus={head_cpus}", "--num-gpus=0",
+                        "--include-dashboard=false", "--disable-usage-stats", *extra], env=env, check=True,
+                       capture_output=True)
+        for cpus, gpus in workers:
+            self.add_worker(cpus, gpus)
         return self
 
-    def _probe(self) -> str:
+    def add_worker(self, cpus: int = 1, gpus: int = 0, env: dict[str, str] | None = None) -> str:
+        """A worker node in its own mount namespace, a tmpfs over the driver's folder; its node id once it joined."""
+        tag = f"own_disk_{len(self.workers)}_{time.monotonic_ns()}"  # finds this node among the others
+        hide = f"mount -t tmpfs tmpfs {self.driver}"
+        join = (f"exec ray start --address={self.address} --num-cpus={cpus} --num-gpus={gpus} "
+                f"--resources='{json.dumps({tag: 1})}' --disable-usage-stats --block")
+        log = (self.root / f"{tag}.log").open("w")
+        proc = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", f"{hide} && {join}"],
+                                env={**self.env, **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        node = self._probe(tag, proc)
+        self.workers[node] = proc
+        return node
+
+    def _probe(self, tag: str, proc: subprocess.Popen) -> str:
         """Wait for the worker node, and prove its disk is its own: a file it writes in the driver's
         folder is there for it and not here."""
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
-            done = subprocess.run([sys.executable, "-c", _PROBE, self.address, str(self.driver)], env=self.env,
+            done = subprocess.run([sys.executable, "-c", _PROBE, self.address, str(self.driver), tag], env=self.env,
                                   capture_output=True, text=True, timeout=120)
             found = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 and done.stdout.strip() else None
             if found is not None:
                 break
-            if time.monotonic() > deadline or self.worker.poll() is not None:
+            if time.monotonic() > deadline or proc.poll() is not None:
                 raise RuntimeError(f"worker node did not join: {done.stderr[-2000:]}\n"
-                                   f"{(self.root / 'worker-node.log').read_text()[-2000:]}")
+                                   f"{(self.root / f'{tag}.log').read_text()[-2000:]}")
             time.sleep(2)
-        assert found["seen_there"] == ["written-on-the-worker"], found  # the worker sees its empty tmpfs
+        assert "written-on-the-worker" in found["seen_there"], found  # the worker sees its own tmpfs
         assert not (self.driver / "written-on-the-worker").exists()  # ... and the driver never sees its file
         return found["worker"]
 
+    def kill_node_of(self, pid: int) -> bool:
+        """The worker node that runs process ``pid`` dies at once (raylet, workers, everything in its
+        mount namespace), as a lost machine; False when ``pid`` runs on the head or is gone."""
+        namespace = mount_namespace(pid)
+        if namespace is None or namespace == mount_namespace(os.getpid()):
+            return False
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and mount_namespace(int(entry.name)) == namespace:
+                try:
+                    os.kill(int(entry.name), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        return True
+
     def stop(self) -> None:
         subprocess.run(["ray", "stop", "--force"], env=self.env, capture_output=True)
-        if self.worker is not None and self.worker.poll() is None:
-            os.killpg(self.worker.pid, signal.SIGKILL)
-            self.worker.wait()
+        for proc in self.workers.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
-    def sweep(self, *overrides: str, name: str, timeout: float = 480) -> subprocess.CompletedProcess:
-        """``python -m sweep`` on the head's side, as a user runs it there: its outputs in the driver's folder."""
+    def remove_worker(self, node: str) -> None:
+        """Worker node ``node`` leaves the cluster at once (every process on its disk ends)."""
+        proc = self.workers.pop(node)
+        proc.terminate()  # `ray start --block` ends its raylet, which tells the head it leaves
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.kill_node_of(proc.pid)
+            proc.wait()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while node in self.alive_nodes():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"node {node[:8]} still alive {START_TIMEOUT_S:.0f} s after it was stopped")
+            time.sleep(1)
+
+    def alive_nodes(self) -> list[str]:
+        code = ("import json, sys, ray; ray.init(address=sys.argv[1], logging_level='ERROR', log_to_driver=False); "
+                "print(json.dumps([n['NodeID'] for n in ray.nodes() if n['Alive']]))")
+        done = subprocess.run([sys.executable, "-c", code, self.address], env=self.env, capture_output=True, text=True,
+                              timeout=120, check=True)
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    def sweep(self, *overrides: str, name: str, timeout: float = 480, log: Path | None = None):
+        """``python -m sweep`` on the head's side, as a user runs it there: its outputs in the driver's
+        folder. With ``log``: started in the background, its output in that file (a Popen)."""
         args = [sys.executable, "-m", "sweep", "experiment=demo", "cluster.address=auto", "resources.gpus_per_trial=1",
                 f"storage.cache_dir={self.driver / 'cache'}", f"out_dir={self.driver / name}", *overrides]
+        if log is not None:
+            with log.open("w") as out:
+                return subprocess.Popen(args, env=self.env, cwd=self.driver, stdout=out, stderr=subprocess.STDOUT, text=True)
         return subprocess.run(args, env=self.env, cwd=self.driver, capture_output=True, text=True, timeout=timeout)
 
 

@@ -49,26 +49,41 @@ def assert_every_trial_logged(uri: str, experiment: str, records: list, evaluati
     return children
 
 
-def test_a_sweep_on_a_node_with_its_own_disk_logs_every_trial_and_ships_the_data(own_disk_cluster):
-    """sqlite in the driver's folder, the data only there (storage=local): the worker gets the data
-    through Ray, every trial runs there, its run and metric history reach the driver's store, and
-    the best model is exported and registered."""
+def test_a_sweep_on_a_node_with_its_own_disk_logs_every_trial_ships_the_data_and_keeps_checkpoints_in_s3(own_disk_cluster):
+    """The KubeRay shape: sqlite in the driver's folder, the data only there (storage=local),
+    cluster.storage_path=s3://…. The worker gets the data through Ray, every trial runs there and
+    writes its checkpoints and history to S3 only; the driver reads them back from there (records,
+    the best model fetched and exported, the rest pruned), and every trial's run and metric history
+    reach the driver's store; the best model is registered."""
+    import boto3
+
     cluster = own_disk_cluster
+    s3 = boto3.client("s3", endpoint_url=cluster.s3_endpoint, aws_access_key_id=cluster.env["AWS_ACCESS_KEY_ID"],
+                      aws_secret_access_key=cluster.env["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1")
+    s3.create_bucket(Bucket="sweep-results")
     data = write_synthetic_glue(cluster.driver / "data", ["WNLI"])  # on the driver's side only
     uri = f"sqlite:///{cluster.driver / 'mlflow.db'}"
     done = cluster.sweep("sweep.seeds=[1,2]", "train.epochs=2", f"storage.data_dir={data}", f"tracking.uri={uri}",
-                         "tracking.experiment=own-disk", f"cluster.storage_path={cluster.shared / 'one'}",
-                         "cluster.shared_storage=true", name="one")
+                         "tracking.experiment=own-disk", "cluster.storage_path=s3://sweep-results/ray", name="one")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "storage.data_dir=" in done.stdout and "received from the driver" in done.stdout  # shipped, and said so
+    assert "Traceback" not in done.stderr
+    assert f"storage.data_dir={data} (" in done.stdout  # packed on the driver
+    assert f"staging: node {cluster.worker_node[:8]} (" in done.stdout and "received from the driver" in done.stdout
     records = load_records(cluster.driver / "one" / "results.json")
-    assert len(records) == 2 and all(r.ok for r in records), records
+    assert len(records) == 2 and all(r.ok and r.steps_done == r.steps_total > 0 for r in records), records
     assert {r.node for r in records} == {cluster.worker_node}  # every trial ran on the node with its own disk
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="sweep-results", Prefix="ray/").get("Contents", [])]
+    assert len([k for k in keys if k.startswith("ray/history/")]) == 2, keys
+    assert not any("/checkpoint_" in k for k in keys), keys  # pruned there once the best was exported
+    best = max(records, key=lambda r: (r.score, -r.seed))
+    made_by = json.loads((cluster.driver / "one" / "best" / "WNLI" / "sweep_made_by.json").read_text())
+    assert made_by["seed"] == best.seed and made_by["score"] == best.score
+    assert (cluster.driver / "one" / "best" / "WNLI" / "config.json").is_file()
+    assert not (cluster.driver / "one" / "ray").exists()  # nothing of the trials' on the driver's disk
     children = assert_every_trial_logged(uri, "own-disk", records, evaluations=2)
     champion = MlflowClient(tracking_uri=uri).get_model_version_by_alias("tiny-roberta-WNLI", "champion")
-    assert champion.run_id in {r.info.run_id for r in children}
-    assert (cluster.driver / "one" / "best" / "WNLI" / "config.json").is_file()
-    assert "now champion" in done.stdout and "Traceback" not in done.stderr
+    assert champion.run_id == best.run_id and champion.run_id in {r.info.run_id for r in children}
+    assert "now champion" in done.stdout
 
 
 def test_a_node_that_lacks_the_data_is_named_when_shipping_is_off(own_disk_cluster):
@@ -107,31 +122,29 @@ def test_an_mlflow_server_restarted_mid_sweep_loses_nothing(own_disk_cluster):
         server.kill()
 
 
-def test_checkpoints_and_histories_go_through_s3_storage(own_disk_cluster):
-    """cluster.storage_path=s3://… (the KubeRay manifests' setting): the trials on the worker write
-    their checkpoints and histories to S3 only, and the driver reads them back from there: the
-    records, and the best model fetched and exported."""
-    import boto3
-
+def test_a_node_that_joins_mid_sweep_stages_there_and_the_driver_shows_it(own_disk_cluster):
+    """The head alone at the start (no GPU) with a GPU node type declared: the sweep waits; a GPU
+    node with its own disk joins; the trial there receives the driver's data and its staging line
+    reaches the driver's terminal. (Last in the module: it replaces the cluster's worker node.)"""
     cluster = own_disk_cluster
-    s3 = boto3.client("s3", endpoint_url=cluster.s3_endpoint, aws_access_key_id=cluster.env["AWS_ACCESS_KEY_ID"],
-                      aws_secret_access_key=cluster.env["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1")
-    s3.create_bucket(Bucket="sweep-results")
-    done = cluster.sweep("sweep.seeds=[1,2]", "train.epochs=2", "tracking=none", "cluster.storage_path=s3://sweep-results/ray",
-                         name="four")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="sweep-results", Prefix="ray/").get("Contents", [])]
-    histories = [k for k in keys if k.startswith("ray/history/")]
-    assert len(histories) == 2, keys
-    assert not any("/checkpoint_" in k for k in keys), keys  # pruned there once the best was exported (keep_checkpoints=best)
-    records = load_records(cluster.driver / "four" / "results.json")
-    assert len(records) == 2 and all(r.ok and r.steps_done == r.steps_total > 0 for r in records), records
-    assert {r.node for r in records} == {cluster.worker_node}
-    best = max(records, key=lambda r: (r.score, -r.seed))
-    made_by = json.loads((cluster.driver / "four" / "best" / "WNLI" / "sweep_made_by.json").read_text())
-    assert made_by["seed"] == best.seed and made_by["score"] == best.score
-    assert (cluster.driver / "four" / "best" / "WNLI" / "config.json").is_file()
-    assert not (cluster.driver / "four" / "ray").exists()  # nothing of the trials' on the driver's disk
+    cluster.remove_worker(cluster.worker_node)
+    data = write_synthetic_glue(cluster.driver / "data-late", ["WNLI"])
+    log = cluster.driver / "late.log"
+    sweep = cluster.sweep("sweep.seeds=[1]", "train.epochs=1", "tracking=none", f"storage.data_dir={data}",
+                          f"cluster.storage_path={cluster.shared / 'late'}", "cluster.shared_storage=true",
+                          "cluster.node_types=[{name:gpu,resources:{CPU:2,GPU:1},max_workers:1}]",
+                          "cluster.scale_timeout_s=300", name="late", log=log)
+    deadline = time.monotonic() + 240
+    while "waiting for" not in log.read_text() and sweep.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert sweep.poll() is None, log.read_text()[-3000:]
+    late = cluster.add_worker(2, 1)
+    assert sweep.wait(timeout=400) == 0, log.read_text()[-3000:]
+    out = log.read_text()
+    assert f"staging: node {late[:8]}: storage.data_dir: " in out and "MiB received from the driver" in out, out[-3000:]
+    assert f"staging: node {late[:8]} (" in out  # the late node's summary line, like those of the nodes staged at start
+    (record,) = load_records(cluster.driver / "late" / "results.json")
+    assert record.ok and record.node == late
 
 
 def _outage(server: ServerProcess, history: Path, within_s: float = 240) -> None:

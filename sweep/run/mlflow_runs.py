@@ -18,6 +18,7 @@ import logging
 import queue
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -78,24 +79,34 @@ class TrialRuns(Callback):
     # --- Tune's hooks (Tune's event loop: only queue work here) ----------------------------------
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
-        self._queue(self._start, trial.trial_id, trial.config, None)
+        with self._timed():
+            self._queue(self._start, trial.trial_id, trial.config, None)
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
-        began = time.perf_counter()
-        report = {k: v for k, v in result.items() if k != "config"}
-        if evaluation_metrics(report, self._train(trial.config)) is not None:
-            self.last[trial.trial_id] = report
-        self._queue(self._result, trial.trial_id, trial.config, report)
-        self.busy_s += time.perf_counter() - began
+        with self._timed():
+            report = {k: v for k, v in result.items() if k != "config"}
+            if evaluation_metrics(report, self._train(trial.config)) is not None:
+                self.last[trial.trial_id] = report
+            self._queue(self._result, trial.trial_id, trial.config, report)
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
-        report = self.last.get(trial.trial_id) or {}
-        error = (trial.last_result or {}).get(TRIAL_ERROR)
-        stopped = self._stopped(trial.trial_id, report) if not error else None
-        self._queue(self._end, trial.trial_id, trial.config, "FAILED" if error else "FINISHED", error, stopped)
+        with self._timed():
+            report = self.last.get(trial.trial_id) or {}
+            error = (trial.last_result or {}).get(TRIAL_ERROR)
+            stopped = self._stopped(trial.trial_id, report) if not error else None
+            self._queue(self._end, trial.trial_id, trial.config, "FAILED" if error else "FINISHED", error, stopped)
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
-        self._queue(self._end, trial.trial_id, trial.config, "FAILED", _error_of(trial), None)
+        with self._timed():
+            self._queue(self._end, trial.trial_id, trial.config, "FAILED", _error_of(trial), None)
+
+    @contextmanager
+    def _timed(self):
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.busy_s += time.perf_counter() - began
 
     def on_experiment_end(self, trials, **info) -> None:
         self.close()
@@ -167,7 +178,8 @@ class TrialRuns(Callback):
             self.loggers[trial_id] = TrialLogger(
                 t.uri, t.experiment_id, t.parent_run_id, run_name=run_name(task, seed, trial_id),
                 params={"task": task, "seed": seed, **asdict(self._train(config))},
-                tags={"sweep.trial_id": trial_id, "sweep.hparams": str(hparams or {})},
+                # where it runs comes with its first report; never this driver's own host until then
+                tags={"sweep.trial_id": trial_id, "sweep.hparams": str(hparams or {}), "host": "", "node": "", "device": ""},
                 experiment_name=t.experiment_name, spool_dir=t.spool_dir,
             )
         return self.loggers[trial_id]
@@ -182,7 +194,8 @@ class TrialRuns(Callback):
         logger = self._logger(trial_id, config)
         placed = {k: v for k, v in (("node", report.get("node_ip") or report.get("node")), ("host", report.get("host")),
                                     ("device", report.get("device"))) if v}
-        # the first report of each run of the trial says where it runs (a retry may be on another node)
+        # the first report of each run of the trial says where it runs (a retry may be on another
+        # node): the run's tags follow (one get_run and one tag batch per placement)
         if not logger.began or any(logger.tags.get(k) != v for k, v in placed.items()):
             self._start(trial_id, config, placed)
         evaluation = evaluation_metrics(report, self._train(config))
