@@ -28,9 +28,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from sweep.config import TrainConfig, compose, compose_settings
-from sweep.finetune import evaluate, finetune, pick_device, quiet_progress_bars
 from sweep.data.collate import make_lm_collator
 from sweep.data.lm import lm_blocks
+from sweep.finetune import evaluate, finetune, pick_device, quiet_progress_bars
 from sweep.models import load_for_task, resolve_model_dir
 from sweep.tasks import TaskSpec, task_from_config
 

@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 from sweep.config import compose_settings
-from sweep.sequential import run_sequential
-from sweep.storage.staging import ensure_local
 from sweep.data.synthetic import write_synthetic_glue
 from sweep.run.tuner import run_tune
+from sweep.sequential import run_sequential
+from sweep.storage.staging import ensure_local
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -84,8 +84,14 @@ def run_ours(ours, spec, mdir, args, train, seed) -> dict:
 
 
 def run_trainer(ours, spec, mdir, args, train, seed) -> dict:
-    from transformers import (AutoModelForSequenceClassification, DataCollatorWithPadding, Trainer,
-                              TrainerCallback, TrainingArguments, set_seed)
+    from transformers import (
+        AutoModelForSequenceClassification,
+        DataCollatorWithPadding,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+        set_seed,
+    )
 
     from sweep.models import load_tokenizer
 

@@ -11,7 +11,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from sweep.config import Settings, validate
 from sweep.results import (
-    TrialRecord, best_per_task, export_best, format_early_stops, format_summary, summarize, write_results,
+    TrialRecord,
+    best_per_task,
+    export_best,
+    format_early_stops,
+    format_summary,
+    summarize,
+    write_results,
 )
 from sweep.storage.staging import check_output_bucket, check_tasks_here, ensure_local, preflight
 

@@ -396,8 +396,7 @@ def validate(cfg: DictConfig) -> Settings:
 
 def compose(*overrides: str) -> DictConfig:
     """The config that ``python -m sweep <overrides>`` runs with (for scripts, notebooks and tests)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    from hydra import compose as hydra_compose, initialize_config_dir
 
     from sweep.tasks import CONF_DIR
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+
 def _conf_dir() -> Path:
     """conf/ at the repository's top; an install maps it to the package ``sweep.conf``."""
     spec = importlib.util.find_spec("sweep.conf")

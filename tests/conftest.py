@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sweep.serving.tiny import TINY_ROBERTA
 from sweep.data.synthetic import write_synthetic_glue
+from sweep.serving.tiny import TINY_ROBERTA
 from sweep.tasks import GLUE_TASKS
 
 

@@ -54,10 +54,10 @@ def start_moto(log: Path) -> tuple[subprocess.Popen, MotoServer]:
         try:
             urllib.request.urlopen(endpoint + "/moto-api/", timeout=1)
             return proc, MotoServer(endpoint, log)
-        except OSError:
+        except OSError as e:
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
-                raise RuntimeError(f"moto_server did not start: {log.read_text()[-2000:]}")
+                raise RuntimeError(f"moto_server did not start: {log.read_text()[-2000:]}") from e
             time.sleep(0.2)
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sweep.storage.archive import UnsafeArchiveError, extract_archive, pack_folder
 from sweep.errors import StagingError
+from sweep.storage.archive import UnsafeArchiveError, extract_archive, pack_folder
 
 LIMIT = 2**30
 

@@ -11,7 +11,6 @@ from configs import compose_config
 from sweep.config import ConfigError, validate
 from sweep.tasks import CONF_DIR, GLUE_TASKS, load_task
 
-
 _compose = compose_config
 
 

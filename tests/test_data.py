@@ -19,8 +19,14 @@ from sweep.data import glue
 from sweep.data.cache import cache_stats
 from sweep.data.collate import count_tokens, make_collator
 from sweep.data.glue import cache_key, check_task_data, load_task_data, tokenize_task
+from sweep.data.synthetic import (
+    CUE_GROUPS,
+    LABEL_NOISE,
+    corpus_sentences,
+    write_synthetic_glue,
+    write_synthetic_wikitext,
+)
 from sweep.errors import DataFormatError
-from sweep.data.synthetic import LABEL_NOISE, CUE_GROUPS, corpus_sentences, write_synthetic_glue, write_synthetic_wikitext
 from sweep.tasks import GLUE_TASKS, load_task
 
 N_TRAIN, N_DEV = 200, 64  # what the synthetic_glue_dir fixture writes

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from manifests import (
     DEPLOYMENT_MODE,
     KSERVE_CONTAINER,

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from manifests import (
     ELASTIC_JOB_ANNOTATION,
     PLACEHOLDER,

@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 
 from sweep.metrics import (
-    classification_metrics, merge_splits, perplexity, regression_metrics, selection_score, task_metrics,
+    classification_metrics,
+    merge_splits,
+    perplexity,
+    regression_metrics,
+    selection_score,
+    task_metrics,
 )
 from sweep.tasks import load_task
 

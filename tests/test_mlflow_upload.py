@@ -12,10 +12,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from s3_fixtures import ACCESS_KEY, SECRET_KEY, moto_server, s3_env  # noqa: F401 - moto_server is a fixture
 
+from s3_fixtures import ACCESS_KEY, SECRET_KEY, moto_server, s3_env  # noqa: F401 - moto_server is a fixture
 from sweep.storage.mlflow_upload import (
-    ARTIFACTS, DB_NAME, relocate, snapshot, sqlite_file, sweep_store, upload_mlflow,
+    ARTIFACTS,
+    DB_NAME,
+    relocate,
+    snapshot,
+    sqlite_file,
+    sweep_store,
+    upload_mlflow,
 )
 
 EXPERIMENT = "glue-tiny-roberta"

@@ -9,7 +9,14 @@ import statistics
 import pytest
 
 from sweep.results import (
-    MADE_BY, TrialRecord, best_per_task, export_best, format_summary, load_records, summarize, write_results,
+    MADE_BY,
+    TrialRecord,
+    best_per_task,
+    export_best,
+    format_summary,
+    load_records,
+    summarize,
+    write_results,
 )
 from sweep.tasks import load_task
 

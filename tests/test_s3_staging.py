@@ -13,14 +13,14 @@ from pathlib import Path
 
 import boto3
 import pytest
-from s3_fixtures import SECRET_KEY, compose_settings, moto_server, s3_env, stage_in_process  # noqa: F401
 
-from sweep.storage.archive import UnsafeArchiveError
+from s3_fixtures import SECRET_KEY, compose_settings, moto_server, s3_env, stage_in_process  # noqa: F401
+from sweep.data.synthetic import write_synthetic_glue
 from sweep.errors import StagingError
+from sweep.storage.archive import UnsafeArchiveError
 from sweep.storage.node_cache import MARKER, download_prefix
 from sweep.storage.s3 import S3Error, fetch
 from sweep.storage.staging import ensure_local, preflight
-from sweep.data.synthetic import write_synthetic_glue
 
 BUCKET = "sweep-test"
 

@@ -8,7 +8,15 @@ import pytest
 from sweep.metrics import task_metrics
 from sweep.run.schedulers import AshaRungs, EvalPoint, SeedHalving
 from sweep.seed_ranking import (
-    BELOW_CUT, DEGENERATE, RungEntry, asha_verdict, halving_verdicts, keep_count, ranked, trivial_metrics, trivial_score,
+    BELOW_CUT,
+    DEGENERATE,
+    RungEntry,
+    asha_verdict,
+    halving_verdicts,
+    keep_count,
+    ranked,
+    trivial_metrics,
+    trivial_score,
 )
 from sweep.tasks import load_task
 

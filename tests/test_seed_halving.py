@@ -42,7 +42,7 @@ def test_seed_halving_keeps_two_of_six_and_stops_the_degenerate_at_the_rung(tmp_
                  for p in (out / "ray" / "history").glob("*.json")}
     rung_rows = {seed: next(row for row in rows if row["rung"]) for seed, rows in histories.items()}
     assert {row["step"] for row in rung_rows.values()} == {rung}
-    for seed, rec in stopped.items():
+    for rec in stopped.values():
         assert rec.steps_done == rung and rec.stopped_at_step == rung
         assert rec.stopped.startswith((DEGENERATE, BELOW_CUT)), rec.stopped
     degenerate = {s for s, rec in stopped.items() if rec.stopped.startswith(DEGENERATE)}

@@ -22,6 +22,7 @@ import httpx
 import pytest
 import yaml
 
+from serve_fixtures import Server, free_port, serving, start_server
 from sweep.results import MADE_BY
 from sweep.serving.batcher import MicroBatcher
 from sweep.serving.cli_args import UsageError, parse_key_values
@@ -36,7 +37,6 @@ from sweep.serving.protocol import (
 )
 from sweep.serving.source import ModelSourceError, published_name, resolve_model_source
 from sweep.serving.tiny import export_tiny_classifier, export_tiny_lm
-from serve_fixtures import Server, free_port, serving, start_server
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy" / "kserve"

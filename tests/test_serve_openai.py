@@ -22,11 +22,11 @@ from typing import Any
 import httpx
 import pytest
 
+from serve_fixtures import Server, serving, start_server
 from sweep.serving.generation import finish_completion, streamable_text
 from sweep.serving.openai_protocol import chat_messages, completion_prompts, openai_job
 from sweep.serving.protocol import GenerationParams, RequestError
 from sweep.serving.tiny import export_tiny_classifier, export_tiny_lm
-from serve_fixtures import Server, serving, start_server
 
 openai = pytest.importorskip("openai")  # the dev extra
 

@@ -10,9 +10,9 @@ import time
 import pytest
 import ray
 from mlflow import MlflowClient
+
 from configs import demo_config
 from mlflow_fixtures import mlflow_server  # noqa: F401 (fixture)
-
 from sweep.app import run
 
 SECRET = "s3cr3t-sweep-value-789"

@@ -13,15 +13,21 @@ from pathlib import Path
 import pytest
 import yaml
 from mlflow import MlflowClient
-from mlflow_fixtures import free_port, log_trial_in_process, mlflow_server  # noqa: F401 (fixture)
 
 from configs import compose_settings
+from mlflow_fixtures import free_port, log_trial_in_process, mlflow_server  # noqa: F401 (fixture)
 from sweep.report import plot_seed_scores
 from sweep.results import TrialRecord, summarize, write_results
 from sweep.secrets import scrub, secret_name, secret_values
 from sweep.tasks import load_task
 from sweep.tracking import (
-    FALLBACK_URI, SweepTracker, TrackingError, TrialLogger, check_reachable, register_best, saved_parent,
+    FALLBACK_URI,
+    SweepTracker,
+    TrackingError,
+    TrialLogger,
+    check_reachable,
+    register_best,
+    saved_parent,
 )
 
 WNLI = load_task("WNLI")

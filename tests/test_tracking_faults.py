@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
-from mlflow_fixtures import ServerProcess as Server
 
 from configs import demo_config
+from mlflow_fixtures import ServerProcess as Server
 from sweep.results import TrialRecord, load_records, summarize, write_results
 from sweep.tasks import load_task
 from sweep.tracking import ORIGINAL_TAG, SweepTracker, TrialLogger

@@ -29,7 +29,6 @@ from sweep.data.cache import cache_stats, cached_dataset, content_key, tokenizer
 from sweep.errors import DataFormatError
 from sweep.tasks import TaskSpec
 
-
 # Bump when the block format changes, so that old caches are not reused.
 LM_FORMAT_VERSION = 1
 GLOB_CHARS = "*?["

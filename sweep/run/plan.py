@@ -18,11 +18,6 @@ from sweep.run.autoscale import AutoscalerView, ScalePlan, TrialNeeds, format_bu
 EXPERIMENT = "tune"  # Tune's experiment folder under the storage path
 
 
-def is_remote(path: str) -> bool:
-    """s3://…, gs://…: a storage path Ray reaches through pyarrow, not this machine's disk."""
-    return "://" in path
-
-
 
 @dataclass(frozen=True)
 class TrialPlan:

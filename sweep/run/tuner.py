@@ -9,15 +9,15 @@ import logging
 import os
 import uuid
 import warnings
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from sweep.config import AUTO, Settings
 from sweep.costs import grid_points
-from sweep.schedule import TrialWork
-from sweep.run.plan import EXPERIMENT, TrialPlan, many_nodes, plan_trials, storage_path, sweep_storage, trial_count
 from sweep.results import TrialRecord
+from sweep.run.plan import EXPERIMENT, TrialPlan, many_nodes, plan_trials, storage_path, sweep_storage, trial_count
+from sweep.schedule import TrialWork
 
 log = logging.getLogger(__name__)
 
@@ -380,9 +380,9 @@ def _run_tune(settings: Settings, out_dir: Path, tracking, stop) -> tuple[list[T
     from ray import tune
 
     from sweep.run.autoscale import NodeWait, declared_view, read_autoscaler
-    from sweep.run.gate import DdpFirst
     from sweep.run.cluster_request import request_trial_resources
     from sweep.run.disk_stop import StopOnDiskFull, fit_until_disk_full
+    from sweep.run.gate import DdpFirst
     from sweep.run.mlflow_runs import TrialRuns
     from sweep.run.progress import SweepProgress, WaitForNodes
     from sweep.run.stage_nodes import ProgressRelay, StagingLines, ship_sources, stage_all_nodes

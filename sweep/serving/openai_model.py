@@ -43,6 +43,7 @@ from typing import Any
 os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
 
 from fastapi import Request  # noqa: E402
+from fastapi.exceptions import RequestValidationError  # noqa: E402
 from fastapi.responses import JSONResponse  # noqa: E402
 from kserve.errors import generic_exception_handler  # noqa: E402
 from kserve.logging import logger  # noqa: E402
@@ -66,12 +67,12 @@ from kserve.protocol.rest.openai.types import (  # noqa: E402
 )
 
 from sweep.serving import server_metrics  # noqa: E402
-from fastapi.exceptions import RequestValidationError  # noqa: E402
-
 from sweep.serving.kserve_model import GeneratorModel, kserve, validation_error, validation_problems  # noqa: E402
 from sweep.serving.openai_protocol import OpenAIJob, chat_messages, completion_prompts, openai_job  # noqa: E402
-from sweep.serving.protocol import Completion as Generated  # noqa: E402
-from sweep.serving.protocol import RequestError  # noqa: E402
+from sweep.serving.protocol import (
+    Completion as Generated,  # noqa: E402
+    RequestError,  # noqa: E402
+)
 
 BATCH_SIZE_HEADER = "X-Batch-Size"
 

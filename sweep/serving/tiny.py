@@ -13,10 +13,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from sweep.models import quiet_transformers, load_for_task, resolve_model_dir
+from sweep.models import load_for_task, quiet_transformers, resolve_model_dir
 from sweep.results import MADE_BY
 from sweep.tasks import CONF_DIR, load_task
-
 
 
 def model_spec(name: str) -> dict:

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
-from sweep.storage.archive import UnsafeArchiveError, extract_archive, pack_folder
 from sweep.errors import StagingError
 from sweep.secrets import scrub
+from sweep.storage.archive import UnsafeArchiveError, extract_archive, pack_folder
 
 ENDPOINT_ENV = ("AWS_ENDPOINT_URL", "ENDPOINT_URL")
 CHUNK = 8 * 2**20
@@ -117,7 +117,10 @@ def _code(error: Exception) -> str:
 def _explain(error: Exception, what: str, endpoint: str | None) -> S3Error:
     """A botocore error as one line naming the bucket/key and what to do."""
     from botocore.exceptions import (
-        ConnectTimeoutError, EndpointConnectionError, NoCredentialsError, ReadTimeoutError,
+        ConnectTimeoutError,
+        EndpointConnectionError,
+        NoCredentialsError,
+        ReadTimeoutError,
     )
 
     where = endpoint or "AWS S3"

@@ -25,7 +25,14 @@ from sweep.secrets import scrub
 from sweep.tracking.sender import _Tracked
 from sweep.tracking.spool import UNSENT_FILE, Record, Spool, merge, read_records, spool_files, unreachable
 from sweep.tracking.store import (
-    _clean_tags, _flatten, _key, _log_params, _redact, _retry, _set_tags, ensure_experiment,
+    _clean_tags,
+    _flatten,
+    _key,
+    _log_params,
+    _redact,
+    _retry,
+    _set_tags,
+    ensure_experiment,
 )
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,6 @@ from sweep.tracking.sender import _Tracked
 from sweep.tracking.spool import Record
 from sweep.tracking.store import TAG_LIMIT, _clean_params, _clean_tags, _key
 
-
 # --- one trial's nested run ----------------------------------------------------------------------
 
 
