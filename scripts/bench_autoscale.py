@@ -35,8 +35,8 @@ HEAD = {"CPU": 2, "GPU": 0}
 def overrides(work: Path, name: str, seeds: list[int]) -> list[str]:
     return ["experiment=demo", "tracking=none", "cluster.address=auto", "resources.gpus_per_trial=1",
             f"sweep.seeds=[{','.join(map(str, seeds))}]", "train.epochs=1", "train.max_train_samples=32",
-            "train.max_eval_samples=32", f"cluster.storage_path={work / name / 'storage'}", "cluster.shared_storage=true",
-            f"storage.cache_dir={work / 'cache'}", f"out_dir={work / name / 'out'}"]
+            "train.max_eval_samples=32", f"cluster.storage_path={work / name / 'storage'}",
+            "cluster.shared_storage=true", f"storage.cache_dir={work / 'cache'}", f"out_dir={work / name / 'out'}"]
 
 
 def sweep(work: Path, name: str, seeds: list[int]) -> subprocess.Popen:
@@ -65,8 +65,8 @@ def gpu_nodes_alive() -> int:
 def one_sweep(work: Path, name: str, min_workers: int, trials: int, parallel_first: bool) -> dict:
     import ray
 
-    with autoscaling_cluster(head=HEAD, worker_types={GPU_TYPE: gpu_worker_type(max_workers=2, min_workers=min_workers)},
-                             idle_timeout_minutes=5) as address:
+    worker_types = {GPU_TYPE: gpu_worker_type(max_workers=2, min_workers=min_workers)}
+    with autoscaling_cluster(head=HEAD, worker_types=worker_types, idle_timeout_minutes=5) as address:
         ray.init(address=address, logging_level="ERROR", log_to_driver=False)
         deadline = time.monotonic() + 300
         while gpu_nodes_alive() < min_workers and time.monotonic() < deadline:  # the baseline's nodes, up first

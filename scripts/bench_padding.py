@@ -46,8 +46,8 @@ def main() -> None:
     args = p.parse_args()
 
     mdir = model_dir(args.model, args.cache_dir)
-    base = replace(compose_settings().train, lr=2e-5, batch_size=args.batch_size, epochs=1, max_seq_length=args.max_seq_length,
-                       max_train_samples=args.samples, max_eval_samples=32)
+    base = replace(compose_settings().train, lr=2e-5, batch_size=args.batch_size, epochs=1,
+                   max_seq_length=args.max_seq_length, max_train_samples=args.samples, max_eval_samples=32)
     rows = []
     for task in args.tasks:
         spec = load_task(task)

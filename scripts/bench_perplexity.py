@@ -92,8 +92,8 @@ def main() -> None:
 
     spec = wikitext_valid_to_test()
     base = model_dir(args.model, args.model_path, args.cache_dir)
-    train = replace(compose_settings().train, lr=args.lr, batch_size=args.batch_size, epochs=args.epochs, block_size=args.block_size,
-                        eval_batch_size=32, max_train_samples=args.train_blocks)
+    train = replace(compose_settings().train, lr=args.lr, batch_size=args.batch_size, epochs=args.epochs,
+                    block_size=args.block_size, eval_batch_size=32, max_train_samples=args.train_blocks)
     words = words_in(args.data_dir / spec.folder / spec.eval_files[TEST_SPLIT])
 
     before = perplexity_on_test(spec, base, args.data_dir, train, args.cache_dir)
@@ -105,7 +105,8 @@ def main() -> None:
         after = perplexity_on_test(spec, result.checkpoint_dir, args.data_dir, train, args.cache_dir)
     per_epoch = [round(e.metrics["perplexity"], 3) for e in result.epochs]
 
-    rows = [("before fine-tuning", before), (f"after {args.epochs} epoch(s) on valid (best: {result.best_epoch})", after)]
+    rows = [("before fine-tuning", before),
+            (f"after {args.epochs} epoch(s) on valid (best: {result.best_epoch})", after)]
     print()
     print(f"WikiText-2 test split, {args.model}, blocks of {args.block_size} tokens")
     print(f"{'':40} {'token ppl':>12} {'word ppl':>12} {'mean loss':>10}")

@@ -82,13 +82,14 @@ def run_pool(name: str, seeds: list[int], cache: Path) -> list[SeedRun]:
     runs = []
     for seed in seeds:
         t0 = time.perf_counter()
-        result = finetune(spec, sources.model_dir, sources.data_dir, settings.train, seed, cache_dir=cache_root(settings.storage))
+        result = finetune(spec, sources.model_dir, sources.data_dir, settings.train, seed,
+                          cache_dir=cache_root(settings.storage))
         evals = [{"step": e.step, "steps_total": e.steps_total, "progress": e.progress, "score": e.score,
                   "eval_loss": e.metrics.get("eval_loss"), "trivial": e.trivial_score} for e in result.epochs]
         runs.append(SeedRun(seed, evals))
         curve = " ".join(f"{e['score']:.3f}" for e in evals)
-        print(f"  {name} seed {seed}: {time.perf_counter() - t0:5.1f} s, trivial {evals[0]['trivial']:.3f}, scores {curve}",
-              flush=True)
+        print(f"  {name} seed {seed}: {time.perf_counter() - t0:5.1f} s, trivial {evals[0]['trivial']:.3f}, "
+              f"scores {curve}", flush=True)
     return runs
 
 
@@ -147,7 +148,8 @@ def run_sweeps(seeds: list[int], keep: float, at: float, work: Path) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pools", nargs="+", default=list(POOLS), choices=list(POOLS))
-    p.add_argument("--pool-size", type=int, nargs="+", default=[20, 8, 10], help="seeds fine-tuned per pool (in --pools order)")
+    p.add_argument("--pool-size", type=int, nargs="+", default=[20, 8, 10],
+                   help="seeds fine-tuned per pool (in --pools order)")
     p.add_argument("--seeds", type=int, default=6, help="seeds per sweep (drawn from the pool)")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--keep", type=float, nargs="+", default=[0.5, 2])

@@ -108,7 +108,8 @@ def start_server(model_dir: Path, batching: bool, args: argparse.Namespace, log:
     if args.max_latency_ms is not None:
         command.append(f"max_latency_ms={args.max_latency_ms}")
     with log.open("wb") as sink:
-        proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT,
+                                env={**os.environ, "HF_HUB_OFFLINE": "1"})
     return Server(proc, f"http://127.0.0.1:{port}", f"127.0.0.1:{grpc_port}", log)
 
 
@@ -167,10 +168,12 @@ async def closed_loop(url: str, kind: str, concurrency: int, total: int, max_new
     async with httpx.AsyncClient(base_url=url, timeout=300) as probe:
         name = (await probe.get("/v1/models")).json()["models"][0]
     path = f"/v2/models/{name}/infer"
-    clients = [httpx.AsyncClient(base_url=url, timeout=300, limits=httpx.Limits(max_connections=1)) for _ in range(concurrency)]
+    clients = [httpx.AsyncClient(base_url=url, timeout=300, limits=httpx.Limits(max_connections=1))
+               for _ in range(concurrency)]
     try:
         # warm-up: every client's connection, and the server's lazy initialisation
-        await asyncio.gather(*(client.post(path, json=request_body(kind, i, max_new_tokens)) for i, client in enumerate(clients)))
+        await asyncio.gather(*(client.post(path, json=request_body(kind, i, max_new_tokens))
+                               for i, client in enumerate(clients)))
 
         async def client_loop(client: httpx.AsyncClient) -> None:
             for i in next_index:
@@ -226,7 +229,8 @@ async def grpc_closed_loop(server: Server, concurrency: int, total: int, into: S
     stubs = [GRPCInferenceServiceStub(channel) for channel in channels]
     try:
         # warm-up: every channel's connection (waiting for the gRPC port if it is not up yet), the server's lazy init
-        await asyncio.gather(*(stub.ModelInfer(grpc_request(name, request_body("classifier", i, 0)), timeout=300, wait_for_ready=True)
+        await asyncio.gather(*(stub.ModelInfer(grpc_request(name, request_body("classifier", i, 0)), timeout=300,
+                                               wait_for_ready=True)
                                for i, stub in enumerate(stubs)))
 
         async def client_loop(stub: Any) -> None:
@@ -270,7 +274,8 @@ def run_grpc(server: Server, args: argparse.Namespace) -> dict[str, Any]:
             print(f"  classifier {transport:<4} C={concurrency:<3} {row}", flush=True)
     ratios = []
     for concurrency in args.concurrency:
-        rest, grpc_ = (next(r for r in rows if r["transport"] == t and r["concurrency"] == concurrency) for t in ("rest", "grpc"))
+        rest, grpc_ = (next(r for r in rows if r["transport"] == t and r["concurrency"] == concurrency)
+                       for t in ("rest", "grpc"))
         ratios.append({
             "concurrency": concurrency,
             "requests_per_s_grpc_over_rest": round(grpc_["requests_per_s"] / rest["requests_per_s"], 2),
@@ -341,7 +346,8 @@ class StreamSamples:
         return out
 
 
-async def stream_closed_loop(url: str, concurrency: int, total: int, max_tokens: int, stream: bool, into: StreamSamples) -> None:
+async def stream_closed_loop(url: str, concurrency: int, total: int, max_tokens: int, stream: bool,
+                             into: StreamSamples) -> None:
     """``concurrency`` clients (one connection each) sending OpenAI completions, streamed or not."""
     next_index = iter(range(total))
     async with httpx.AsyncClient(base_url=url, timeout=300) as probe:
@@ -349,8 +355,8 @@ async def stream_closed_loop(url: str, concurrency: int, total: int, max_tokens:
     path = "/openai/v1/completions"
 
     def body(i: int, record: bool) -> dict[str, Any]:
-        request: dict[str, Any] = {"model": name, "prompt": f"story {i}: the teacher", "max_tokens": max_tokens if record else 2,
-                                   "temperature": 0, "stream": stream}
+        request: dict[str, Any] = {"model": name, "prompt": f"story {i}: the teacher",
+                                   "max_tokens": max_tokens if record else 2, "temperature": 0, "stream": stream}
         if stream:
             request["stream_options"] = {"include_usage": True}
         return request
@@ -408,7 +414,8 @@ async def stream_closed_loop(url: str, concurrency: int, total: int, max_tokens:
         if last > first:
             into.stream_tokens_per_s.append(tokens / (last - first))
 
-    clients = [httpx.AsyncClient(base_url=url, timeout=300, limits=httpx.Limits(max_connections=1)) for _ in range(concurrency)]
+    clients = [httpx.AsyncClient(base_url=url, timeout=300, limits=httpx.Limits(max_connections=1))
+               for _ in range(concurrency)]
     try:
         # warm-up: every client's connection and the server's path, with 2-token completions (not timed)
         await asyncio.gather(*(one(client, i, record=False) for i, client in enumerate(clients)))
@@ -431,7 +438,8 @@ def run_stream(server: Server, args: argparse.Namespace) -> dict[str, Any]:
         samples = {True: StreamSamples(), False: StreamSamples()}
         for repeat in range(args.repeats):
             for stream in ((True, False) if repeat % 2 == 0 else (False, True)):
-                asyncio.run(stream_closed_loop(server.url, concurrency, total, args.stream_tokens, stream, samples[stream]))
+                asyncio.run(stream_closed_loop(server.url, concurrency, total, args.stream_tokens, stream,
+                                               samples[stream]))
         streamed, whole = samples[True].summary(streamed=True), samples[False].summary(streamed=False)
         row = {
             "concurrency": concurrency,
@@ -452,9 +460,9 @@ def run_stream(server: Server, args: argparse.Namespace) -> dict[str, Any]:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         for mode, m in (("streamed", r["streamed"]), ("not streamed", r["not_streamed"])):
-            print(f"| {r['concurrency']} | {mode} | {m['requests']} | {m.get('ttft_p50_ms', '-')} | {m.get('ttft_p99_ms', '-')} | "
-                  f"{m.get('stream_tokens_per_s_p50', '-')} | {m['aggregate_tokens_per_s']} | {m['latency_p50_ms']} | "
-                  f"{m['latency_p99_ms']} | {m['errors']} |")
+            print(f"| {r['concurrency']} | {mode} | {m['requests']} | {m.get('ttft_p50_ms', '-')} | "
+                  f"{m.get('ttft_p99_ms', '-')} | {m.get('stream_tokens_per_s_p50', '-')} | "
+                  f"{m['aggregate_tokens_per_s']} | {m['latency_p50_ms']} | {m['latency_p99_ms']} | {m['errors']} |")
     for r in rows:
         print(f"lm, {r['concurrency']} client(s): TTFT p50 streamed / latency p50 not streamed "
               f"{r['ttft_p50_streamed_over_latency_p50_not_streamed']}x, aggregate tok/s streamed / not streamed "
@@ -469,8 +477,9 @@ def run_stream(server: Server, args: argparse.Namespace) -> dict[str, Any]:
         "requests_at_highest_concurrency": args.stream_requests,
         "ttft": "request sent -> first chunk whose choices[0].text is not empty",
         "stream_tokens_per_s": "completion tokens / (last chunk with a choice - first chunk with text), per request",
-        "completion_tokens_from": "usage of the stream's last chunk (stream_options.include_usage) when sent, else "
-                                  "the number of chunks with text; per-row counts under streamed.completion_tokens_from",
+        "completion_tokens_from": "usage of the stream's last chunk (stream_options.include_usage) when sent, "
+                                  "else the number of chunks with text; per-row counts under "
+                                  "streamed.completion_tokens_from",
         "rows": rows,
     }
 
@@ -478,7 +487,8 @@ def run_stream(server: Server, args: argparse.Namespace) -> dict[str, Any]:
 # -- batching on vs off -------------------------------------------------------------------------------
 
 
-def run_batching(urls: dict[tuple[str, bool], str], args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def run_batching(urls: dict[tuple[str, bool], str],
+                 args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     totals = {"classifier": args.classifier_requests, "lm": args.lm_requests}
     rows: list[dict[str, Any]] = []
     for kind in ("classifier", "lm"):
@@ -487,7 +497,8 @@ def run_batching(urls: dict[tuple[str, bool], str], args: argparse.Namespace) ->
             samples = {True: Samples(), False: Samples()}
             for repeat in range(args.repeats):
                 for batching in ((True, False) if repeat % 2 == 0 else (False, True)):
-                    asyncio.run(closed_loop(urls[kind, batching], kind, concurrency, total, args.max_new_tokens, samples[batching]))
+                    asyncio.run(closed_loop(urls[kind, batching], kind, concurrency, total, args.max_new_tokens,
+                                            samples[batching]))
             for batching in (True, False):
                 row = {"model": kind, "batching": batching, "concurrency": concurrency, **samples[batching].summary()}
                 rows.append(row)
@@ -495,7 +506,8 @@ def run_batching(urls: dict[tuple[str, bool], str], args: argparse.Namespace) ->
     ratios = []
     for row in rows:
         if row["batching"]:
-            off = next(r for r in rows if not r["batching"] and r["model"] == row["model"] and r["concurrency"] == row["concurrency"])
+            off = next(r for r in rows
+                       if not r["batching"] and r["model"] == row["model"] and r["concurrency"] == row["concurrency"])
             ratios.append({
                 "model": row["model"], "concurrency": row["concurrency"],
                 "requests_per_s_on_over_off": round(row["requests_per_s"] / off["requests_per_s"], 2),
@@ -521,7 +533,8 @@ PARTS = ("batching", "grpc", "stream")
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="which parts to run (default: all)")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                        help="which parts to run (default: all)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64], help="clients (batching and grpc parts)")
     parser.add_argument("--classifier-requests", type=int, default=1600, help="per run at the highest concurrency")
     parser.add_argument("--lm-requests", type=int, default=600, help="per run at the highest concurrency")
@@ -535,7 +548,8 @@ def main() -> None:
     parser.add_argument("--stream-tokens", type=int, default=64, help="stream part: max_tokens of each completion")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="the server's torch threads (same in every mode)")
-    parser.add_argument("--max-latency-ms", type=float, default=None, help="the server's max_latency_ms (default: its own)")
+    parser.add_argument("--max-latency-ms", type=float, default=None,
+                        help="the server's max_latency_ms (default: its own)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench_results" / "serve.json")
     args = parser.parse_args()
     parts = [p for p in PARTS if p in args.parts]
@@ -601,7 +615,8 @@ def main() -> None:
         "part_wall_s": part_wall_s,
         "max_new_tokens": args.max_new_tokens,
         "repeats": args.repeats,
-        "server": f"python -m sweep.serve threads={args.threads} log_requests=false" + (f" max_latency_ms={args.max_latency_ms:g}" if args.max_latency_ms is not None else ""),
+        "server": (f"python -m sweep.serve threads={args.threads} log_requests=false"
+                   + (f" max_latency_ms={args.max_latency_ms:g}" if args.max_latency_ms is not None else "")),
         "rows": rows,
         "ratios": ratios,
     }

@@ -174,7 +174,8 @@ def main() -> None:
         size = settings.pins.model.size + settings.pins.data.size
         # Warm up Ray's worker processes (the imports a trial pays anyway: torch, transformers, the
         # data readers) so that neither scheme's time is the first import of its modules.
-        warm = ray.remote(num_cpus=1)(lambda: [__import__(m) for m in ("sweep.storage.staging", "sweep.data.glue")] and None)
+        warm = ray.remote(num_cpus=1)(
+            lambda: [__import__(m) for m in ("sweep.storage.staging", "sweep.data.glue")] and None)
         ray.get([warm.options(scheduling_strategy="SPREAD").remote() for _ in range(2 * args.nodes)])
         original = bench_original(args.trials, ["minilm", "glue_data"], work)
         ours = bench_sweep(args.trials, settings)

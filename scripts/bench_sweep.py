@@ -70,11 +70,12 @@ def main() -> None:
     wall = statistics.fmean(t["wall_s"] for t in per_trial)
     print(f"{'seed':>5} {'trial wall s':>13} {'in loop s':>10} {'overhead s':>11} {'startup s':>10}")
     for t in per_trial:
-        print(f"{t['seed']:>5} {t['wall_s']:>13.1f} {t['loop_s']:>10.1f} {t['overhead_s']:>11.1f} {t['startup_s']:>10.1f}")
+        print(f"{t['seed']:>5} {t['wall_s']:>13.1f} {t['loop_s']:>10.1f} {t['overhead_s']:>11.1f} "
+              f"{t['startup_s']:>10.1f}")
     print(f"\nper-trial overhead: {overhead:.1f} s = {100 * overhead / wall:.1f}% of a {wall:.0f} s trial")
     seq_loop = sum(r.wall_seconds for r in sequential)
-    print(f"{args.trials} trials: sweep {sweep_wall:.1f} s, sequential (plain loop, one process) {sequential_wall:.1f} s "
-          f"-> sweep / sequential = {sweep_wall / sequential_wall:.2f}")
+    print(f"{args.trials} trials: sweep {sweep_wall:.1f} s, sequential (plain loop, one process) "
+          f"{sequential_wall:.1f} s -> sweep / sequential = {sweep_wall / sequential_wall:.2f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "args": {k: str(v) for k, v in vars(args).items()}, "host": platform.node(), "cpus": os.cpu_count(),

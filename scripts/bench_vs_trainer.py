@@ -142,7 +142,8 @@ def summary(runs: list[dict]) -> dict:
         xs = [r[key] for r in runs]
         return {"per_seed": xs, "mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0}
 
-    return {"samples_per_s": ms("samples_per_s"), "scores": ms("score"), "train_seconds": ms("train_seconds"), "runs": runs}
+    return {"samples_per_s": ms("samples_per_s"), "scores": ms("score"), "train_seconds": ms("train_seconds"),
+            "runs": runs}
 
 
 def main() -> None:

@@ -5,8 +5,9 @@ The sweep (2 GLUE tasks x 6 seeds, a tiny model, staged from S3, logged to an ``
 run by ``python -m sweep`` joined to a 3-node Ray cluster of one-CPU nodes whose two worker nodes
 each have their OWN DISK, as pods do (``ray start`` inside ``unshare -m`` with a tmpfs over the
 driver's folder: out_dir and the caches; tests/own_disks.py): only the storage path and the MLflow
-server are shared, so any shortcut through the driver's disk would show. The faults, each triggered by the sweep's progress
-(epochs on record in the trials' histories) so both runs see them at the same point:
+server are shared, so any shortcut through the driver's disk would show. The faults, each triggered
+by the sweep's progress (epochs on record in the trials' histories) so both runs see them at the
+same point:
 
 1. a trial's process is SIGKILLed (the Train worker: one-worker trials run Train's loop in it);
 2. S3 answers 503 to the next GETs, a replacement node joins, and a worker node that runs a trial
@@ -139,8 +140,9 @@ def run_sweep(name: str, work: Path, proxy: FaultyProxy, args, faults: bool) -> 
     injector = Faults(cluster, storage, proxy, mlflow, args.epochs, base, (3, len(SEEDS) * per_trial // 3 + 4,
                                                                           len(SEEDS) * per_trial // 2 + 6))
     command = [sys.executable, "-m", "sweep", "experiment=demo", f"task=[{','.join(TASKS)}]",
-               f"sweep.seeds=[{','.join(map(str, SEEDS))}]", f"train.epochs={args.epochs}", "train.max_train_samples=null",
-               "storage=s3", f"storage.bucket={BUCKET}", f"storage.cache_dir={driver / 'cache'}", "resources.gpus_per_trial=0",
+               f"sweep.seeds=[{','.join(map(str, SEEDS))}]", f"train.epochs={args.epochs}",
+               "train.max_train_samples=null", "storage=s3", f"storage.bucket={BUCKET}",
+               f"storage.cache_dir={driver / 'cache'}", "resources.gpus_per_trial=0",
                f"cluster.address={cluster.address}", f"cluster.storage_path={storage}", "cluster.shared_storage=true",
                f"tracking.uri={mlflow.url}", f"tracking.experiment=chaos-{name}", f"out_dir={out}"]
     print(f"chaos: {name}: {' '.join(command[3:])}", flush=True)
@@ -227,7 +229,8 @@ def main() -> None:
     print("faults:\n  " + "\n  ".join(chaos["faults"]))
     print(f"same rows: {report['same_rows']}, same per-trial scores: {same_scores} (max difference {diff:.2e}), "
           f"same best seed per task: {report['same_best_seed']}; S3 answered 503 {proxy.failed} time(s)")
-    print(f"cost of the faults: {report['fault_cost_seconds']:+.1f} s ({report['fault_cost_ratio']:.3f}x the clean run)")
+    print(f"cost of the faults: {report['fault_cost_seconds']:+.1f} s "
+          f"({report['fault_cost_ratio']:.3f}x the clean run)")
     if chaos["unsent_mlflow_calls"]:
         print("\n".join(chaos["unsent_mlflow_calls"]))
     if args.out:

@@ -1,4 +1,6 @@
-"""python -m sweep task=WNLI model=roberta-base   (or the console script: sweep task=WNLI ...; --help lists every option)
+"""python -m sweep task=WNLI model=roberta-base   (or the console script: sweep task=WNLI ...)
+
+``--help`` lists every option.
 
 Nothing heavy is imported before the config is validated: ``--help`` and every one-line error
 reach the user without torch, transformers or Ray being loaded. A mistake in the overrides (an

@@ -125,8 +125,8 @@ def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkp
     return summaries
 
 
-def record_in_mlflow(settings: Settings, tracker, records: list[TrialRecord], summaries: list, best: dict[str, TrialRecord],
-                     out_dir: Path, plot: Path | None) -> None:
+def record_in_mlflow(settings: Settings, tracker, records: list[TrialRecord], summaries: list,
+                     best: dict[str, TrialRecord], out_dir: Path, plot: Path | None) -> None:
     """The end of the sweep in MLflow: what waits in the spool, the registry, the parent's results.
 
     The results and best models are written by now: a store that fails here loses none of them

@@ -240,7 +240,8 @@ def _check_ranges(s: Settings) -> None:
     _check_resources(s)
     _check_halving_trials(s)
 
-    _check(s.cluster.scale_timeout_s > 0, "cluster.scale_timeout_s", f"must be > 0 seconds, got {s.cluster.scale_timeout_s}")
+    _check(s.cluster.scale_timeout_s > 0, "cluster.scale_timeout_s",
+           f"must be > 0 seconds, got {s.cluster.scale_timeout_s}")
     _check_node_types(s.cluster.node_types)
     _check_storage(s.storage)
     _check_choice("tracking.kind", s.tracking.kind)
@@ -259,7 +260,8 @@ def _check_halving_trials(s: Settings) -> None:
     worker group running (resources.gpus_per_trial=auto is checked again once the plan is made)."""
     if s.sweep.scheduler != "seed_halving":
         return
-    ddp = [t.name for t in s.tasks if isinstance(s.resources.gpus_for(t.name), (int, float)) and s.resources.gpus_for(t.name) > 1]
+    ddp = [t.name for t in s.tasks
+           if isinstance(s.resources.gpus_for(t.name), (int, float)) and s.resources.gpus_for(t.name) > 1]
     _check(not ddp, "sweep.scheduler", f"seed_halving cannot pause the multi-GPU (DDP) trials of {', '.join(ddp)}; "
            "give them 1 GPU (resources.gpus_per_trial=1) or use sweep.scheduler=asha")
 
@@ -271,7 +273,8 @@ def _check_node_types(node_types: list[Any]) -> None:
         _check(isinstance(spec, dict) and isinstance(spec.get("name"), str), key,
                f"must be a mapping with name, resources and max_workers; {example}")
         resources = spec.get("resources")
-        _check(isinstance(resources, dict) and resources and all(isinstance(v, (int, float)) and v >= 0 for v in resources.values()),
+        _check(isinstance(resources, dict) and resources
+               and all(isinstance(v, (int, float)) and v >= 0 for v in resources.values()),
                f"{key}.resources", f"must map resource names to numbers >= 0, got {resources!r}; {example}")
         most = spec.get("max_workers")
         _check(isinstance(most, int) and most >= 0, f"{key}.max_workers", f"must be a whole number >= 0, got {most!r}")
@@ -314,7 +317,8 @@ def _check_hparams(s: Settings) -> None:
         for key, spec in space.items():
             _check(key in TUNABLE, f"sweep.{kind}.{key}", f"is not a train option; tunable: {', '.join(TUNABLE)}")
             if kind == "grid":
-                _check(isinstance(spec, list) and len(spec) > 0, f"sweep.grid.{key}", f"needs a non-empty list, got {spec!r}")
+                _check(isinstance(spec, list) and len(spec) > 0, f"sweep.grid.{key}",
+                       f"needs a non-empty list, got {spec!r}")
                 for value in spec:  # each value must pass the train schema and its ranges
                     _check_ranges_of(s, key, value, f"sweep.grid.{key}")
             else:
@@ -324,9 +328,11 @@ def _check_hparams(s: Settings) -> None:
                     _check(bool(spec.get("values")), f"sweep.search.{key}.values", "needs a non-empty list")
                 else:
                     low, high = spec.get("low"), spec.get("high")
-                    _check(isinstance(low, (int, float)) and isinstance(high, (int, float)) and 0 < low < high if dist == "loguniform"
-                           else isinstance(low, (int, float)) and isinstance(high, (int, float)) and low < high,
-                           f"sweep.search.{key}", f"needs numbers low < high{' (both > 0 for loguniform)' if dist == 'loguniform' else ''}, got low={low!r} high={high!r}")
+                    loguniform = dist == "loguniform"
+                    numbers = isinstance(low, (int, float)) and isinstance(high, (int, float))
+                    _check(numbers and (0 < low < high if loguniform else low < high), f"sweep.search.{key}",
+                           f"needs numbers low < high{' (both > 0 for loguniform)' if loguniform else ''}, "
+                           f"got low={low!r} high={high!r}")
 
 def _check_resources(s: Settings) -> None:
     r = s.resources

@@ -107,5 +107,6 @@ def require_model_folder(path: Path, label: str, hint: str) -> Path:
         why = "is not a folder" if path.exists() else "does not exist"
         raise ModelSourceError(f"{label} {path} {why}; {hint}")
     if not is_model_folder(path):
-        raise ModelSourceError(f"{label} {path} has no {MODEL_CONFIG} (not a folder written by save_pretrained); {hint}")
+        raise ModelSourceError(
+            f"{label} {path} has no {MODEL_CONFIG} (not a folder written by save_pretrained); {hint}")
     return path

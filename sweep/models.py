@@ -257,7 +257,8 @@ TokenizerBuilder = Callable[[Iterable[str], int, int], PreTrainedTokenizerBase]
 ModelBuilder = Callable[[PreTrainedTokenizerBase, int, int, int, int], PreTrainedModel]
 # arch -> (tokenizer builder, model builder, positions the tokenizer may use)
 _BUILDERS: dict[str, tuple[TokenizerBuilder, ModelBuilder, Callable[[int], int]]] = {
-    "roberta": (_roberta_tokenizer, _roberta_model, lambda pos: pos - position_offset("roberta", ROBERTA_SPECIALS.index("<pad>"))),
+    "roberta": (_roberta_tokenizer, _roberta_model,
+                lambda pos: pos - position_offset("roberta", ROBERTA_SPECIALS.index("<pad>"))),
     "gpt2": (_gpt2_tokenizer, _gpt2_model, lambda pos: pos),
     "bert": (_bert_tokenizer, _bert_model, lambda pos: pos),
 }

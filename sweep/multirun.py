@@ -35,7 +35,8 @@ def varying(rows: list[dict[str, Any]]) -> dict[str, str]:
 
 def format_comparison(rows: list[dict[str, Any]]) -> str:
     differs = varying(rows)
-    head = f"{'job':<4} {'overrides':<40} {'task':<8} {'metric':<11} {'n':>3} {'mean ± std':>17} {'best seed':>9} {'best':>8}"
+    head = (f"{'job':<4} {'overrides':<40} {'task':<8} {'metric':<11} {'n':>3} {'mean ± std':>17} "
+            f"{'best seed':>9} {'best':>8}")
     lines = [head, "-" * len(head)]
     for r in rows:
         best = f"{float(r['best_score']):8.4f}" if r.get("best_score") else f"{'-':>8}"

@@ -219,7 +219,8 @@ def format_early_stops(records: list[TrialRecord], summaries: list[TaskSummary])
 def format_summary(summaries: list[TaskSummary]) -> str:
     """A fixed-width table: per task n, mean ± std, median, min, max, best seed and score."""
     width = max([8, *(len(s.task) for s in summaries)])  # wikitext-2-raw is longer than any GLUE name
-    head = f"{'task':<{width}} {'metric':<11} {'n':>3} {'mean ± std':>17} {'median':>8} {'min':>8} {'max':>8} {'best seed':>9} {'best':>8} {'GPU-h':>7}"
+    head = (f"{'task':<{width}} {'metric':<11} {'n':>3} {'mean ± std':>17} {'median':>8} {'min':>8} {'max':>8} "
+            f"{'best seed':>9} {'best':>8} {'GPU-h':>7}")
     lines = [head, "-" * len(head)]
     for s in summaries:
         fails = f" ({s.failed} failed)" if s.failed else ""

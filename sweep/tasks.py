@@ -161,7 +161,8 @@ def _files_of_splits(d: dict[str, Any], bad: Callable[[str, str], TaskConfigErro
     """
     pattern = d["split_file"]
     if not isinstance(pattern, str) or SPLIT_PLACEHOLDER not in pattern:
-        raise bad("split_file", f"needs a file name holding {SPLIT_PLACEHOLDER}, e.g. wiki.{{split}}.tokens; got {pattern!r}")
+        raise bad("split_file",
+                  f"needs a file name holding {SPLIT_PLACEHOLDER}, e.g. wiki.{{split}}.tokens; got {pattern!r}")
     if "train_file" in d or "eval_files" in d:
         raise bad("split_file", "names the files of train_split and eval_splits; drop train_file and eval_files")
     train = d.get("train_split")

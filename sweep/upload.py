@@ -1,4 +1,6 @@
-"""python -m sweep.upload: pack folders and upload them to S3 for storage=s3 (the code is in sweep/storage/upload.py)."""
+"""python -m sweep.upload: pack folders and upload them to S3 for storage=s3.
+
+The code is in sweep/storage/upload.py."""
 
 import sys
 

@@ -140,7 +140,8 @@ def ray_cluster_spec_errors(spec: dict[str, Any], at: str, ray_version: str | No
     groups += [(f"workerGroupSpecs[{i}]", g) for i, g in enumerate(spec.get("workerGroupSpecs") or [])]
     for where, group in groups:
         # KubeRay: a group's Ray resources come from rayStartParams or from `resources`, not both.
-        if group.get("resources") and {"num-cpus", "num-gpus", "memory", "resources"} & set(group.get("rayStartParams") or {}):
+        ray_params = set(group.get("rayStartParams") or {})
+        if group.get("resources") and {"num-cpus", "num-gpus", "memory", "resources"} & ray_params:
             errors.append(f"{at}.{where}: set Ray resources in rayStartParams or in resources, not both (KubeRay)")
     for i, group in enumerate(spec.get("workerGroupSpecs") or []):
         # Defaults as in the CRD; the autoscaler starts `replicas` pods and moves between min and max.
@@ -173,13 +174,16 @@ def operator_rule_errors(doc: dict[str, Any], ray_version: str | None = None) ->
             errors.append("spec.shutdownAfterJobFinishes: a Kueue-queued RayJob must delete its cluster "
                           "when it finishes, or it holds the quota (Kueue)")
         if kueue_managed and not spec.get("suspend"):
-            errors.append("spec.suspend: a Kueue-queued RayJob should be created suspended: Kueue unsuspends it on admission")
+            errors.append("spec.suspend: a Kueue-queued RayJob should be created suspended: "
+                          "Kueue unsuspends it on admission")
         if ("rayClusterSpec" in spec) == bool(spec.get("clusterSelector")):
             errors.append("spec: exactly one of rayClusterSpec and clusterSelector must be set (KubeRay, Kueue)")
         if spec.get("suspend") and spec.get("clusterSelector"):
-            errors.append("spec.suspend: a RayJob on an existing cluster (clusterSelector) cannot be suspended (KubeRay)")
+            errors.append("spec.suspend: a RayJob on an existing cluster (clusterSelector) cannot be suspended "
+                          "(KubeRay)")
         if "rayClusterSpec" in spec:
-            errors += ray_cluster_spec_errors(spec["rayClusterSpec"], "spec.rayClusterSpec", ray_version, kueue_managed, elastic)
+            errors += ray_cluster_spec_errors(spec["rayClusterSpec"], "spec.rayClusterSpec", ray_version,
+                                              kueue_managed, elastic)
     elif doc.get("kind") == "RayCluster":
         errors += ray_cluster_spec_errors(spec, "spec", ray_version, kueue_managed, elastic)
     return errors
@@ -260,8 +264,8 @@ def is_grpc_port(port: dict[str, Any]) -> bool:
 
 def fill_runtime_template(args: list[str], isvc_meta: dict[str, Any]) -> list[str]:
     """A runtime's arguments as KServe renders them for one InferenceService ({{.Name}}, {{.Namespace}})."""
-    return [a.replace("{{.Name}}", isvc_meta.get("name") or "").replace("{{.Namespace}}", isvc_meta.get("namespace") or "")
-            for a in args]
+    name, namespace = isvc_meta.get("name") or "", isvc_meta.get("namespace") or ""
+    return [a.replace("{{.Name}}", name).replace("{{.Namespace}}", namespace) for a in args]
 
 
 def server_options(args: list[str]) -> dict[str, Any]:
@@ -311,7 +315,8 @@ def runtime_port_errors(container: dict[str, Any], at: str, options: dict[str, A
         errors.append(f"{at}.ports[0]: {http.get('name')!r} is the gRPC port; KServe maps the Service's port 80 "
                       f"to the first port, which must be HTTP")
     elif http.get("containerPort") != options["port"]:
-        errors.append(f"{at}.ports[0].containerPort: {http.get('containerPort')} but the server listens on port={options['port']}")
+        errors.append(f"{at}.ports[0].containerPort: {http.get('containerPort')} "
+                      f"but the server listens on port={options['port']}")
     grpc_on = options.get("grpc", True) and "grpc_port" in options
     if grpc and not grpc_on:
         why = "grpc=false" if "grpc_port" in options else "the server has no grpc_port option"
@@ -333,7 +338,8 @@ def runtime_probe_errors(container: dict[str, Any], at: str) -> list[str]:
         elif get.get("path") != path:
             errors.append(f"{at}.{probe}.httpGet.path: {get.get('path')!r}, not {path!r}")
         elif get.get("port") not in (http.get("containerPort"), http.get("name")):
-            errors.append(f"{at}.{probe}.httpGet.port: {get.get('port')!r} is not the HTTP port {http.get('containerPort')}")
+            errors.append(f"{at}.{probe}.httpGet.port: {get.get('port')!r} "
+                          f"is not the HTTP port {http.get('containerPort')}")
     return errors
 
 
@@ -376,7 +382,8 @@ def _named(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
     return {(d.get("metadata") or {}).get("name"): d for d in docs if d.get("kind") == kind}
 
 
-def selected_runtime(isvc: dict[str, Any], runtimes: dict[str, dict[str, Any]]) -> tuple[dict[str, Any] | None, list[str]]:
+def selected_runtime(isvc: dict[str, Any],
+                     runtimes: dict[str, dict[str, Any]]) -> tuple[dict[str, Any] | None, list[str]]:
     """The runtime KServe would pick for the InferenceService's model, or why there is none:
     the named runtime must support the model format and protocol; without a name, an autoSelect one."""
     model = ((isvc.get("spec") or {}).get("predictor") or {}).get("model") or {}
@@ -398,7 +405,8 @@ def selected_runtime(isvc: dict[str, Any], runtimes: dict[str, dict[str, Any]]) 
             return None, [f"{at}.runtime: no ServingRuntime {name!r} (have {sorted(runtimes)})"]
         if not supports(runtime, auto=False):
             formats = [f.get("name") for f in (runtime.get("spec") or {}).get("supportedModelFormats") or []]
-            return None, [f"{at}.modelFormat: {fmt.get('name')!r} is not a format ServingRuntime {name!r} supports ({formats})"]
+            return None, [f"{at}.modelFormat: {fmt.get('name')!r} is not a format ServingRuntime {name!r} "
+                          f"supports ({formats})"]
     else:
         candidates = [rt for rt in runtimes.values() if supports(rt, auto=True)]
         if not candidates:
@@ -437,8 +445,8 @@ def inference_service_errors(isvc: dict[str, Any], docs: list[dict[str, Any]]) -
             containers = [container if c.get("name") == KSERVE_CONTAINER else c for c in runtime["spec"]["containers"]]
             merged = {**runtime, "spec": {**runtime["spec"], "containers": containers}}
             own = serving_runtime_errors(runtime, meta)  # the runtime's own faults are reported on the runtime
-            errors += [f"as run for this InferenceService: {e}" for e in serving_runtime_errors(merged, meta, model.get("args") or [])
-                       if e not in own]
+            errors += [f"as run for this InferenceService: {e}"
+                       for e in serving_runtime_errors(merged, meta, model.get("args") or []) if e not in own]
             mode = (meta.get("annotations") or {}).get(DEPLOYMENT_MODE, "Serverless")
             if len(container["ports"]) > 1 and mode not in RAW_MODES:
                 errors.append(f"metadata.annotations.{DEPLOYMENT_MODE}: {mode!r} (Knative) serves one container port; "
@@ -461,7 +469,8 @@ def storage_credential_errors(isvc: dict[str, Any], docs: list[dict[str, Any]]) 
     name = predictor.get("serviceAccountName")
     account = _named(docs, "ServiceAccount").get(name)
     if account is None:
-        return [f"spec.predictor.serviceAccountName: no ServiceAccount {name!r} beside it, so no S3 credentials for {uri}"]
+        return [f"spec.predictor.serviceAccountName: no ServiceAccount {name!r} beside it, "
+                f"so no S3 credentials for {uri}"]
     secrets = _named(docs, "Secret")
     listed = [s.get("name") for s in account.get("secrets") or []]
     usable = [secrets[n] for n in listed if n in secrets]

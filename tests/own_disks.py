@@ -63,7 +63,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as On
 def write(folder):
     open(os.path.join(folder, "written-on-the-worker"), "w").write("x")
     return sorted(os.listdir(folder))
-seen = ray.get(ray.remote(num_cpus=0)(write).options(scheduling_strategy=On(worker["NodeID"], soft=False)).remote(sys.argv[2]))
+there = On(worker["NodeID"], soft=False)
+seen = ray.get(ray.remote(num_cpus=0)(write).options(scheduling_strategy=there).remote(sys.argv[2]))
 print(json.dumps({"worker": worker["NodeID"], "seen_there": seen}))
 """
 
@@ -129,7 +130,8 @@ class OwnDiskCluster:
         while True:
             done = subprocess.run([sys.executable, "-c", _PROBE, self.address, str(self.driver), tag], env=self.env,
                                   capture_output=True, text=True, timeout=120)
-            found = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 and done.stdout.strip() else None
+            found = (json.loads(done.stdout.strip().splitlines()[-1])
+                     if done.returncode == 0 and done.stdout.strip() else None)
             if found is not None:
                 break
             if time.monotonic() > deadline or proc.poll() is not None:
@@ -190,7 +192,8 @@ class OwnDiskCluster:
                 f"storage.cache_dir={self.driver / 'cache'}", f"out_dir={self.driver / name}", *overrides]
         if log is not None:
             with log.open("w") as out:
-                return subprocess.Popen(args, env=self.env, cwd=self.driver, stdout=out, stderr=subprocess.STDOUT, text=True)
+                return subprocess.Popen(args, env=self.env, cwd=self.driver, stdout=out, stderr=subprocess.STDOUT,
+                                        text=True)
         return subprocess.run(args, env=self.env, cwd=self.driver, capture_output=True, text=True, timeout=timeout)
 
 

@@ -122,7 +122,8 @@ class FaultyProxy:
                     if proxy.fail_left > 0:
                         proxy.fail_left -= 1
                         proxy.failed += 1
-                        payload = f"<Error><Code>{'SlowDown' if status == 503 else 'AccessDenied'}</Code></Error>".encode()
+                        code = "SlowDown" if status == 503 else "AccessDenied"
+                        payload = f"<Error><Code>{code}</Code></Error>".encode()
                         self.send_response(status)
                         self.send_header("Content-Length", str(len(payload)))
                         self.end_headers()

@@ -71,7 +71,8 @@ def wait_grpc_ready(server: Server, timeout: float = 30.0) -> None:
         try:
             grpc.channel_ready_future(channel).result(timeout=timeout)
         except grpc.FutureTimeoutError:
-            raise RuntimeError(f"gRPC not ready at {server.grpc_address} after {timeout} s:\n{server.log_tail()}") from None
+            raise RuntimeError(
+                f"gRPC not ready at {server.grpc_address} after {timeout} s:\n{server.log_tail()}") from None
 
 
 def stop_server(server: Server) -> None:

@@ -60,7 +60,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def ray_outside_run(package: Path = PACKAGE) -> list[str]:
     return sorted(
         module_name(p, package) for p in package.rglob("*.py")
-        if not module_name(p, package).startswith(RAY_ROOM) and any(m == "ray" or m.startswith("ray.") for m in imports_of(p))
+        if not module_name(p, package).startswith(RAY_ROOM)
+        and any(m == "ray" or m.startswith("ray.") for m in imports_of(p))
     )
 
 

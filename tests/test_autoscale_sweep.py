@@ -31,8 +31,8 @@ def sweep_cfg(address: str, tmp_path: Path, *extra: str):
     return demo_config(
         "tracking=none", f"cluster.address={address}", "resources.gpus_per_trial=1", "sweep.seeds=[38,39,40,41]",
         "train.epochs=1", "train.max_train_samples=32", "train.max_eval_samples=32",
-        f"cluster.storage_path={tmp_path / 'storage'}", "cluster.shared_storage=true", f"storage.cache_dir={tmp_path / 'cache'}",
-        f"out_dir={tmp_path / 'out'}", *extra,
+        f"cluster.storage_path={tmp_path / 'storage'}", "cluster.shared_storage=true",
+        f"storage.cache_dir={tmp_path / 'cache'}", f"out_dir={tmp_path / 'out'}", *extra,
     )
 
 
@@ -60,8 +60,8 @@ def sweep_overrides(tmp_path: Path, name: str, seeds: str) -> list[str]:
     return [
         "experiment=demo", "tracking=none", "cluster.address=auto", "resources.gpus_per_trial=1",
         f"sweep.seeds={seeds}", "train.epochs=1", "train.max_train_samples=32", "train.max_eval_samples=32",
-        f"cluster.storage_path={tmp_path / name / 'storage'}", "cluster.shared_storage=true", f"storage.cache_dir={tmp_path / 'cache'}",
-        f"out_dir={tmp_path / name / 'out'}",
+        f"cluster.storage_path={tmp_path / name / 'storage'}", "cluster.shared_storage=true",
+        f"storage.cache_dir={tmp_path / 'cache'}", f"out_dir={tmp_path / name / 'out'}",
     ]
 
 
@@ -99,7 +99,8 @@ def test_two_sweeps_at_once_share_launched_gpu_nodes_and_the_request(tmp_path):
             time.sleep(0.5)
         codes = {name: proc.returncode for name, (proc, _) in sweeps.items()}
         withdrawn = request_gone(autoscale) and stored_request() == []
-        keeper_gone = not any(a["name"] == cluster_request.KEEPER_NAME for a in ray.util.list_named_actors(all_namespaces=True))
+        keeper_gone = not any(a["name"] == cluster_request.KEEPER_NAME
+                              for a in ray.util.list_named_actors(all_namespaces=True))
     outs = {name: (tmp_path / f"{name}.log").read_text() for name in sweeps}
     assert codes == {"a": 0, "b": 0}, {n: o[-2000:] for n, o in outs.items()}
     assert any("GPU node(s) (type gpu_worker) from the autoscaler" in o for o in outs.values()), outs
@@ -133,7 +134,8 @@ def test_a_gpu_group_that_cannot_grow_is_an_error_before_any_trial(tmp_path):
 def test_nodes_that_never_come_end_in_one_clear_error(tmp_path):
     from sweep.run import autoscale
 
-    with autoscaling_cluster(head=HEAD, worker_types={GPU_TYPE: never_starting_gpu_worker_type(max_workers=2)}) as address:
+    with autoscaling_cluster(head=HEAD,
+                             worker_types={GPU_TYPE: never_starting_gpu_worker_type(max_workers=2)}) as address:
         # The head is alone, but the cluster can grow: each launched node has its own disk, so a sweep
         # without a storage path every node reaches is refused before any trial (this cluster, shared).
         cfg = sweep_cfg(address, tmp_path)
@@ -145,7 +147,8 @@ def test_nodes_that_never_come_end_in_one_clear_error(tmp_path):
             run(sweep_cfg(address, tmp_path, "cluster.scale_timeout_s=10"), tmp_path / "out")
         waited = time.monotonic() - t0
         withdrawn = request_gone(autoscale)
-    assert str(no_storage.value).startswith("cluster.storage_path: this Ray cluster can launch nodes of type gpu_worker")
+    assert str(no_storage.value).startswith(
+        "cluster.storage_path: this Ray cluster can launch nodes of type gpu_worker")
     assert "s3://bucket/prefix" in str(no_storage.value) and "\n" not in str(no_storage.value)
     assert str(error.value).startswith("no node of type gpu_worker arrived within 10 s; pending: 2 x {GPU: 1, CPU: 1}")
     assert waited < 120  # the error comes soon after the timeout, not after Train's own retries

@@ -33,7 +33,8 @@ def test_help_lists_every_task_and_model(tmp_path):
         (["train.lr=-1"], "error: train.lr: must be > 0, got -1.0"),
         (["sweep.seeds=[]"], "error: sweep.seeds: is empty"),
         (["model=roberta-base"], "model.path"),
-        (["experiment=demo", "storage.data_dir=/nonexistent/data"], "error: storage.data_dir: /nonexistent/data is not a folder"),
+        (["experiment=demo", "storage.data_dir=/nonexistent/data"],
+         "error: storage.data_dir: /nonexistent/data is not a folder"),
     ],
 )
 def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path, args, message):
@@ -48,8 +49,8 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path, args, message)
 def test_missing_task_folder_fails_before_any_trial(tmp_path):
     data = tmp_path / "data" / "glue_data" / "WNLI"
     data.mkdir(parents=True)
-    r = sweep_cmd("experiment=demo", "task=RTE", f"storage.data_dir={data.parent.parent}", f"out_dir={tmp_path / 'out'}",
-                  cwd=tmp_path, cache=tmp_path / "cache", timeout=120)
+    r = sweep_cmd("experiment=demo", "task=RTE", f"storage.data_dir={data.parent.parent}",
+                  f"out_dir={tmp_path / 'out'}", cwd=tmp_path, cache=tmp_path / "cache", timeout=120)
     assert r.returncode == 2
     assert "error: no data for task RTE: looked in" in r.stderr
     assert "epoch" not in r.stderr + r.stdout  # no trial ran
@@ -62,15 +63,18 @@ def test_missing_task_folder_fails_before_any_trial(tmp_path):
         (["task=RTE", "task.path=x"], "error: task.path: no such key (keys of task: RTE)", []),
         (["model=nosuch"], "error: model: Could not find 'model/nosuch'; available options in 'model': ",
          ["roberta-base", "minilm", "tiny-roberta", "tiny-gpt2"]),
-        (["task=NOPE"], "error: task: Could not find 'task/NOPE'; available options in 'task': ", ["WNLI", "glue", "wikitext-2"]),
+        (["task=NOPE"], "error: task: Could not find 'task/NOPE'; available options in 'task': ",
+         ["WNLI", "glue", "wikitext-2"]),
         (["model=minilm", "train.max_seq_length=100000"],
          "error: train.max_seq_length: 100000 is more than minilm holds (512 positions); use at most 512", []),
         (["experiment=demo", "model.builder.max_positions=66", "train.max_seq_length=100"],
          "error: train.max_seq_length: 100 is more than tiny-roberta holds (64 positions); use at most 64", []),
         (["experiment=demo", "model=tiny-gpt2", "task=wikitext-2", "train.block_size=300"],
          "error: train.block_size: 300 is more than tiny-gpt2 holds (256 positions); use at most 256", []),
-        (["train.lr=-1"], "error: train.lr: must be > 0, got -1.0", []),  # validate's errors come before Hydra writes too
-        (["-m", "experiment=demo", "model=tiny-roberta,nosuch"], "error: model: Could not find 'model/nosuch'", ["tiny-gpt2"]),
+        # validate's errors come before Hydra writes too
+        (["train.lr=-1"], "error: train.lr: must be > 0, got -1.0", []),
+        (["-m", "experiment=demo", "model=tiny-roberta,nosuch"], "error: model: Could not find 'model/nosuch'",
+         ["tiny-gpt2"]),
     ],
 )
 def test_a_config_mistake_is_one_line_exit_2_and_nothing_is_written(tmp_path, args, line, allowed):
@@ -157,7 +161,8 @@ def test_resume_after_the_driver_is_killed_skips_finished_trials(tmp_path):
     assert "resume: continuing the sweep" in r.stdout
     records = load_records(out / "results.json")
     assert sorted(rec.seed for rec in records) == [38, 39, 40, 41]
-    assert all(rec.status == "TERMINATED" and rec.epochs_done == 2 and rec.steps_done == rec.steps_total for rec in records)
+    assert all(rec.status == "TERMINATED" and rec.epochs_done == 2 and rec.steps_done == rec.steps_total
+               for rec in records)
     after = _launch_ids(out)
     (launch_1,) = {next(iter(ids)) for ids in first.values() if len(ids) == 1} or {None}
     rerun = {t for t, ids in after.items() if ids - {launch_1}}
@@ -202,8 +207,8 @@ def test_experiment_with_or_without_plus_and_the_console_script(tmp_path, plus):
     assert r2.stdout == r.stdout
 
 
-@pytest.mark.parametrize("args", [["--help"], ["train.lr=-1"], ["resources.gpus_per_trial=-1"], ["task=NOPE"], ["train.lrr=3"],
-                                  ["model=minilm", "train.max_seq_length=100000"]])
+@pytest.mark.parametrize("args", [["--help"], ["train.lr=-1"], ["resources.gpus_per_trial=-1"], ["task=NOPE"],
+                                  ["train.lrr=3"], ["model=minilm", "train.max_seq_length=100000"]])
 def test_help_and_config_errors_load_no_torch_transformers_or_ray(tmp_path, args):
     """What a person sees first comes fast: the modules loaded by the end of the process are listed."""
     probe = ("import atexit, sys\n"

@@ -90,7 +90,8 @@ def test_a_dead_drivers_part_is_dropped_at_the_next_change_and_by_the_timer():
 
 def test_the_sweeps_part_is_withdrawn_on_error_and_ctrl_c(monkeypatch):
     calls = []
-    monkeypatch.setattr(cluster_request, "ask", lambda sweep_id, bundles: calls.append(("ask", sweep_id, list(bundles))))
+    monkeypatch.setattr(cluster_request, "ask",
+                        lambda sweep_id, bundles: calls.append(("ask", sweep_id, list(bundles))))
     monkeypatch.setattr(cluster_request, "withdraw", lambda sweep_id: calls.append(("withdraw", sweep_id)))
     for error in (RuntimeError("trial failed"), KeyboardInterrupt()):
         calls.clear()

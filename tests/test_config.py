@@ -133,7 +133,8 @@ def test_the_schema_defaults_agree_with_the_default_yaml(group, monkeypatch):
     schema = getattr(config, SCHEMAS[group])
     defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
                 for f in dataclasses.fields(schema)}
-    defaults = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in defaults.items()}  # sweep.halving
+    # sweep.halving is a dataclass of its own
+    defaults = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in defaults.items()}
     differ = {k: (defaults[k], v) for k, v in yaml_values.items() if k in defaults and defaults[k] != v}
     assert differ == {}, f"{SCHEMAS[group]} default vs conf/{group}: {differ}"
     assert set(yaml_values) <= set(defaults)
@@ -164,9 +165,12 @@ def test_declared_node_types_compose_and_bad_ones_are_refused():
     ok = validate(_compose("cluster.node_types=[{name:gpu-workers,resources:{CPU:8,GPU:1},max_workers:4}]"))
     assert ok.cluster.node_types == [{"name": "gpu-workers", "resources": {"CPU": 8, "GPU": 1}, "max_workers": 4}]
     for override, message in [
-        ("cluster.node_types=[{name:gpu-workers,resources:{CPU:8,GPU:1}}]", "cluster.node_types[0].max_workers: must be a whole number"),
-        ("cluster.node_types=[{name:gpu-workers,resources:{},max_workers:2}]", "cluster.node_types[0].resources: must map"),
-        ("cluster.node_types=[{resources:{GPU:1},max_workers:2}]", "cluster.node_types[0]: must be a mapping with name"),
+        ("cluster.node_types=[{name:gpu-workers,resources:{CPU:8,GPU:1}}]",
+         "cluster.node_types[0].max_workers: must be a whole number"),
+        ("cluster.node_types=[{name:gpu-workers,resources:{},max_workers:2}]",
+         "cluster.node_types[0].resources: must map"),
+        ("cluster.node_types=[{resources:{GPU:1},max_workers:2}]",
+         "cluster.node_types[0]: must be a mapping with name"),
         ("cluster.node_types=[{name:g,resources:{GPU:1},max_workers:2,maxx:3}]", "unknown keys ['maxx']"),
     ]:
         with pytest.raises(ConfigError) as error:
@@ -187,7 +191,8 @@ def test_declared_node_types_compose_and_bad_ones_are_refused():
          "train.max_seq_length: 65 is more than tiny-roberta holds (64 positions); use at most 64"),
         (["experiment=demo", "model.builder.max_positions=66", "+sweep.grid.max_seq_length=[32,128]"],
          "sweep.grid.max_seq_length: 128 is more than tiny-roberta holds (64 positions); use at most 64"),
-        (["experiment=demo", "model.builder.max_positions=66", "+sweep.search.max_seq_length={dist:choice,values:[32,99]}"],
+        (["experiment=demo", "model.builder.max_positions=66",
+          "+sweep.search.max_seq_length={dist:choice,values:[32,99]}"],
          "sweep.search.max_seq_length: 99 is more than tiny-roberta holds (64 positions)"),
         # a causal LM: block_size against GPT-2's n_positions
         (["model=tiny-gpt2", "task=wikitext-2", "train.block_size=257"],
@@ -208,7 +213,8 @@ def test_a_length_beyond_the_model_is_one_line_naming_the_key(overrides, expecte
         ["model=minilm", "train.max_seq_length=512"],
         ["experiment=demo", "model.builder.max_positions=66", "train.max_seq_length=64"],
         # the grid replaces train.max_seq_length: only the values tried count
-        ["experiment=demo", "model.builder.max_positions=66", "train.max_seq_length=1000", "+sweep.grid.max_seq_length=[32,64]"],
+        ["experiment=demo", "model.builder.max_positions=66", "train.max_seq_length=1000",
+         "+sweep.grid.max_seq_length=[32,64]"],
         ["model=tiny-gpt2", "task=wikitext-2", "train.block_size=256"],
         # block_size is for causal LM tasks only; max_seq_length for the others only
         ["model=minilm", "task=RTE", "train.block_size=100000"],
@@ -233,7 +239,8 @@ def test_a_model_folders_config_json_gives_its_positions(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(
         {"model_type": "roberta", "max_position_embeddings": 130, "pad_token_id": 1}))
     check_lengths(validate(_compose(f"model.path={tmp_path}", "train.max_seq_length=128")))
-    with pytest.raises(ConfigError, match=r"^train.max_seq_length: 129 is more than roberta-base holds \(128 positions\)"):
+    with pytest.raises(ConfigError,
+                       match=r"^train.max_seq_length: 129 is more than roberta-base holds \(128 positions\)"):
         check_lengths(validate(_compose(f"model.path={tmp_path}", "train.max_seq_length=129")))
     staged = validate(_compose("train.max_seq_length=129"))  # e.g. storage=s3: only the node has the folder
     with pytest.raises(ConfigError, match=r"^train.max_seq_length: 129 is more than roberta-base holds"):
@@ -280,13 +287,18 @@ def test_the_command_line_check_lets_every_kind_of_good_argument_through(tmp_pat
     "argv, expected",
     [
         # every job of a multirun is composed and validated: the bad value of a sweep is found
-        (["-m", "experiment=demo", "model=tiny-roberta,nosuch"], "model: Could not find 'model/nosuch'; available options in 'model': "),
-        (["-m", "experiment=demo", "train.max_seq_length=64,600"], "train.max_seq_length: 600 is more than tiny-roberta holds (512 positions)"),
+        (["-m", "experiment=demo", "model=tiny-roberta,nosuch"],
+         "model: Could not find 'model/nosuch'; available options in 'model': "),
+        (["-m", "experiment=demo", "train.max_seq_length=64,600"],
+         "train.max_seq_length: 600 is more than tiny-roberta holds (512 positions)"),
         (["train.lr=[1"], "train.lr=[1: not a valid override ("),
         (["model.nosuch=1"], "model.nosuch: no such key (keys of model: name, hub_id, path, package, builder)"),
-        (["nosuch=1"], "nosuch: no such key (keys of the config: task, model, train, sweep, resources, storage, tracking, cluster, out_dir, resume)"),
-        (["sweep.grid.lr=[1e-5,2e-5]"], "sweep.grid.lr: not in sweep.grid yet; add it with +sweep.grid.lr=[1e-5,2e-5]"),
-        (["+train.lr=1"], "Could not append to config. An item is already at 'train.lr'; Either remove + prefix: 'train.lr=1'"),
+        (["nosuch=1"], "nosuch: no such key (keys of the config: task, model, train, sweep, resources, storage, "
+                       "tracking, cluster, out_dir, resume)"),
+        (["sweep.grid.lr=[1e-5,2e-5]"],
+         "sweep.grid.lr: not in sweep.grid yet; add it with +sweep.grid.lr=[1e-5,2e-5]"),
+        (["+train.lr=1"],
+         "Could not append to config. An item is already at 'train.lr'; Either remove + prefix: 'train.lr=1'"),
     ],
 )
 def test_the_command_line_check_names_the_mistake_on_one_line(argv, expected):

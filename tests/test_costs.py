@@ -20,7 +20,8 @@ def test_rows_and_mean_tokens_are_those_of_the_training_file(tiny_roberta_dir, t
     train = demo_settings("train.max_seq_length=16").train
     size = task_size(spec, data, tokenizer, train)
     rows = load_task_data(spec, data)["train"]
-    lengths = [len(tokenizer(a, b, truncation=True, max_length=16)["input_ids"]) for a, b in zip(rows["text_a"], rows["text_b"])]
+    lengths = [len(tokenizer(a, b, truncation=True, max_length=16)["input_ids"])
+               for a, b in zip(rows["text_a"], rows["text_b"])]
     assert size.rows == 150 and size.mean_tokens == pytest.approx(sum(lengths) / len(lengths))
     assert size.mean_tokens <= 16  # truncated as training truncates
 
@@ -35,13 +36,15 @@ def test_a_causal_lm_corpus_is_counted_in_blocks(tiny_roberta_dir, tmp_path):
     size = task_size(spec, folder, tokenizer, demo_settings("train.block_size=32").train)
     tokens = sum(len(tokenizer(line)["input_ids"]) for line in text.splitlines())
     assert size.blocks and size.mean_tokens == 32
-    assert size.rows == pytest.approx(tokens * (1 - spec.holdout_fraction) / 32, rel=0.05)  # from a sample; the tail is held out
+    # from a sample; the tail is held out
+    assert size.rows == pytest.approx(tokens * (1 - spec.holdout_fraction) / 32, rel=0.05)
 
 
 def test_model_params_from_the_config_match_the_loaded_model(tiny_roberta_dir):
     from transformers import AutoModel
 
-    assert model_params(tiny_roberta_dir) == sum(p.numel() for p in AutoModel.from_pretrained(tiny_roberta_dir).parameters())
+    assert model_params(tiny_roberta_dir) == sum(p.numel()
+                                                 for p in AutoModel.from_pretrained(tiny_roberta_dir).parameters())
 
 
 def test_every_trial_is_costed_and_grid_points_change_the_cost():

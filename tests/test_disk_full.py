@@ -64,18 +64,21 @@ def assert_one_line(e: DiskFullError, folder: Path, needed: int, key: str) -> No
     line = str(e)
     assert "\n" not in line
     assert line.startswith("no space left on ") and f"to {folder} needs about {mb(needed)}, " in line, line
-    assert re.search(r", \d+\.\d MB free; free space \(or set " + re.escape(key) + r"\) and rerun with resume=true$", line)
+    assert re.search(r", \d+\.\d MB free; free space \(or set " + re.escape(key) + r"\) and rerun with resume=true$",
+                     line)
     assert isinstance(e, USER_ERRORS)  # python -m sweep prints it as one line, exit 2
 
 
 def test_the_line_is_found_again_in_a_trial_traceback():
     # what the driver reads from a failed trial's error text (Ray's traceback, the cause first)
-    line = "no space left on /mnt: writing a checkpoint to /mnt/x needs about 1.0 MB, 0.0 MB free; free space (or set out_dir) and rerun with resume=true"
+    line = ("no space left on /mnt: writing a checkpoint to /mnt/x needs about 1.0 MB, 0.0 MB free; "
+            "free space (or set out_dir) and rerun with resume=true")
     text = f"Traceback ...\nOSError: [Errno 28] No space left on device\n\nsweep.errors.DiskFullError: {line}\n"
     assert disk_full_line(text) == line
     assert disk_full_line("ValueError: label 7 is not one of the task's labels") is None
     assert is_disk_full(OSError(28, "No space left on device"))
-    assert is_disk_full(OSError("[Errno 28] Error writing bytes to file. Detail: [errno 28] No space left on device"))  # pyarrow's form
+    # pyarrow's form
+    assert is_disk_full(OSError("[Errno 28] Error writing bytes to file. Detail: [errno 28] No space left on device"))
     assert not is_disk_full(OSError(2, "No such file or directory"))
 
 
@@ -173,8 +176,10 @@ def test_sweep_on_a_full_disk_stops_with_one_line_then_resume_finishes(small_dis
     r = sweep_cmd(*args, cwd=tmp_path, cache=cache, timeout=180)
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-3000:]
     last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"error: no space left on {disk}: writing the checkpoint of epoch 1 to {out}/"), r.stderr[-3000:]
-    assert re.search(r"needs about \d+\.\d MB, \d+\.\d MB free; free space \(or set out_dir\) and rerun with resume=true$", last)
+    assert last.startswith(f"error: no space left on {disk}: writing the checkpoint of epoch 1 to {out}/"), \
+        r.stderr[-3000:]
+    assert re.search(r"needs about \d+\.\d MB, \d+\.\d MB free; "
+                     r"free space \(or set out_dir\) and rerun with resume=true$", last)
     assert "Traceback" not in r.stderr
     assert not (out / "results.json").exists()
     assert not list(out.rglob("checkpoint_*")), "a half-copied checkpoint was left in the storage"

@@ -50,7 +50,8 @@ def test_regression_and_two_eval_splits(synthetic_glue_dir, tiny_roberta_dir, ca
 @pytest.mark.parametrize("padding", ["dynamic", "max_length"])
 def test_padding_modes_count_tokens(synthetic_glue_dir, tiny_roberta_dir, cache_dir, padding):
     cfg = replace(QUICK, epochs=1, padding=padding, max_train_samples=32)
-    epoch = finetune(load_task("SST-2"), tiny_roberta_dir, synthetic_glue_dir, cfg, seed=38, cache_dir=cache_dir).epochs[0]
+    epoch = finetune(load_task("SST-2"), tiny_roberta_dir, synthetic_glue_dir, cfg, seed=38,
+                     cache_dir=cache_dir).epochs[0]
     assert 0 < epoch.train_tokens <= epoch.padded_tokens
     if padding == "max_length":
         assert epoch.padded_tokens == 32 * 64
@@ -72,7 +73,8 @@ def test_resume_after_a_stop_equals_an_uninterrupted_run(synthetic_glue_dir, tin
         raise _Stop
 
     with pytest.raises(_Stop):
-        finetune(spec, tiny_roberta_dir, synthetic_glue_dir, cfg, seed=42, cache_dir=cache_dir, on_epoch=stop_after_first)
+        finetune(spec, tiny_roberta_dir, synthetic_glue_dir, cfg, seed=42, cache_dir=cache_dir,
+                 on_epoch=stop_after_first)
     resumed = finetune(spec, tiny_roberta_dir, synthetic_glue_dir, cfg, seed=42, cache_dir=cache_dir,
                        resume_from=tmp_path / "ckpt")
     assert [e.epoch for e in resumed.epochs] == [1, 2, 3]

@@ -46,7 +46,8 @@ def _container(docs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def all_errors(docs: list[dict[str, Any]], crds) -> list[str]:
     """What this suite checks about the folder: each document, then the documents together."""
-    errors = [f"{d['kind']}/{(d.get('metadata') or {}).get('name')}: {e}" for d in docs for e in manifest_errors(d, crds)]
+    errors = [f"{d['kind']}/{(d.get('metadata') or {}).get('name')}: {e}"
+              for d in docs for e in manifest_errors(d, crds)]
     return errors + kserve_stack_errors(docs)
 
 
@@ -81,15 +82,18 @@ def test_runtime_serves_http_and_grpc_as_kserve_expects() -> None:
     [model_format] = runtime["spec"]["supportedModelFormats"]
     assert model_format["name"] == "sweep-hf" and model_format["autoSelect"] is True
     assert runtime["spec"]["protocolVersions"] == ["v2", "grpc-v2"]
-    assert runtime["spec"]["annotations"] == {"prometheus.kserve.io/port": str(DEFAULT_PORT), "prometheus.kserve.io/path": "/metrics"}
+    assert runtime["spec"]["annotations"] == {"prometheus.kserve.io/port": str(DEFAULT_PORT),
+                                              "prometheus.kserve.io/path": "/metrics"}
     container = _container(docs)
     assert container["command"] == ["python", "-m", "sweep.serve"]
     options = server_options(container["args"])  # the server's own parser: grpc_port must be one of its options
     assert options["model"] == MODEL_MOUNT and options["port"] == DEFAULT_PORT
-    assert [(p["name"], p["containerPort"]) for p in container["ports"]] == [("http", DEFAULT_PORT), ("h2c", options["grpc_port"])]
+    assert [(p["name"], p["containerPort"]) for p in container["ports"]] == [("http", DEFAULT_PORT),
+                                                                             ("h2c", options["grpc_port"])]
     assert options["grpc_port"] == 8081
     model = isvc["spec"]["predictor"]["model"]
-    assert (model["modelFormat"]["name"], model["runtime"], model["protocolVersion"]) == ("sweep-hf", runtime["metadata"]["name"], "v2")
+    assert ((model["modelFormat"]["name"], model["runtime"], model["protocolVersion"])
+            == ("sweep-hf", runtime["metadata"]["name"], "v2"))
     assert model["storageUri"].startswith("s3://") and model["storageUri"].endswith("/best/wikitext-2")
     assert isvc["metadata"]["annotations"][DEPLOYMENT_MODE] == "RawDeployment"
 
@@ -99,7 +103,8 @@ def test_storage_initializer_credentials() -> None:
     isvc, account, secret = (_kind(docs, k) for k in ("InferenceService", "ServiceAccount", "Secret"))
     assert account["metadata"]["name"] == isvc["spec"]["predictor"]["serviceAccountName"]
     assert account["secrets"] == [{"name": secret["metadata"]["name"]}]
-    assert {S3_ENDPOINT, "serving.kserve.io/s3-usehttps", "serving.kserve.io/s3-region"} <= set(secret["metadata"]["annotations"])
+    assert ({S3_ENDPOINT, "serving.kserve.io/s3-usehttps", "serving.kserve.io/s3-region"}
+            <= set(secret["metadata"]["annotations"]))
     assert secret["stringData"] == {key: PLACEHOLDER for key in S3_KEYS}
 
 
@@ -122,54 +127,74 @@ def _set_arg(key: str, value: str) -> Callable[[list[dict]], None]:
 
 
 BROKEN: dict[str, tuple[Callable[[list[dict]], None], str]] = {
-    "misspelled runtime field": (lambda d: _runtime(d)["spec"].__setitem__("supportedModelFormat", _runtime(d)["spec"].pop("supportedModelFormats")),
-                                 "'supportedModelFormat' was unexpected"),
+    "misspelled runtime field": (
+        lambda d: _runtime(d)["spec"].__setitem__("supportedModelFormat",
+                                                  _runtime(d)["spec"].pop("supportedModelFormats")),
+        "'supportedModelFormat' was unexpected"),
     "misspelled InferenceService field": (lambda d: _model(d).__setitem__("storageURI", _model(d).pop("storageUri")),
                                           "'storageURI' was unexpected"),
-    "misspelled ServiceAccount field": (lambda d: _kind(d, "ServiceAccount").__setitem__("secret", _kind(d, "ServiceAccount").pop("secrets")),
-                                        "secret: not a field of ServiceAccount"),
+    "misspelled ServiceAccount field": (
+        lambda d: _kind(d, "ServiceAccount").__setitem__("secret", _kind(d, "ServiceAccount").pop("secrets")),
+        "secret: not a field of ServiceAccount"),
     "unsupported model format": (lambda d: _model(d)["modelFormat"].__setitem__("name", "pytorch"),
                                  "'pytorch' is not a format ServingRuntime 'sweep-runtime' supports"),
-    "no runtime named, none auto-selects": (lambda d: (_model(d).pop("runtime"), _runtime(d)["spec"]["supportedModelFormats"][0].pop("autoSelect")),
-                                            "no ServingRuntime auto-selects 'sweep-hf'"),
-    "unknown runtime": (lambda d: _model(d).__setitem__("runtime", "caikit-tgis-runtime"), "no ServingRuntime 'caikit-tgis-runtime'"),
-    "protocol left to KServe's default v1": (lambda d: _model(d).pop("protocolVersion"), "'v1' (KServe's default when unset is 'v1')"),
+    "no runtime named, none auto-selects": (
+        lambda d: (_model(d).pop("runtime"), _runtime(d)["spec"]["supportedModelFormats"][0].pop("autoSelect")),
+        "no ServingRuntime auto-selects 'sweep-hf'"),
+    "unknown runtime": (lambda d: _model(d).__setitem__("runtime", "caikit-tgis-runtime"),
+                        "no ServingRuntime 'caikit-tgis-runtime'"),
+    "protocol left to KServe's default v1": (lambda d: _model(d).pop("protocolVersion"),
+                                             "'v1' (KServe's default when unset is 'v1')"),
     "HTTP port mismatch": (lambda d: _container(d)["ports"][0].__setitem__("containerPort", 8000),
                            "ports[0].containerPort: 8000 but the server listens on port=8080"),
     "gRPC port mismatch": (_set_arg("grpc_port", "9000"), "gRPC ports [8081] are not the server's grpc_port=9000"),
     "gRPC port first": (lambda d: _container(d)["ports"].reverse(), "ports[0]: 'h2c' is the gRPC port"),
-    "gRPC port unnamed": (lambda d: _container(d)["ports"][1].pop("name"), "gRPC ports [] are not the server's grpc_port=8081"),
+    "gRPC port unnamed": (lambda d: _container(d)["ports"][1].pop("name"),
+                          "gRPC ports [] are not the server's grpc_port=8081"),
     "probe on the gRPC port": (lambda d: _container(d)["readinessProbe"]["httpGet"].__setitem__("port", 8081),
                                "readinessProbe.httpGet.port: 8081 is not the HTTP port 8080"),
     "probe on another path": (lambda d: _container(d)["livenessProbe"]["httpGet"].__setitem__("path", "/healthz"),
                               "livenessProbe.httpGet.path: '/healthz', not '/v2/health/live'"),
     "grpc-v2 not declared": (lambda d: _runtime(d)["spec"]["protocolVersions"].remove("grpc-v2"),
                              "grpc-v2 must be listed exactly when a gRPC port is declared"),
-    "metrics on another port": (lambda d: _runtime(d)["spec"]["annotations"].__setitem__("prometheus.kserve.io/port", "9090"),
-                                "prometheus.kserve.io/port: '9090' is not the HTTP port 8080"),
-    "another command": (lambda d: _container(d).__setitem__("command", ["python", "-m", "sweep"]), "does not run the model server"),
+    "metrics on another port": (
+        lambda d: _runtime(d)["spec"]["annotations"].__setitem__("prometheus.kserve.io/port", "9090"),
+        "prometheus.kserve.io/port: '9090' is not the HTTP port 8080"),
+    "another command": (lambda d: _container(d).__setitem__("command", ["python", "-m", "sweep"]),
+                        "does not run the model server"),
     "model elsewhere than the mount": (_set_arg("model", "/models"), "model=/models is not /mnt/models"),
     "an option the server lacks": (lambda d: _container(d)["args"].append("batch_size=8"),
                                    "python -m sweep.serve refuses them: batch_size: unknown option"),
     "a bad option value": (_set_arg("port", "http"), "python -m sweep.serve refuses them: port:"),
-    "model ports rename the gRPC port": (lambda d: _model(d).__setitem__("ports", [{"containerPort": 8081, "name": "metrics"}]),
-                                         "as run for this InferenceService: spec.containers[0].ports: the gRPC ports [] are not"),
-    "InferenceService in another namespace": (lambda d: _kind(d, "InferenceService")["metadata"].__setitem__("namespace", "other"),
-                                              "metadata.namespace: not the ServingRuntime's namespace"),
+    "model ports rename the gRPC port": (
+        lambda d: _model(d).__setitem__("ports", [{"containerPort": 8081, "name": "metrics"}]),
+        "as run for this InferenceService: spec.containers[0].ports: the gRPC ports [] are not"),
+    "InferenceService in another namespace": (
+        lambda d: _kind(d, "InferenceService")["metadata"].__setitem__("namespace", "other"),
+        "metadata.namespace: not the ServingRuntime's namespace"),
     "model args repeat the runtime's": (lambda d: _model(d).__setitem__("args", ["port=9000"]), "port: given twice"),
-    "no kserve-container": (lambda d: _container(d).__setitem__("name", "server"), "no container named 'kserve-container'"),
+    "no kserve-container": (lambda d: _container(d).__setitem__("name", "server"),
+                            "no container named 'kserve-container'"),
     "two ports on Knative": (lambda d: _kind(d, "InferenceService")["metadata"].pop("annotations"),
                              "'Serverless' (Knative) serves one container port"),
-    "service account missing": (lambda d: d.remove(_kind(d, "ServiceAccount")), "no ServiceAccount 'sweep-s3' beside it"),
-    "service account lists no secret": (lambda d: _kind(d, "ServiceAccount").__setitem__("secrets", [{"name": "other"}]),
-                                        "names no Secret beside it"),
-    "secret without endpoint": (lambda d: _kind(d, "Secret")["metadata"]["annotations"].pop(S3_ENDPOINT), f"no {S3_ENDPOINT} annotation"),
-    "secret key under another name": (lambda d: _kind(d, "Secret")["stringData"].__setitem__("AWS_SECRET_KEY", _kind(d, "Secret")["stringData"].pop("AWS_SECRET_ACCESS_KEY")),
-                                      "lacks ['AWS_SECRET_ACCESS_KEY']"),
-    "a real-looking key": (lambda d: _kind(d, "Secret")["stringData"].__setitem__("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"),
-                           f"stringData.AWS_SECRET_ACCESS_KEY: must be the placeholder {PLACEHOLDER!r}"),
-    "unquoted annotation": (lambda d: _kind(d, "Secret")["metadata"]["annotations"].__setitem__("serving.kserve.io/s3-usehttps", 0),
-                            "metadata.annotations.serving.kserve.io/s3-usehttps: 0 is not a string"),
+    "service account missing": (lambda d: d.remove(_kind(d, "ServiceAccount")),
+                                "no ServiceAccount 'sweep-s3' beside it"),
+    "service account lists no secret": (
+        lambda d: _kind(d, "ServiceAccount").__setitem__("secrets", [{"name": "other"}]),
+        "names no Secret beside it"),
+    "secret without endpoint": (lambda d: _kind(d, "Secret")["metadata"]["annotations"].pop(S3_ENDPOINT),
+                                f"no {S3_ENDPOINT} annotation"),
+    "secret key under another name": (
+        lambda d: _kind(d, "Secret")["stringData"].__setitem__(
+            "AWS_SECRET_KEY", _kind(d, "Secret")["stringData"].pop("AWS_SECRET_ACCESS_KEY")),
+        "lacks ['AWS_SECRET_ACCESS_KEY']"),
+    "a real-looking key": (
+        lambda d: _kind(d, "Secret")["stringData"].__setitem__("AWS_SECRET_ACCESS_KEY",
+                                                               "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"),
+        f"stringData.AWS_SECRET_ACCESS_KEY: must be the placeholder {PLACEHOLDER!r}"),
+    "unquoted annotation": (
+        lambda d: _kind(d, "Secret")["metadata"]["annotations"].__setitem__("serving.kserve.io/s3-usehttps", 0),
+        "metadata.annotations.serving.kserve.io/s3-usehttps: 0 is not a string"),
     "no storageUri": (lambda d: _model(d).pop("storageUri"), "storageUri: required"),
 }
 

@@ -115,7 +115,8 @@ def test_blocks_are_the_token_stream_cut_at_block_size(wikitext_dir, tokenizer):
         else:  # train: whole blocks only
             assert len(rows[-1]) == 64 and np.array_equal(flat, ids[: len(rows) * 64]) and len(ids) - len(flat) < 64
     # tokenized line by line, as WikiText's rows: the same ids as the text decoded again
-    assert tokenizer.decode(data["valid"]["input_ids"][0])[:40] == (wikitext_dir / "wikitext-2/wiki.valid.tokens").read_text()[:40]
+    assert (tokenizer.decode(data["valid"]["input_ids"][0])[:40]
+            == (wikitext_dir / "wikitext-2/wiki.valid.tokens").read_text()[:40])
 
 
 def test_raw_wikitext_is_read_too(wikitext_dir, tokenizer):
@@ -203,7 +204,8 @@ def test_empty_corpus(tmp_path, tokenizer):
 def test_corpus_shorter_than_two_blocks(tmp_path, tokenizer):
     (tmp_path / "a.txt").write_text("A few words only .\n")
     spec = load_task("text", path=str(tmp_path))
-    with pytest.raises(DataFormatError, match=r"fewer than two blocks of train.block_size=64 .* lower train.block_size"):
+    with pytest.raises(DataFormatError,
+                       match=r"fewer than two blocks of train.block_size=64 .* lower train.block_size"):
         lm_blocks(spec, tokenizer, tmp_path, 64, cache_dir=None)
 
 
@@ -225,7 +227,8 @@ def test_perplexity_is_exp_of_the_mean_loss_over_every_predicted_token(wikitext_
     blocks = lm_blocks(spec, tokenizer, wikitext_dir, 64, cache_dir=None)["valid"]
     _, model = load_for_task(tiny_gpt2_dir, spec)
     model.eval()
-    loader = DataLoader(blocks, batch_size=3, collate_fn=make_lm_collator(tokenizer))  # the short tail in a padded batch
+    # the short tail in a padded batch
+    loader = DataLoader(blocks, batch_size=3, collate_fn=make_lm_collator(tokenizer))
     got = evaluate(model, loader, spec, torch.device("cpu"), None)
 
     total, count = 0.0, 0

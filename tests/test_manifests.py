@@ -80,7 +80,8 @@ def test_cluster_shape_head_without_gpu_workers_autoscale_from_zero() -> None:
     assert spec["enableInTreeAutoscaling"] is True and spec["autoscalerOptions"]["idleTimeoutSeconds"] > 0
     assert spec["headGroupSpec"]["rayStartParams"]["num-gpus"] == "0"
     head = _ray_containers(spec)[0]
-    assert {"cpu", "memory"} <= set(head["resources"]["requests"]) and {"cpu", "memory"} <= set(head["resources"]["limits"])
+    assert {"cpu", "memory"} <= set(head["resources"]["requests"])
+    assert {"cpu", "memory"} <= set(head["resources"]["limits"])
     [workers] = spec["workerGroupSpecs"]
     assert workers["groupName"] == "gpu-workers"
     assert (workers["minReplicas"], workers["replicas"], workers["maxReplicas"]) == (0, 0, 4)
@@ -107,7 +108,8 @@ def test_every_ray_container_has_s3_credentials_and_its_own_node_cache() -> None
     assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"} <= set(secret["stringData"])
     assert set(ENDPOINT_ENV) & set(secret["stringData"]), "the endpoint under a name the code reads"
     assert secret["stringData"]["AWS_ACCESS_KEY_ID"] == secret["stringData"]["AWS_SECRET_ACCESS_KEY"] == PLACEHOLDER
-    for spec in (_one("raycluster.yaml", "RayCluster")["spec"], _one("rayjob.yaml", "RayJob")["spec"]["rayClusterSpec"]):
+    for spec in (_one("raycluster.yaml", "RayCluster")["spec"],
+                 _one("rayjob.yaml", "RayJob")["spec"]["rayClusterSpec"]):
         groups = [spec["headGroupSpec"], *spec["workerGroupSpecs"]]
         for group, container in zip(groups, _ray_containers(spec)):
             assert {"secretRef": {"name": secret["metadata"]["name"]}} in container["envFrom"]
@@ -195,15 +197,20 @@ BROKEN = {
     "wrong enum value": ("raycluster.yaml", "RayCluster",
                          lambda d: d["spec"]["autoscalerOptions"].__setitem__("upscalingMode", "Fast"),
                          "spec.autoscalerOptions.upscalingMode: 'Fast' is not one of"),
-    "int-or-string given a list": ("kueue.yaml", "ClusterQueue",
-                                   lambda d: d["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0].__setitem__("nominalQuota", [40]),
-                                   "spec.resourceGroups[0].flavors[0].resources[0].nominalQuota: [40] is not valid"),
-    "quantity with a bad unit": ("raycluster.yaml", "RayCluster",
-                                 lambda d: d["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["resources"]["limits"].__setitem__("memory", "16GB"),
-                                 "limits.memory: '16GB' does not match"),
-    "required field missing": ("raycluster.yaml", "RayCluster", lambda d: d["spec"]["workerGroupSpecs"][0].pop("groupName"),
+    "int-or-string given a list": (
+        "kueue.yaml", "ClusterQueue",
+        lambda d: d["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0].__setitem__("nominalQuota", [40]),
+        "spec.resourceGroups[0].flavors[0].resources[0].nominalQuota: [40] is not valid"),
+    "quantity with a bad unit": (
+        "raycluster.yaml", "RayCluster",
+        lambda d: (d["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+                   .__setitem__("memory", "16GB")),
+        "limits.memory: '16GB' does not match"),
+    "required field missing": ("raycluster.yaml", "RayCluster",
+                               lambda d: d["spec"]["workerGroupSpecs"][0].pop("groupName"),
                                "'groupName' is a required property"),
-    "suspended without shutdown": ("rayjob.yaml", "RayJob", lambda d: d["spec"].__setitem__("shutdownAfterJobFinishes", False),
+    "suspended without shutdown": ("rayjob.yaml", "RayJob",
+                                   lambda d: d["spec"].__setitem__("shutdownAfterJobFinishes", False),
                                    "a suspended RayJob must set it to true"),
     "cluster spec and selector": ("rayjob.yaml", "RayJob",
                                   lambda d: d["spec"].__setitem__("clusterSelector", {"ray.io/cluster": "sweep"}),
@@ -212,9 +219,11 @@ BROKEN = {
                                           "exactly one of rayClusterSpec and clusterSelector"),
     "queued but not suspended": ("rayjob.yaml", "RayJob", lambda d: d["spec"].__setitem__("suspend", False),
                                  "Kueue-queued RayJob should be created suspended"),
-    "queued autoscaling, not elastic": ("rayjob.yaml", "RayJob", lambda d: d["metadata"]["annotations"].pop(ELASTIC_JOB_ANNOTATION),
-                                        "enableInTreeAutoscaling: Kueue admits an autoscaling cluster only as an elastic job"),
-    "replicas above max": ("rayjob.yaml", "RayJob", lambda d: _cluster(d)["workerGroupSpecs"][0].__setitem__("replicas", 5),
+    "queued autoscaling, not elastic": (
+        "rayjob.yaml", "RayJob", lambda d: d["metadata"]["annotations"].pop(ELASTIC_JOB_ANNOTATION),
+        "enableInTreeAutoscaling: Kueue admits an autoscaling cluster only as an elastic job"),
+    "replicas above max": ("rayjob.yaml", "RayJob",
+                           lambda d: _cluster(d)["workerGroupSpecs"][0].__setitem__("replicas", 5),
                            "needs minReplicas <= replicas <= maxReplicas, got 0 <= 5 <= 4"),
     "ray resources set twice": ("raycluster.yaml", "RayCluster",
                                 lambda d: d["spec"]["headGroupSpec"].__setitem__("resources", {"CPU": "4"}),
@@ -240,7 +249,8 @@ def test_validator_refuses_a_broken_manifest(case: str, crds) -> None:
 def test_secret_template_refuses_a_real_looking_key() -> None:
     [secret] = load_yaml_documents(KUBERAY / "s3-secret.yaml")
     secret["stringData"]["AWS_SECRET_ACCESS_KEY"] = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
-    assert manifest_errors(secret, {}) == [f"stringData.AWS_SECRET_ACCESS_KEY: must be the placeholder {PLACEHOLDER!r}, never a real value"]
+    assert manifest_errors(secret, {}) == [
+        f"stringData.AWS_SECRET_ACCESS_KEY: must be the placeholder {PLACEHOLDER!r}, never a real value"]
 
 
 def test_strict_schema_conversion() -> None:
@@ -251,7 +261,8 @@ def test_strict_schema_conversion() -> None:
         "type": "object",
         "properties": {
             "port": {"x-kubernetes-int-or-string": True},
-            "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": True, "properties": {"a": {"type": "string"}}},
+            "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
+                     "properties": {"a": {"type": "string"}}},
             "labels": {"type": "object", "additionalProperties": {"type": "string"}},
         },
     })

@@ -75,7 +75,8 @@ def download(prefix_uri: str, target: Path) -> list[str]:
     return keys
 
 
-def test_store_uploaded_downloaded_and_opened_with_mlflow(moto_server, monkeypatch, tmp_path: Path, empty_store) -> None:  # noqa: F811
+def test_store_uploaded_downloaded_and_opened_with_mlflow(moto_server, monkeypatch, tmp_path: Path,  # noqa: F811
+                                                          empty_store) -> None:
     import boto3
     from mlflow import MlflowClient
     from mlflow.artifacts import download_artifacts
@@ -93,7 +94,8 @@ def test_store_uploaded_downloaded_and_opened_with_mlflow(moto_server, monkeypat
     assert done.relocated == 2  # the experiment's artifact location and the run's
     [line] = lines
     assert line.startswith("uploaded: MLflow store (mlflow.db, 2 artifact files) -> s3://results/glue-tiny/mlflow/;")
-    assert "aws s3 cp --recursive --endpoint-url " + moto_server.endpoint + " s3://results/glue-tiny/mlflow/ mlflow/" in line
+    assert ("aws s3 cp --recursive --endpoint-url " + moto_server.endpoint + " s3://results/glue-tiny/mlflow/ mlflow/"
+            in line)
     assert line.endswith("cd mlflow && mlflow ui --backend-store-uri sqlite:///mlflow.db")
     assert SECRET_KEY not in line and ACCESS_KEY not in line
     # The live store is not touched: only the copy is relocated.
@@ -120,7 +122,8 @@ def test_store_uploaded_downloaded_and_opened_with_mlflow(moto_server, monkeypat
     assert (Path(model) / "weights.txt").read_text() == "weights\n"
 
 
-def test_a_failed_upload_is_one_line_and_the_printed_command_does_it(moto_server, monkeypatch, tmp_path: Path, empty_store) -> None:  # noqa: F811
+def test_a_failed_upload_is_one_line_and_the_printed_command_does_it(moto_server, monkeypatch,  # noqa: F811
+                                                                     tmp_path: Path, empty_store) -> None:
     import boto3
 
     s3_env(monkeypatch, moto_server)
@@ -222,7 +225,8 @@ def test_relocate_rewrites_only_locations_under_the_artifacts_root(tmp_path: Pat
 
 
 @pytest.mark.parametrize("kind", ["mlflow", "none"])
-def test_upload_outputs_sends_the_store_beside_the_results(kind, moto_server, monkeypatch, tmp_path: Path, empty_store) -> None:  # noqa: F811
+def test_upload_outputs_sends_the_store_beside_the_results(kind, moto_server, monkeypatch,  # noqa: F811
+                                                           tmp_path: Path, empty_store) -> None:
     """sweep.app.upload_outputs: the best models and results, then (tracking=mlflow) the store."""
     import boto3
 
@@ -236,7 +240,8 @@ def test_upload_outputs_sends_the_store_beside_the_results(kind, moto_server, mo
     (out_dir / "best" / "RTE").mkdir(parents=True)
     (out_dir / "best" / "RTE" / "config.json").write_text("{}")
     (out_dir / "results.json").write_text("[]")
-    settings = compose_settings("experiment=demo", f"tracking={kind}", *([f"tracking.uri={uri}"] if kind == "mlflow" else []),
+    settings = compose_settings("experiment=demo", f"tracking={kind}",
+                                *([f"tracking.uri={uri}"] if kind == "mlflow" else []),
                                 "storage.output_prefix=s3://results/run1")
     upload_outputs(settings, out_dir)
     keys = {o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="results")["Contents"]}

@@ -75,7 +75,8 @@ class NodeKiller:
                     break
             time.sleep(0.05)
         if driver.poll() is None:  # the machine that replaces it
-            replacement = self.cluster.add_node(num_cpus=1, env_vars={"SWEEP_NODE_CACHE_DIR": str(self.replacement_cache)})
+            replacement = self.cluster.add_node(num_cpus=1,
+                                                env_vars={"SWEEP_NODE_CACHE_DIR": str(self.replacement_cache)})
             self.replacement_id = replacement.node_id
 
 
@@ -87,8 +88,9 @@ def test_a_lost_node_costs_only_the_epochs_since_the_last_checkpoint(three_nodes
     driver = subprocess.Popen(
         [sys.executable, "-m", "sweep", "experiment=demo", "tracking=none", "storage=s3", f"storage.bucket={BUCKET}",
          f"storage.cache_dir={tmp_path / 'driver'}", "sweep.seeds=[1,2,3,4,5,6]", f"train.epochs={EPOCHS}",
-         "train.max_train_samples=null", "resources.gpus_per_trial=0", f"cluster.address={cluster.address}", f"cluster.storage_path={storage}", "cluster.shared_storage=true",
-         f"out_dir={out}"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+         "train.max_train_samples=null", "resources.gpus_per_trial=0", f"cluster.address={cluster.address}",
+         f"cluster.storage_path={storage}", "cluster.shared_storage=true", f"out_dir={out}"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         killer.run(driver)
         output, _ = driver.communicate(timeout=300)

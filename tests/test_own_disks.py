@@ -30,7 +30,8 @@ def trial_runs(uri: str, experiment: str) -> tuple[object, list]:
     return parent, [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
 
 
-def assert_every_trial_logged(uri: str, experiment: str, records: list, evaluations: int, per_epoch: bool = True) -> list:
+def assert_every_trial_logged(uri: str, experiment: str, records: list, evaluations: int,
+                              per_epoch: bool = True) -> list:
     """Each trial's nested run: finished, its params, every evaluation's score at its step."""
     client = MlflowClient(tracking_uri=uri)
     parent, children = trial_runs(uri, experiment)
@@ -49,7 +50,8 @@ def assert_every_trial_logged(uri: str, experiment: str, records: list, evaluati
     return children
 
 
-def test_a_sweep_on_a_node_with_its_own_disk_logs_every_trial_ships_the_data_and_keeps_checkpoints_in_s3(own_disk_cluster):
+def test_a_sweep_on_a_node_with_its_own_disk_logs_every_trial_ships_the_data_and_keeps_checkpoints_in_s3(
+        own_disk_cluster):  # noqa: F811
     """The KubeRay shape: sqlite in the driver's folder, the data only there (storage=local),
     cluster.storage_path=s3://…. The worker gets the data through Ray, every trial runs there and
     writes its checkpoints and history to S3 only; the driver reads them back from there (records,
@@ -86,7 +88,7 @@ def test_a_sweep_on_a_node_with_its_own_disk_logs_every_trial_ships_the_data_and
     assert "now champion" in done.stdout
 
 
-def test_a_node_that_lacks_the_data_is_named_when_shipping_is_off(own_disk_cluster):
+def test_a_node_that_lacks_the_data_is_named_when_shipping_is_off(own_disk_cluster):  # noqa: F811
     cluster = own_disk_cluster
     data = write_synthetic_glue(cluster.driver / "data-unshipped", ["WNLI"])
     done = cluster.sweep("tracking=none", f"storage.data_dir={data}", "storage.ship_to_nodes=false",
@@ -94,13 +96,14 @@ def test_a_node_that_lacks_the_data_is_named_when_shipping_is_off(own_disk_clust
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
-    assert f"storage.data_dir={data}: a folder on the driver's machine, but not on node {cluster.worker_node[:8]}" in errors[0]
+    assert (f"storage.data_dir={data}: a folder on the driver's machine, but not on node {cluster.worker_node[:8]}"
+            in errors[0])
     assert "storage=s3" in errors[0]
     assert not (cluster.driver / "two" / "results.json").exists()  # before any trial
     assert not (cluster.shared / "two" / "history").exists()
 
 
-def test_an_mlflow_server_restarted_mid_sweep_loses_nothing(own_disk_cluster):
+def test_an_mlflow_server_restarted_mid_sweep_loses_nothing(own_disk_cluster):  # noqa: F811
     """The worker node never talks to MLflow; the driver keeps what the server did not take while it
     was down and sends it when it is back: every run and every evaluation arrives, nothing is left."""
     cluster = own_disk_cluster
@@ -108,9 +111,10 @@ def test_an_mlflow_server_restarted_mid_sweep_loses_nothing(own_disk_cluster):
     try:
         outage = threading.Thread(target=_outage, args=(server, cluster.shared / "three" / "history"), daemon=True)
         outage.start()
-        done = cluster.sweep("sweep.seeds=[1,2]", "train.epochs=3", "train.evals_per_epoch=2", f"tracking.uri={server.url}",
-                             "tracking.experiment=own-disk-server", f"cluster.storage_path={cluster.shared / 'three'}",
-                             "cluster.shared_storage=true", name="three")
+        done = cluster.sweep("sweep.seeds=[1,2]", "train.epochs=3", "train.evals_per_epoch=2",
+                             f"tracking.uri={server.url}", "tracking.experiment=own-disk-server",
+                             f"cluster.storage_path={cluster.shared / 'three'}", "cluster.shared_storage=true",
+                             name="three")
         outage.join(timeout=300)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert "did not answer" in done.stdout + done.stderr  # the outage fell inside the sweep
@@ -122,7 +126,7 @@ def test_an_mlflow_server_restarted_mid_sweep_loses_nothing(own_disk_cluster):
         server.kill()
 
 
-def test_a_node_that_joins_mid_sweep_stages_there_and_the_driver_shows_it(own_disk_cluster):
+def test_a_node_that_joins_mid_sweep_stages_there_and_the_driver_shows_it(own_disk_cluster):  # noqa: F811
     """The head alone at the start (no GPU) with a GPU node type declared: the sweep waits; a GPU
     node with its own disk joins; the trial there receives the driver's data and its staging line
     reaches the driver's terminal. (Last in the module: it replaces the cluster's worker node.)"""

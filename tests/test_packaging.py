@@ -20,8 +20,8 @@ def test_a_wheel_installed_elsewhere_composes_the_default_config(tmp_path: Path)
     for folder in ("sweep", "conf"):
         shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
     dist = tmp_path / "dist"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist), str(src)],
-                   check=True, capture_output=True, text=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(dist), str(src)], check=True, capture_output=True, text=True, timeout=300)
     wheel = next(dist.glob("sweep-*.whl"))
 
     venv = tmp_path / "venv"
@@ -34,10 +34,12 @@ def test_a_wheel_installed_elsewhere_composes_the_default_config(tmp_path: Path)
     fresh_site = next((venv / "lib").glob("python3*/site-packages"))
     (fresh_site / "deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
 
-    where = subprocess.run([str(py), "-c", "import sweep, sweep.tasks; print(sweep.__file__); print(sweep.tasks.CONF_DIR)"],
+    where = subprocess.run([str(py), "-c",
+                            "import sweep, sweep.tasks; print(sweep.__file__); print(sweep.tasks.CONF_DIR)"],
                            cwd=tmp_path, capture_output=True, text=True, timeout=60, check=True).stdout.split()
     assert all(Path(p).is_relative_to(venv) for p in where), where
-    r = subprocess.run([str(py), "-m", "sweep", "--cfg", "job"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    r = subprocess.run([str(py), "-m", "sweep", "--cfg", "job"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=60)
     assert r.returncode == 0, r.stderr
     assert "WNLI:" in r.stdout and "name: roberta-base" in r.stdout
     r = subprocess.run([str(venv / "bin" / "sweep"), "experiment=demo", "--cfg", "job"], cwd=tmp_path,

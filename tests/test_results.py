@@ -38,7 +38,8 @@ def test_ties_go_to_the_lower_seed():
 
 
 def test_min_mode_picks_the_lowest():
-    lm = type(RTE)(**{**RTE.__dict__, "name": "LM", "kind": "causal_lm", "metric": "perplexity", "mode": "min", "labels": None})
+    lm = type(RTE)(**{**RTE.__dict__, "name": "LM", "kind": "causal_lm", "metric": "perplexity", "mode": "min",
+                      "labels": None})
     records = [_rec("LM", 1, 30.0), _rec("LM", 2, 12.0), _rec("LM", 3, 50.0)]
     assert best_per_task(records, [lm])["LM"].seed == 2
 

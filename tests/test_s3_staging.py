@@ -53,7 +53,8 @@ def settings_for(cache: Path, *overrides: str):
 def test_staged_once_then_never_again_then_again_when_replaced(s3, tmp_path):
     settings = settings_for(tmp_path / "node")
     first = ensure_local(settings)
-    assert (first.model_dir / "config.json").is_file() and (first.data_dir / "glue_data" / "WNLI" / "train.tsv").is_file()
+    assert (first.model_dir / "config.json").is_file()
+    assert (first.data_dir / "glue_data" / "WNLI" / "train.tsv").is_file()
     assert first.downloaded > 0
     assert (s3.gets(BUCKET, "tiny-roberta"), s3.gets(BUCKET, "glue_data")) == (1, 1)
 
@@ -98,7 +99,8 @@ def test_a_download_reports_its_progress_in_lines(s3, tmp_path, tiny_roberta_dir
     lines = capsys.readouterr().out.splitlines()
     assert moved == source.size and lines and all(line.startswith(f"staging: {source.uri}: ") for line in lines)
     done = [float(line.split(": ")[2].split(" / ")[0]) for line in lines]
-    assert done == sorted(done) and lines[-1].split(": ")[2].startswith(f"{source.size / 2**20:.1f} / {source.size / 2**20:.1f} MiB (100%)")
+    mib = f"{source.size / 2**20:.1f}"
+    assert done == sorted(done) and lines[-1].split(": ")[2].startswith(f"{mib} / {mib} MiB (100%)")
     # At the default pace a download this small prints nothing: the driver reports the total after.
     fetch(boto3.client("s3"), source, tmp_path / "again", 2**30)
     assert capsys.readouterr().out == ""

@@ -46,7 +46,8 @@ def sweep(tmp_path, name: str, seeds: str, *extra: str):
     cfg = demo_config(
         "tracking=none", "storage=s3", f"storage.bucket={BUCKET}",
         f"storage.cache_dir={tmp_path / 'driver-cache'}", f"sweep.seeds={seeds}", "train.epochs=1",
-        "train.max_train_samples=32", f"cluster.storage_path={tmp_path / 'storage' / name}", "cluster.shared_storage=true", f"out_dir={out}", *extra,
+        "train.max_train_samples=32", f"cluster.storage_path={tmp_path / 'storage' / name}",
+        "cluster.shared_storage=true", f"out_dir={out}", *extra,
     )
     run(cfg, out)
     return out
@@ -102,12 +103,14 @@ def test_what_is_missing_fails_the_cli_before_any_trial(moto_server, monkeypatch
         uploads = [(resolve_model_dir(TINY_ROBERTA, cache_dir), "tiny-roberta"),
                    (data / "glue_data", "glue_data")]
     elif task == "wikitext-2":  # a block longer than the staged model's positions
-        uploads = [(resolve_model_dir(TINY_GPT2, cache_dir), "tiny-gpt2"), (write_synthetic_wikitext(tmp_path / "src") / "wikitext-2", "wikitext-2")]
+        uploads = [(resolve_model_dir(TINY_GPT2, cache_dir), "tiny-gpt2"),
+                   (write_synthetic_wikitext(tmp_path / "src") / "wikitext-2", "wikitext-2")]
         extra = ["model=tiny-gpt2", "storage.data_key=wikitext-2", "train.block_size=4096"]
     upload(BUCKET, *uploads)
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-m", "sweep", "experiment=demo", "tracking=none", "storage=s3", f"task={task}",
-                        f"storage.bucket={BUCKET}", f"storage.cache_dir={tmp_path / 'cache'}", f"out_dir={out}", *extra],
+    r = subprocess.run([sys.executable, "-m", "sweep", "experiment=demo", "tracking=none", "storage=s3",
+                        f"task={task}", f"storage.bucket={BUCKET}", f"storage.cache_dir={tmp_path / 'cache'}",
+                        f"out_dir={out}", *extra],
                        capture_output=True, text=True, timeout=180, cwd=tmp_path)
     assert r.returncode == 2, r.stderr[-2000:]
     assert message in r.stderr and "Traceback" not in r.stderr

@@ -21,8 +21,9 @@ from sweep.seed_ranking import (
 from sweep.tasks import load_task
 
 
-def point(trial: str, score: float, task: str = "RTE", epoch: int = 1, seed: int | None = None, loss: float | None = None,
-          trivial: float | None = None, progress: float = 0.25, end_of_epoch: bool = True) -> EvalPoint:
+def point(trial: str, score: float, task: str = "RTE", epoch: int = 1, seed: int | None = None,
+          loss: float | None = None, trivial: float | None = None, progress: float = 0.25,
+          end_of_epoch: bool = True) -> EvalPoint:
     return EvalPoint(task=task, trial_id=trial, seed=seed if seed is not None else ord(trial[0]), epoch=epoch, step=10,
                      progress=progress, end_of_epoch=end_of_epoch, score=score, eval_loss=loss, trivial=trivial)
 

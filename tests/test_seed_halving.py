@@ -26,8 +26,9 @@ SEEDS = [3, 4, 6, 7, 9, 11]  # halfway: 3 and 4 at chance (for good), the other 
 def test_seed_halving_keeps_two_of_six_and_stops_the_degenerate_at_the_rung(tmp_path):
     out = tmp_path / "out"
     r = sweep_cmd("experiment=demo", f"sweep.seeds=[{','.join(map(str, SEEDS))}]", "train.epochs=4",
-                  "train.evals_per_epoch=2", "sweep.scheduler=seed_halving", "sweep.halving.keep=2", "sweep.halving.at=0.5",
-                  "cluster.num_cpus=2", f"out_dir={out}", cwd=tmp_path, cache=tmp_path / "cache", timeout=900)
+                  "train.evals_per_epoch=2", "sweep.scheduler=seed_halving", "sweep.halving.keep=2",
+                  "sweep.halving.at=0.5", "cluster.num_cpus=2", f"out_dir={out}",
+                  cwd=tmp_path, cache=tmp_path / "cache", timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     records = {rec.seed: rec for rec in load_records(out / "results.json")}
     assert sorted(records) == SEEDS and all(rec.status == "TERMINATED" for rec in records.values())
@@ -59,7 +60,8 @@ def test_seed_halving_keeps_two_of_six_and_stops_the_degenerate_at_the_rung(tmp_
     assert waited, "no kept trial was paused at the rung (two CPUs for six seeds: the first two must wait)"
     for s in waited:
         resumed = [row["step"] for row in histories[s] if row["resumed"]]
-        assert resumed[0] > rung and [row["step"] for row in histories[s]] == sorted({row["step"] for row in histories[s]})
+        steps = [row["step"] for row in histories[s]]
+        assert resumed[0] > rung and steps == sorted(set(steps))
 
     # the best model: the best evaluation of the kept trials, wherever it fell (mid-epoch allowed)
     best = max(records.values(), key=lambda rec: (rec.score, -rec.seed))
@@ -99,7 +101,8 @@ def test_asha_now_cuts_seeds_that_tie_at_chance(tmp_path):
     spends fewer steps than running every seed to the end."""
     out = tmp_path / "out"
     r = sweep_cmd("experiment=demo", "sweep.scheduler=asha", "sweep.seeds=[1,2,3,4,5,6]", "train.epochs=4",
-                  "tracking=none", "cluster.num_cpus=2", f"out_dir={out}", cwd=tmp_path, cache=tmp_path / "cache", timeout=900)
+                  "tracking=none", "cluster.num_cpus=2", f"out_dir={out}",
+                  cwd=tmp_path, cache=tmp_path / "cache", timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     records = load_records(out / "results.json")
     assert len(records) == 6 and all(rec.status == "TERMINATED" for rec in records)

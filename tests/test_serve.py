@@ -134,7 +134,8 @@ def test_batch_keys_merge_only_what_can_share_a_generate_call() -> None:
     assert greedy.batch_key != GenerationParams(max_new_tokens=9).batch_key
     assert greedy.batch_key != GenerationParams(max_new_tokens=8, stop=("\n",)).batch_key
     sampled = GenerationParams(temperature=0.7)
-    assert sampled.batch_key == GenerationParams(temperature=0.7).batch_key != GenerationParams(temperature=0.8).batch_key
+    assert (sampled.batch_key == GenerationParams(temperature=0.7).batch_key
+            != GenerationParams(temperature=0.8).batch_key)
     assert GenerationParams(temperature=0.7, seed=1).batch_key is None  # a seeded request runs alone
 
 
@@ -345,13 +346,15 @@ def test_inferenceservice_runs_the_same_server_command_and_port() -> None:
     options = parse_key_values(args, OPTIONS)  # the server itself accepts these arguments
     assert options["model"] == "/mnt/models" and options["port"] == DEFAULT_PORT
     assert options["name"] == isvc["metadata"]["name"]
-    assert [(p["name"], p["containerPort"]) for p in container["ports"]] == [("http", DEFAULT_PORT), ("h2c", options["grpc_port"])]
+    assert [(p["name"], p["containerPort"]) for p in container["ports"]] == [("http", DEFAULT_PORT),
+                                                                             ("h2c", options["grpc_port"])]
     assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": DEFAULT_PORT}
     assert container["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": DEFAULT_PORT}
 
     (secret,) = yaml.safe_load_all((DEPLOY / "s3-secret.yaml").read_text())
     (account,) = yaml.safe_load_all((DEPLOY / "serviceaccount.yaml").read_text())
-    assert (account["kind"], account["metadata"]["name"]) == ("ServiceAccount", isvc["spec"]["predictor"]["serviceAccountName"])
+    assert ((account["kind"], account["metadata"]["name"])
+            == ("ServiceAccount", isvc["spec"]["predictor"]["serviceAccountName"]))
     assert account["secrets"] == [{"name": secret["metadata"]["name"]}]
     assert secret["kind"] == "Secret" and "serving.kserve.io/s3-endpoint" in secret["metadata"]["annotations"]
     assert set(secret["stringData"]) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
@@ -361,7 +364,8 @@ def test_containerfile_serves_with_the_command_the_deploy_yaml_names() -> None:
     from sweep.serving.serve import DEFAULT_PORT, OPTIONS
 
     lines = (REPO / "deploy" / "Containerfile").read_text().splitlines()
-    instruction = {line.split()[0]: line.split(None, 1)[1] for line in lines if line and not line.startswith(("#", " "))}
+    instruction = {line.split()[0]: line.split(None, 1)[1]
+                   for line in lines if line and not line.startswith(("#", " "))}
     assert "ENTRYPOINT" not in instruction  # KubeRay and KServe set the command; the ServingRuntime names it
     command = _kserve_container()["command"]
     cmd = json.loads(instruction["CMD"])  # a bare `podman run` serves /mnt/models the same way
@@ -401,7 +405,8 @@ def test_health_and_model_endpoints(servers: dict[str, Server]) -> None:
         assert httpx.get(f"{server.url}/v2/models/{server.name}/ready").json() == {"name": server.name, "ready": True}
         metadata = httpx.get(f"{server.url}/v2/models/{server.name}").json()
         outputs = {o["name"] for o in metadata["outputs"]}
-        assert outputs == ({"label", "score"} if kind == "classifier" else {"text", "prompt_tokens", "completion_tokens", "finish_reason"})
+        assert outputs == ({"label", "score"} if kind == "classifier"
+                           else {"text", "prompt_tokens", "completion_tokens", "finish_reason"})
 
 
 @pytest.mark.slow
@@ -414,7 +419,8 @@ def test_classifier_returns_labels_and_scores(servers: dict[str, Server]) -> Non
     assert all(0.5 <= s <= 1.0 for s in output(body, "score"))  # probability of the predicted of 2 labels
     pairs = _infer(server, {"inputs": [texts("text", ["the cat sleeps"]), texts("text_pair", ["a cat is asleep"])]})
     assert pairs.status_code == 200 and len(output(pairs.json(), "label")) == 1
-    assert output(pairs.json(), "score") != output(_infer(server, {"inputs": [texts("text", ["the cat sleeps"])]}).json(), "score")
+    alone = _infer(server, {"inputs": [texts("text", ["the cat sleeps"])]})
+    assert output(pairs.json(), "score") != output(alone.json(), "score")
 
 
 def _generate(server: Server, prompts: list[str], **parameters: Any) -> dict[str, Any]:
@@ -458,7 +464,8 @@ def test_stop_sequence_cuts_the_completion(servers: dict[str, Server]) -> None:
     cut = _generate(server, ["the doctor"], max_new_tokens=16, stop=stop)
     assert output(cut, "text") == [text[: text.find(stop)]]
     assert output(cut, "finish_reason") == ["stop"] and output(cut, "completion_tokens")[0] < 16
-    several = _infer(server, {"inputs": [texts("text", ["the doctor"]), texts("stop", ["zzzz", stop])], "parameters": {"max_new_tokens": 16}})
+    several = _infer(server, {"inputs": [texts("text", ["the doctor"]), texts("stop", ["zzzz", stop])],
+                              "parameters": {"max_new_tokens": 16}})
     assert output(several.json(), "text") == [text[: text.find(stop)]]
 
 
@@ -468,22 +475,29 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str]] = [
     ("malformed-json", "lm", MALFORMED, 400, "not valid JSON"),
     ("not-a-v2-request", "lm", [1, 2], 400, "malformed request"),
     ("shape-not-a-list", "lm", {"inputs": [texts("text", ["a"], "x")]}, 400, "inputs.0.shape"),
-    ("shape-mismatch", "classifier", {"inputs": [texts("text", ["a"], [3])]}, 400, "shape [3] says 3 element(s), data has 1"),
+    ("shape-mismatch", "classifier", {"inputs": [texts("text", ["a"], [3])]}, 400,
+     "shape [3] says 3 element(s), data has 1"),
     ("shape-2d", "lm", {"inputs": [texts("text", ["a", "b"], [1, 2])]}, 400, "shape must be [n] or [n, 1]"),
-    ("wrong-datatype", "classifier", {"inputs": [texts("text", [1.0], datatype="FP32")]}, 400, "datatype must be BYTES"),
+    ("wrong-datatype", "classifier", {"inputs": [texts("text", [1.0], datatype="FP32")]}, 400,
+     "datatype must be BYTES"),
     ("number-as-text", "lm", {"inputs": [texts("text", [5])]}, 400, "expected a string"),
     ("empty-input", "lm", {"inputs": [texts("text", [])]}, 400, "is empty"),
     ("empty-string", "classifier", {"inputs": [texts("text", [""])]}, 400, "empty string"),
     ("no-inputs", "classifier", {"inputs": []}, 400, "missing input 'text'"),
-    ("pair-count", "classifier", {"inputs": [texts("text", ["a", "b"]), texts("text_pair", ["c"])]}, 400, "one pair each"),
-    ("prompt-too-long", "lm", {"inputs": [texts("text", ["the cat " * 200])]}, 400, f"context of {LM_CONTEXT} tokens"),
-    ("unknown-parameter", "lm", {"inputs": [texts("text", ["a"])], "parameters": {"max_tokens": 3}}, 400, "unknown parameter(s) max_tokens"),
-    ("bad-parameter", "lm", {"inputs": [texts("text", ["a"])], "parameters": {"temperature": "hot"}}, 400, "temperature: must be a number"),
+    ("pair-count", "classifier", {"inputs": [texts("text", ["a", "b"]), texts("text_pair", ["c"])]}, 400,
+     "one pair each"),
+    ("prompt-too-long", "lm", {"inputs": [texts("text", ["the cat " * 200])]}, 400,
+     f"context of {LM_CONTEXT} tokens"),
+    ("unknown-parameter", "lm", {"inputs": [texts("text", ["a"])], "parameters": {"max_tokens": 3}}, 400,
+     "unknown parameter(s) max_tokens"),
+    ("bad-parameter", "lm", {"inputs": [texts("text", ["a"])], "parameters": {"temperature": "hot"}}, 400,
+     "temperature: must be a number"),
     ("unknown-model", "lm", {"inputs": [texts("text", ["a"])]}, 404, "no-such-model"),
 ]
 
 
-@pytest.mark.parametrize(("server_kind", "body", "status", "message"), [b[1:] for b in BAD_REQUESTS], ids=[b[0] for b in BAD_REQUESTS])
+@pytest.mark.parametrize(("server_kind", "body", "status", "message"), [b[1:] for b in BAD_REQUESTS],
+                         ids=[b[0] for b in BAD_REQUESTS])
 @pytest.mark.slow
 def test_bad_request_gets_4xx_json_and_the_server_keeps_serving(
     servers: dict[str, Server], server_kind: str, body: Any, status: int, message: str
@@ -497,7 +511,8 @@ def test_bad_request_gets_4xx_json_and_the_server_keeps_serving(
         response = httpx.post(url, json=body, timeout=30)
     assert response.status_code == status, response.text
     assert message in response.json()["error"]
-    good = _infer(server, {"inputs": [texts("text", ["still here"])], "parameters": {"max_new_tokens": 2} if server_kind == "lm" else {}})
+    good = _infer(server, {"inputs": [texts("text", ["still here"])],
+                           "parameters": {"max_new_tokens": 2} if server_kind == "lm" else {}})
     assert good.status_code == 200, good.text
 
 
@@ -536,7 +551,8 @@ def test_200_concurrent_requests_zero_errors_and_batched(servers: dict[str, Serv
 # The inference command.
 
 def _infer_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sweep.infer", *args], capture_output=True, text=True, timeout=60, cwd=REPO)
+    return subprocess.run([sys.executable, "-m", "sweep.infer", *args], capture_output=True, text=True, timeout=60,
+                          cwd=REPO)
 
 
 @pytest.mark.slow
@@ -556,13 +572,15 @@ def test_infer_cli_prints_label_and_score(servers: dict[str, Server]) -> None:
     done = _infer_cli("--url", clf.url, "a cat", "--pair", "an animal")  # the server's only model
     assert done.returncode == 0, done.stderr
     label, score = done.stdout.strip().split("\t")
-    assert label == output(expected, "label")[0] and float(score) == pytest.approx(output(expected, "score")[0], abs=1e-4)
+    assert label == output(expected, "label")[0]
+    assert float(score) == pytest.approx(output(expected, "score")[0], abs=1e-4)
 
 
 @pytest.mark.slow
 def test_infer_cli_errors_are_one_clear_line(servers: dict[str, Server]) -> None:
     unknown = _infer_cli("--url", servers["lm"].url, "--model", "no-such-model", "hello")
-    assert unknown.returncode == 1 and unknown.stderr.startswith("error: the server answered 404: Model with name no-such-model")
+    assert unknown.returncode == 1
+    assert unknown.stderr.startswith("error: the server answered 404: Model with name no-such-model")
     refused = _infer_cli("--url", f"http://127.0.0.1:{free_port()}", "hello")
     assert refused.returncode == 1 and "cannot reach the model server" in refused.stderr, shlex.join(refused.args)
 

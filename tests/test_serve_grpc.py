@@ -108,7 +108,8 @@ def _grpc(server: Server, body: dict[str, Any], name: str | None = None) -> dict
     from kserve.protocol.infer_type import InferInput, InferRequest
 
     inputs = [InferInput(t["name"], list(t["shape"]), t["datatype"], list(t["data"])) for t in body.get("inputs", [])]
-    request = InferRequest(name or server.name, inputs, parameters=parameters_for_grpc(body.get("parameters", {})) or None)
+    request = InferRequest(name or server.name, inputs,
+                           parameters=parameters_for_grpc(body.get("parameters", {})) or None)
 
     async def call() -> Any:
         async with InferenceGRPCClient(server.grpc_address, timeout=60) as client:
@@ -167,11 +168,13 @@ GRPC_BAD_REQUESTS: list[tuple[str, str, dict[str, Any]]] = [
 
 
 def _still_answers(server: Server, kind: str) -> None:
-    good = _grpc(server, {"inputs": [texts("text", ["still here"])], "parameters": {"max_new_tokens": 2} if kind == "lm" else {}})
+    good = _grpc(server, {"inputs": [texts("text", ["still here"])],
+                          "parameters": {"max_new_tokens": 2} if kind == "lm" else {}})
     assert isinstance(good, dict), good
 
 
-@pytest.mark.parametrize(("server_kind", "body"), [b[1:] for b in GRPC_BAD_REQUESTS], ids=[b[0] for b in GRPC_BAD_REQUESTS])
+@pytest.mark.parametrize(("server_kind", "body"), [b[1:] for b in GRPC_BAD_REQUESTS],
+                         ids=[b[0] for b in GRPC_BAD_REQUESTS])
 @pytest.mark.slow
 def test_grpc_bad_request_is_invalid_argument_with_the_rest_message(
     servers: dict[str, Server], server_kind: str, body: dict[str, Any]
@@ -217,19 +220,21 @@ def test_a_second_server_on_a_taken_grpc_port_exits_2_with_one_line(servers: dic
     # gRPC binds with SO_REUSEPORT: unchecked, this server would start and share the first one's calls.
     model_arg = next(a for a in servers["classifier"].proc.args if str(a).startswith("model="))
     taken = servers["lm"].grpc_address.rpartition(":")[2]
-    done = subprocess.run([sys.executable, "-m", "sweep.serve", str(model_arg), f"port={free_port()}", f"grpc_port={taken}", "threads=1"],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    done = subprocess.run([sys.executable, "-m", "sweep.serve", str(model_arg), f"port={free_port()}",
+                           f"grpc_port={taken}", "threads=1"], capture_output=True, text=True, timeout=120, cwd=REPO)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert lines[0].startswith(f"error: grpc_port: port {taken} is in use"), done.stderr
-    assert isinstance(_grpc(servers["lm"], {"inputs": [texts("text", ["a"])], "parameters": {"max_new_tokens": 1}}), dict)
+    assert isinstance(_grpc(servers["lm"], {"inputs": [texts("text", ["a"])], "parameters": {"max_new_tokens": 1}}),
+                      dict)
 
 
 # ---------------------------------------------------------------------------------------------
 # The inference command over gRPC.
 
 def _infer_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sweep.infer", *args], capture_output=True, text=True, timeout=120, cwd=REPO)
+    return subprocess.run([sys.executable, "-m", "sweep.infer", *args], capture_output=True, text=True, timeout=120,
+                          cwd=REPO)
 
 
 @pytest.mark.slow
@@ -237,7 +242,8 @@ def test_infer_cli_over_grpc_prints_what_rest_prints(servers: dict[str, Server])
     lm, clf = servers["lm"], servers["classifier"]
     for server, args in [
         (lm, ["--model", lm.name, "--max-new-tokens", "8", "The meaning of life is", "the old painter"]),
-        (lm, ["--model", lm.name, "--max-new-tokens", "5", "--temperature", "0.8", "--top-p", "0.9", "--seed", "4", "--stop", "zz", "hello"]),
+        (lm, ["--model", lm.name, "--max-new-tokens", "5", "--temperature", "0.8", "--top-p", "0.9", "--seed", "4",
+              "--stop", "zz", "hello"]),
         (clf, ["--model", clf.name, "a cat", "the river", "--pair", "an animal", "--pair", "water"]),
     ]:
         by_rest = _infer_cli("--url", server.url, *args)
@@ -251,10 +257,14 @@ def test_infer_cli_over_grpc_prints_what_rest_prints(servers: dict[str, Server])
 def test_infer_cli_over_grpc_errors_are_one_clear_line(servers: dict[str, Server]) -> None:
     lm = servers["lm"]
     for args, message in [
-        (["--grpc", lm.grpc_address, "--model", "no-such-model", "hi"], "error: the server answered NOT_FOUND: Model with name no-such-model does not exist."),
-        (["--grpc", lm.grpc_address, "--model", lm.name, "--top-p", "0", "hi"], "error: the server answered INVALID_ARGUMENT: parameter top_p: must be in (0.0, 1.0]"),
-        (["--grpc", f"127.0.0.1:{free_port()}", "--model", lm.name, "hi"], "error: cannot reach the gRPC server at 127.0.0.1:"),
-        (["--grpc", servers["rest-only"].grpc_address, "--model", CLASSIFIER_NAME, "hi"], "error: cannot reach the gRPC server"),
+        (["--grpc", lm.grpc_address, "--model", "no-such-model", "hi"],
+         "error: the server answered NOT_FOUND: Model with name no-such-model does not exist."),
+        (["--grpc", lm.grpc_address, "--model", lm.name, "--top-p", "0", "hi"],
+         "error: the server answered INVALID_ARGUMENT: parameter top_p: must be in (0.0, 1.0]"),
+        (["--grpc", f"127.0.0.1:{free_port()}", "--model", lm.name, "hi"],
+         "error: cannot reach the gRPC server at 127.0.0.1:"),
+        (["--grpc", servers["rest-only"].grpc_address, "--model", CLASSIFIER_NAME, "hi"],
+         "error: cannot reach the gRPC server"),
         (["--grpc", "localhost", "--model", lm.name, "hi"], "error: --grpc 'localhost': expected HOST:PORT"),
         (["--grpc", lm.grpc_address, "hi"], "error: --grpc needs --model NAME"),
     ]:
@@ -292,7 +302,8 @@ def test_metrics_count_requests_batches_and_tokens(servers: dict[str, Server]) -
     before = _scrape(lm)
     n = 4
     prompts = [["once upon a time"], ["the river", "a quiet morning"], ["it was"], ["the doctor said"]]
-    bodies = [_rest(lm, {"inputs": [texts("text", p)], "parameters": {"max_new_tokens": 3 + i}}).json() for i, p in enumerate(prompts)]
+    bodies = [_rest(lm, {"inputs": [texts("text", p)], "parameters": {"max_new_tokens": 3 + i}}).json()
+              for i, p in enumerate(prompts)]
     assert all("outputs" in b for b in bodies), bodies
     grpc_answer = _grpc(lm, {"inputs": [texts("text", ["by grpc"])], "parameters": {"max_new_tokens": 2}})
     assert isinstance(grpc_answer, dict), grpc_answer
@@ -328,7 +339,8 @@ def test_metrics_label_routes_by_template_and_unknown_paths_as_one(servers: dict
     after = _scrape(clf)
 
     def moved(**labels: str) -> float:
-        return _value(after, "sweep_http_requests_total", **labels) - _value(before, "sweep_http_requests_total", **labels)
+        return (_value(after, "sweep_http_requests_total", **labels)
+                - _value(before, "sweep_http_requests_total", **labels))
 
     assert moved(method="GET", route="/v2/models/{model_name}", status="200") == 1
     assert moved(**INFER_ROUTE, status="404") == 1

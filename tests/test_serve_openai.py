@@ -51,7 +51,8 @@ def _decode(ids: list[int]) -> str:
 
 def test_streamed_text_is_always_a_prefix_of_the_finished_text() -> None:
     eos = 0
-    for text, stops in [("Hello. World\nmore", ["\n", "."]), ("abcabcabd", ["abd"]), ("no stop here", ["zz"]), ("ab", [])]:
+    for text, stops in [("Hello. World\nmore", ["\n", "."]), ("abcabcabd", ["abd"]), ("no stop here", ["zz"]),
+                        ("ab", [])]:
         ids = [ord(c) for c in text] + [eos, eos]
         final = finish_completion(ids, 1, _decode, eos, stops, max_new_tokens=len(ids))
         sent = ""
@@ -86,7 +87,8 @@ def test_openai_request_defaults_are_the_openai_apis() -> None:
     assert job.params == GenerationParams(max_new_tokens=16, temperature=1.0, top_p=1.0, stop=(), seed=None)
     assert job.n == 1 and job.prompt_tokens == (3,) and not job.stream
     greedy = openai_job(_request(temperature=0, seed=5, stop="\n", n=2, stream=True,
-                                 stream_options=SimpleNamespace(include_usage=True)), ["a", "b c"], _count, LM_CONTEXT, 8)
+                                 stream_options=SimpleNamespace(include_usage=True)),
+                        ["a", "b c"], _count, LM_CONTEXT, 8)
     assert greedy.params == GenerationParams(8, 0.0, 1.0, ("\n",), 5) and greedy.include_usage
     assert greedy.rows == ["a", "a", "b c", "b c"]  # choice i*n+j: prompt i's j-th
     room = openai_job(_request(), ["a b c"], _count, LM_CONTEXT, None)  # a chat's default: what the context leaves
@@ -98,7 +100,8 @@ def test_openai_request_defaults_are_the_openai_apis() -> None:
     [
         ({}, -5, "a", "parameter max_tokens: must be in [1, 255], got -5"),
         ({}, 0, "a", "parameter max_tokens: must be in [1, 255], got 0"),
-        ({}, 250, "a " * 10, "prompt 0 is 10 tokens; with max_tokens=250 that exceeds the model's context of 256 tokens"),
+        ({}, 250, "a " * 10,
+         "prompt 0 is 10 tokens; with max_tokens=250 that exceeds the model's context of 256 tokens"),
         ({}, None, "a " * 300, "prompt 0 is 300 tokens: the model's context of 256 tokens leaves no room"),
         ({"n": 0}, 4, "a", "parameter n: must be in [1, 16], got 0"),
         ({"temperature": 3}, 4, "a", "parameter temperature: must be in [0.0, 2.0], got 3"),
@@ -118,7 +121,8 @@ def test_openai_request_errors(fields: dict[str, Any], max_tokens: int | None, p
 
 def test_prompts_and_messages() -> None:
     assert completion_prompts("hi") == ["hi"] and completion_prompts(["a", "b"]) == ["a", "b"]
-    for bad, message in [([1, 2], "token ids are not supported"), ([], "non-empty list of strings"), (["a", ""], "empty string")]:
+    for bad, message in [([1, 2], "token ids are not supported"), ([], "non-empty list of strings"),
+                         (["a", ""], "empty string")]:
         with pytest.raises(RequestError, match=message):
             completion_prompts(bad)
     parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
@@ -209,7 +213,8 @@ def test_stream_sends_the_same_text_as_it_is_generated(servers: dict[str, Server
     stream = client.completions.create(**settings, stream=True, stream_options={"include_usage": True})
     text, times, finish, usage = _stream_text(stream)
     assert text == choice.text and finish == "length"
-    assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (prompt_tokens, 200, prompt_tokens + 200)
+    assert ((usage.prompt_tokens, usage.completion_tokens, usage.total_tokens)
+            == (prompt_tokens, 200, prompt_tokens + 200))
     first, last = times[0] - start, times[-1] - start
     gap = last - first
     print(f"\nstream of 200 tokens: first chunk after {first * 1000:.0f} ms, last after {last * 1000:.0f} ms "
@@ -240,7 +245,8 @@ def test_finish_reason_and_usage_with_a_stop_sequence(servers: dict[str, Server]
     streamed = client.completions.create(model=LM_NAME, prompt="the doctor", max_tokens=16, temperature=0, stop=stop,
                                          stream=True, stream_options={"include_usage": True})
     text_streamed, _, finish, usage = _stream_text(streamed)
-    assert (text_streamed, finish, usage.completion_tokens) == (cut.choices[0].text, "stop", cut.usage.completion_tokens)
+    assert ((text_streamed, finish, usage.completion_tokens)
+            == (cut.choices[0].text, "stop", cut.usage.completion_tokens))
 
 
 @pytest.mark.slow
@@ -277,7 +283,8 @@ def test_chat_completion_with_a_chat_template(servers: dict[str, Server]) -> Non
     plain = client.completions.create(model=CHAT_NAME, prompt=rendered, max_tokens=12, temperature=0)
     assert choice.message.content == plain.choices[0].text
     assert answer.usage.prompt_tokens == _prompt_tokens(chat, rendered) and answer.usage.completion_tokens == 12
-    stream = client.chat.completions.create(model=CHAT_NAME, messages=messages, max_tokens=12, temperature=0, stream=True)
+    stream = client.chat.completions.create(model=CHAT_NAME, messages=messages, max_tokens=12, temperature=0,
+                                            stream=True)
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == choice.message.content
@@ -295,21 +302,28 @@ def test_chat_without_a_chat_template_is_a_clear_400(servers: dict[str, Server])
 COMPLETIONS = "/openai/v1/completions"
 BAD_REQUESTS: list[tuple[str, str, Any, int, str]] = [
     # (id, route, body (bytes: sent as is), status, fragment of the one-line message)
-    ("malformed-json", COMPLETIONS, b'{"model": "%s", "prompt": "unterminated' % LM_NAME.encode(), 400, "not valid JSON"),
+    ("malformed-json", COMPLETIONS, b'{"model": "%s", "prompt": "unterminated' % LM_NAME.encode(), 400,
+     "not valid JSON"),
     ("array-body", COMPLETIONS, [1, 2], 400, "the body must be a JSON object"),
-    ("wrong-type", COMPLETIONS, {"model": LM_NAME, "prompt": "a", "max_tokens": "ten"}, 400, "max_tokens: Input should be a valid integer"),
-    ("wrong-type-in-validator", COMPLETIONS, {"model": LM_NAME, "prompt": "a", "logprobs": "x"}, 400, "the body must be a JSON object"),
-    ("negative-max-tokens", COMPLETIONS, {"model": LM_NAME, "prompt": "a", "max_tokens": -5}, 400, "max_tokens: must be in [1, 255], got -5"),
-    ("prompt-too-long", COMPLETIONS, {"model": LM_NAME, "prompt": "the cat " * 200}, 400, f"context of {LM_CONTEXT} tokens"),
+    ("wrong-type", COMPLETIONS, {"model": LM_NAME, "prompt": "a", "max_tokens": "ten"}, 400,
+     "max_tokens: Input should be a valid integer"),
+    ("wrong-type-in-validator", COMPLETIONS, {"model": LM_NAME, "prompt": "a", "logprobs": "x"}, 400,
+     "the body must be a JSON object"),
+    ("negative-max-tokens", COMPLETIONS, {"model": LM_NAME, "prompt": "a", "max_tokens": -5}, 400,
+     "max_tokens: must be in [1, 255], got -5"),
+    ("prompt-too-long", COMPLETIONS, {"model": LM_NAME, "prompt": "the cat " * 200}, 400,
+     f"context of {LM_CONTEXT} tokens"),
     ("no-prompt", COMPLETIONS, {"model": LM_NAME}, 400, "prompt"),
     ("token-id-prompt", COMPLETIONS, {"model": LM_NAME, "prompt": [1, 2]}, 400, "token ids are not supported"),
     ("unsupported", COMPLETIONS, {"model": LM_NAME, "prompt": "a", "logprobs": 1}, 400, "logprobs: not supported"),
     ("chat-messages-not-a-list", "/openai/v1/chat/completions", {"model": LM_NAME, "messages": "hi"}, 400, "messages"),
-    ("unknown-model", COMPLETIONS, {"model": "no-such-model", "prompt": "a"}, 404, "Model with name no-such-model does not exist"),
+    ("unknown-model", COMPLETIONS, {"model": "no-such-model", "prompt": "a"}, 404,
+     "Model with name no-such-model does not exist"),
 ]
 
 
-@pytest.mark.parametrize(("route", "body", "status", "message"), [b[1:] for b in BAD_REQUESTS], ids=[b[0] for b in BAD_REQUESTS])
+@pytest.mark.parametrize(("route", "body", "status", "message"), [b[1:] for b in BAD_REQUESTS],
+                         ids=[b[0] for b in BAD_REQUESTS])
 @pytest.mark.slow
 def test_bad_request_gets_4xx_with_one_line_and_the_server_keeps_serving(
     servers: dict[str, Server], route: str, body: Any, status: int, message: str
@@ -340,7 +354,8 @@ def test_a_client_leaving_mid_stream_stops_the_generation(servers: dict[str, Ser
     client = _client(lm)
     baseline = statistics.median(_timed(client, 4) for _ in range(3))
     whole = _timed(client, 240)  # what a stream left running would hold the forward thread for
-    stream = client.completions.create(model=LM_NAME, prompt="once upon a time", max_tokens=240, temperature=0, stream=True)
+    stream = client.completions.create(model=LM_NAME, prompt="once upon a time", max_tokens=240, temperature=0,
+                                       stream=True)
     chunks = iter(stream)
     next(chunks), next(chunks)
     stream.close()
@@ -382,7 +397,8 @@ def test_infer_cli_streams_the_completion(servers: dict[str, Server]) -> None:
     lm = servers["lm"]
     expected = _v2(lm, PROMPT, max_new_tokens=10)
     done = subprocess.run(
-        [sys.executable, "-m", "sweep.infer", "--url", lm.url, "--model", LM_NAME, "--max-new-tokens", "10", "--stream", PROMPT],
+        [sys.executable, "-m", "sweep.infer", "--url", lm.url, "--model", LM_NAME, "--max-new-tokens", "10",
+         "--stream", PROMPT],
         capture_output=True, text=True, timeout=60, cwd=REPO,
     )
     assert done.returncode == 0, done.stderr
@@ -392,7 +408,8 @@ def test_infer_cli_streams_the_completion(servers: dict[str, Server]) -> None:
         [sys.executable, "-m", "sweep.infer", "--url", servers["classifier"].url, "--stream", "a cat"],
         capture_output=True, text=True, timeout=60, cwd=REPO,
     )
-    assert classifier.returncode == 1 and classifier.stderr.startswith("error: --stream is for causal LMs"), classifier.stderr
+    assert classifier.returncode == 1, classifier.stderr
+    assert classifier.stderr.startswith("error: --stream is for causal LMs"), classifier.stderr
 
 
 def test_sse_lines_parse() -> None:

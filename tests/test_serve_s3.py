@@ -44,8 +44,8 @@ def test_a_model_uploaded_by_a_sweep_is_served_from_s3(moto_server, monkeypatch,
 def test_a_missing_s3_model_is_one_line_and_exit_2(moto_server, monkeypatch, tmp_path):  # noqa: F811
     s3_env(monkeypatch, moto_server)
     boto3.client("s3").create_bucket(Bucket=BUCKET)
-    r = subprocess.run([sys.executable, "-m", "sweep.serve", f"model=s3://{BUCKET}/nothing/here", f"cache_dir={tmp_path}"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-m", "sweep.serve", f"model=s3://{BUCKET}/nothing/here",
+                        f"cache_dir={tmp_path}"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert f"error: s3://{BUCKET}/nothing/here not found" in r.stderr and "Traceback" not in r.stderr
     assert SECRET_KEY not in r.stderr

@@ -24,7 +24,8 @@ IN_USE = "is in use by another sweep"
 
 
 def test_resume_command_keeps_the_overrides_and_names_the_out_dir():
-    line = resume_command(["experiment=demo", "sweep.seeds=[1,2]", "out_dir=/old", "resume=false", "+x=a b"], "/runs/o 1")
+    line = resume_command(["experiment=demo", "sweep.seeds=[1,2]", "out_dir=/old", "resume=false", "+x=a b"],
+                          "/runs/o 1")
     assert line == "python -m sweep experiment=demo 'sweep.seeds=[1,2]' '+x=a b' 'out_dir=/runs/o 1' resume=true"
 
 

@@ -169,7 +169,8 @@ def test_mlflow_records_on_a_server_are_said_without_its_password():
     assert fallback.endswith("if it does not answer, sqlite:///mlflow.db on the head, uploaded to s3://bkt/out/mlflow/")
 
 
-@pytest.mark.parametrize("overrides", [["tracking=none"], ["tracking.kind=none"], ["tracking=mlflow", "tracking.kind=none"],
+@pytest.mark.parametrize("overrides", [["tracking=none"], ["tracking.kind=none"],
+                                       ["tracking=mlflow", "tracking.kind=none"],
                                        ["tracking=none", "tracking.uri=http://mlflow:5000"]])
 def test_no_mlflow_records_with_tracking_none(overrides):
     line = output_locations(overrides)[-1]

@@ -117,7 +117,8 @@ def test_two_tasks_three_seeds_end_to_end(local_ray, cache_dir, tmp_path, monkey
 
 def test_gpu_packing_on_two_nodes(two_gpu_nodes, cache_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("SWEEP_CACHE_DIR", str(cache_dir))
-    base = ["train.epochs=1", "train.max_train_samples=32", f"cluster.storage_path={tmp_path / 'storage'}", "cluster.shared_storage=true"]
+    base = ["train.epochs=1", "train.max_train_samples=32", f"cluster.storage_path={tmp_path / 'storage'}",
+            "cluster.shared_storage=true"]
 
     one = validate(compose_cfg(*base, "sweep.seeds=[1,2,3,4,5,6]", "resources.gpus_per_trial=1"))
     records, _ = run_tune(one, tmp_path / "one")
@@ -170,7 +171,8 @@ def test_multi_node_without_storage_path_is_an_error(two_gpu_nodes, tmp_path):
         run_tune(validate(compose_cfg()), tmp_path)
 
 
-@pytest.mark.parametrize("size, evals", [([], 3), (["resources.gpus_per_trial=2"], 1)], ids=["trial-process-mid-epoch", "ddp"])
+@pytest.mark.parametrize("size, evals", [([], 3), (["resources.gpus_per_trial=2"], 1)],
+                         ids=["trial-process-mid-epoch", "ddp"])
 def test_a_killed_trial_is_retried_from_its_checkpoint(local_ray, cache_dir, tmp_path, monkeypatch, size, evals):
     """The process running the trial's loop (the Tune trial's own; rank 0 of a DDP run's Train
     workers) is SIGKILLed once its history holds evaluation ``evals + 2``: Tune retries the trial from
@@ -180,8 +182,9 @@ def test_a_killed_trial_is_retried_from_its_checkpoint(local_ray, cache_dir, tmp
     monkeypatch.setenv("SWEEP_CACHE_DIR", str(cache_dir))
     data = write_synthetic_glue(tmp_path / "data", ["RTE"], n_train=1500, n_dev=64)
     epochs = 5  # 3 epochs (~2 s each) after the kill point: time for the killer to see it in the history
-    settings = validate(compose_cfg("task=RTE", "sweep.seeds=[38]", f"train.epochs={epochs}", f"train.evals_per_epoch={evals}",
-                                    "train.max_train_samples=null", f"storage.data_dir={data}", *size))
+    settings = validate(compose_cfg("task=RTE", "sweep.seeds=[38]", f"train.epochs={epochs}",
+                                    f"train.evals_per_epoch={evals}", "train.max_train_samples=null",
+                                    f"storage.data_dir={data}", *size))
     killed, steps_at_kill = [], []
 
     def kill_after_evaluation_n():
@@ -204,7 +207,8 @@ def test_a_killed_trial_is_retried_from_its_checkpoint(local_ray, cache_dir, tmp
     killer.join()
     assert killed, "no trial process was killed"
     (record,) = records
-    assert steps_at_kill[0] < record.steps_total, f"killed after its last evaluation ({steps_at_kill}): nothing to resume"
+    assert steps_at_kill[0] < record.steps_total, \
+        f"killed after its last evaluation ({steps_at_kill}): nothing to resume"
     assert record.status == "TERMINATED" and record.epochs_done == epochs, record.error
     assert record.steps_done == record.steps_total
     history = json.loads(next((tmp_path / "out").rglob("history/*.json")).read_text())
@@ -218,7 +222,8 @@ def test_a_killed_trial_is_retried_from_its_checkpoint(local_ray, cache_dir, tmp
     assert resumed and resumed[-1] == record.steps_total and first_steps[1] < resumed[0] <= after_kill, history
     from_step = steps[steps.index(resumed[0]) - 1]  # the checkpoint the retry went on from
     per_epoch = record.steps_total // epochs
-    assert (from_step % per_epoch != 0) == (evals > 1), (from_step, per_epoch)  # mid-epoch when it evaluates inside epochs
+    # mid-epoch when it evaluates inside epochs
+    assert (from_step % per_epoch != 0) == (evals > 1), (from_step, per_epoch)
     pids = [r["pid"] for r in history]
     assert pids[0] == killed[0] and len(set(pids)) == 2  # the killed process, then the retry's new one
 

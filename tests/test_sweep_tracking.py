@@ -34,7 +34,8 @@ def children(client: MlflowClient, parent) -> list:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("store", ["sqlite", "server"])
-def test_sweep_logs_parent_nested_runs_and_registers_the_best(store, request, local_ray, cache_dir, tmp_path, monkeypatch, capsys):
+def test_sweep_logs_parent_nested_runs_and_registers_the_best(store, request, local_ray, cache_dir, tmp_path,
+                                                               monkeypatch, capsys):
     monkeypatch.setenv("SWEEP_CACHE_DIR", str(cache_dir))
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
     uri = f"sqlite:///{tmp_path}/mlflow.db" if store == "sqlite" else request.getfixturevalue("mlflow_server").url
@@ -79,7 +80,8 @@ def test_unreachable_tracking_server_stops_before_any_trial(tmp_path):
     env = {**os.environ, "SWEEP_CACHE_DIR": str(tmp_path / "cache")}
     t0 = time.time()
     r = subprocess.run([sys.executable, "-m", "sweep", "experiment=demo", "tracking.uri=http://127.0.0.1:9",
-                        f"out_dir={tmp_path / 'out'}"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+                        f"out_dir={tmp_path / 'out'}"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert "cannot reach the MLflow tracking server at http://127.0.0.1:9" in r.stderr
     assert "sweep:" not in r.stdout  # no Tune run was started

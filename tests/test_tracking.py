@@ -199,7 +199,8 @@ def test_champion_alias_moves_only_on_a_better_score(store: Store, tmp_path: Pat
         return run_id, register_best(store.uri, model, task, run_id, folder, score, mode, "acc")
 
     run_id, first = register(0.5)
-    assert (first.name, first.version, first.promoted, first.previous_champion_score) == (f"{model}-WNLI", "1", True, None)
+    assert ((first.name, first.version, first.promoted, first.previous_champion_score)
+            == (f"{model}-WNLI", "1", True, None))
     assert {a.path for a in client.list_artifacts(run_id, "model")} == {"model/config.json", "model/model.safetensors"}
     version = client.get_model_version(first.name, "1")
     assert version.run_id == run_id and version.tags == {"score": "0.5", "metric": "acc", "mode": "max"}
@@ -219,7 +220,8 @@ def test_champion_alias_moves_only_on_a_better_score(store: Store, tmp_path: Pat
 def test_unreachable_server_is_an_error_when_required() -> None:
     uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     started = time.monotonic()
-    with pytest.raises(TrackingError, match=f"cannot reach the MLflow tracking server at {uri}.*tracking.required=false"):
+    with pytest.raises(TrackingError,
+                       match=f"cannot reach the MLflow tracking server at {uri}.*tracking.required=false"):
         check_reachable(uri, required=True)
     assert time.monotonic() - started < 5
 
@@ -270,7 +272,8 @@ def test_secrets_never_reach_the_store(store: Store, tmp_path: Path, monkeypatch
     assert child.data.params["comment"] == "creds ***" and child.data.tags["note"] == "***"
     assert child.data.params["tokenizer"] == "bpe"  # a credential's key is a whole word, not a prefix
     # S3 object keys name what was trained on: recorded, unlike access keys
-    assert (top.data.params["storage.model_key"], top.data.params["storage.data_key"]) == ("models/roberta-base", "glue_data")
+    assert ((top.data.params["storage.model_key"], top.data.params["storage.data_key"])
+            == ("models/roberta-base", "glue_data"))
     assert child.data.tags["error"].endswith("bad key ***")
 
 
@@ -280,7 +283,8 @@ def test_credential_names_are_secret(name: str) -> None:
     assert secret_name(name)
 
 
-@pytest.mark.parametrize("name", ["model_key", "data_key", "tokenizer", "max_tokens", "keyboard", "monkey", "sort_keys"])
+@pytest.mark.parametrize("name", ["model_key", "data_key", "tokenizer", "max_tokens", "keyboard", "monkey",
+                                  "sort_keys"])
 def test_other_names_are_not_secret(name: str) -> None:
     assert not secret_name(name)
 

@@ -65,7 +65,8 @@ def test_calls_wait_while_the_server_is_down_and_arrive_when_it_is_back(server: 
     server.start()
     trial.end("FINISHED")  # sends what waits first, in order, then itself
     client = MlflowClient(server.url)
-    assert [(step, value) for step, value, _ in history(client, run_id, "score")] == [(e, epoch_metrics(e)["score"]) for e in (1, 2, 3)]
+    assert ([(step, value) for step, value, _ in history(client, run_id, "score")]
+            == [(e, epoch_metrics(e)["score"]) for e in (1, 2, 3)])
     assert [step for step, *_ in history(client, run_id, "train_loss")] == [1, 2, 3]
     assert client.get_run(run_id).info.status == "FINISHED"
     assert spool_files(spool) == [], "sent calls were kept"
@@ -78,8 +79,9 @@ def test_calls_left_unsent_replay_into_a_fresh_server_with_the_same_histories(se
     parent_id = tracker.start({"model": {"name": "m"}})
     server.kill()  # and it stays down for the rest of the sweep
 
-    trial = TrialLogger(server.url, tracker.experiment_id, parent_id, "WNLI-seed39", {"task": "WNLI", "seed": 39, "lr": 0.01},
-                        tags={"sweep.trial_id": "t39"}, experiment_name="faults-down", spool_dir=out / SPOOL_DIR)
+    trial = TrialLogger(server.url, tracker.experiment_id, parent_id, "WNLI-seed39",
+                        {"task": "WNLI", "seed": 39, "lr": 0.01}, tags={"sweep.trial_id": "t39"},
+                        experiment_name="faults-down", spool_dir=out / SPOOL_DIR)
     assert trial.start() is None  # no run yet: it is made once a store answers
     for epoch in (1, 2, 3):
         trial.log_epoch(epoch, epoch_metrics(epoch))
@@ -131,8 +133,8 @@ def test_calls_left_unsent_replay_into_a_fresh_server_with_the_same_histories(se
 
 
 @pytest.mark.slow
-def test_sweep_survives_a_server_restart_and_every_epoch_arrives(server: Server, local_ray, cache_dir, tmp_path,
-                                                                 monkeypatch, capsys) -> None:
+def test_sweep_survives_a_server_restart_and_every_epoch_arrives(server: Server, local_ray,  # noqa: F811
+                                                                 cache_dir, tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("SWEEP_CACHE_DIR", str(cache_dir))
     out = tmp_path / "out"
     epochs = 3

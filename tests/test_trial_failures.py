@@ -105,8 +105,10 @@ def test_found_inside_rays_wrappers(tmp_path):
     wrapped = {rank: UserExceptionWithTraceback(label, f"Traceback ...\nDataFormatError: {label}") for rank in (0, 1)}
     assert trial_error(WorkerGroupError("Training failed", wrapped)) is label
     crash = RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer")
-    assert trial_error(WorkerGroupError("Training failed", {0: wrapped[0], 1: UserExceptionWithTraceback(crash, "")})) is label
-    assert is_retryable(WorkerGroupError("Training failed", {0: ActorDiedError(), 1: UserExceptionWithTraceback(crash, "")}))
+    assert trial_error(WorkerGroupError("Training failed",
+                                        {0: wrapped[0], 1: UserExceptionWithTraceback(crash, "")})) is label
+    assert is_retryable(WorkerGroupError("Training failed",
+                                         {0: ActorDiedError(), 1: UserExceptionWithTraceback(crash, "")}))
 
 
 @pytest.mark.slow

@@ -33,7 +33,8 @@ def test_two_gpus_is_ddp_with_two_workers_on_one_node():
 
 
 def test_impossible_request_is_an_error_naming_the_largest_node():
-    with pytest.raises(ResourceError, match=r"one trial needs 3 worker\(s\) x \(1 CPU, 1 GPU\) on one node, but the largest node has 8 CPU and 2 GPU"):
+    with pytest.raises(ResourceError, match=r"one trial needs 3 worker\(s\) x \(1 CPU, 1 GPU\) on one node, "
+                                            r"but the largest node has 8 CPU and 2 GPU"):
         plan_trials(settings("resources.gpus_per_trial=3"), TWO_BY_TWO_GPU)
 
 
@@ -88,12 +89,14 @@ def test_a_cluster_that_can_grow_needs_storage_every_node_reaches(tmp_path):
     ("+sweep.grid.lr=[-1]", "sweep.grid.lr: value -1: train.lr: must be > 0"),
     ("+sweep.grid.lr=[]", "sweep.grid.lr: needs a non-empty list"),
     ("+sweep.search.lr={dist:normal}", "sweep.search.dist: got 'normal', allowed: loguniform, uniform, choice"),
-    ("+sweep.search.lr={dist:loguniform,low:0,high:1}", "sweep.search.lr: needs numbers low < high (both > 0 for loguniform)"),
+    ("+sweep.search.lr={dist:loguniform,low:0,high:1}",
+     "sweep.search.lr: needs numbers low < high (both > 0 for loguniform)"),
     ("sweep.scheduler=hyperband", "sweep.scheduler: got 'hyperband', allowed: fifo, asha, seed_halving"),
     ("sweep.max_failures=-1", "sweep.max_failures: must be >= 0"),
     ("sweep.halving.at=1.5", "sweep.halving.at: must be a fraction of training in (0, 1)"),
     ("sweep.halving.at=0", "sweep.halving.at: must be a fraction of training in (0, 1)"),
-    ("sweep.halving.keep=2.5", "sweep.halving.keep: must be a whole number of trials per task (>= 1) or a share in (0, 1)"),
+    ("sweep.halving.keep=2.5",
+     "sweep.halving.keep: must be a whole number of trials per task (>= 1) or a share in (0, 1)"),
     ("sweep.halving.keep=0", "sweep.halving.keep: must be a whole number"),
     ("sweep.scheduler=seed_halving resources.gpus_per_trial=2",
      "sweep.scheduler: seed_halving cannot pause the multi-GPU (DDP) trials of WNLI"),
@@ -130,8 +133,9 @@ def test_gpu_trials_wait_for_the_gpu_nodes_the_autoscaler_can_launch():
 
 
 def test_nodes_already_up_count_against_the_group_maximum():
-    plan = plan_trials(settings("resources.gpus_per_trial=1", "cluster.address=auto"), [*HEAD_ONLY, {"CPU": 1, "GPU": 1}],
-                       _view(_gpu_type(2), alive_counts={"gpu_worker": 1}), wanted=4)
+    plan = plan_trials(settings("resources.gpus_per_trial=1", "cluster.address=auto"),
+                       [*HEAD_ONLY, {"CPU": 1, "GPU": 1}], _view(_gpu_type(2), alive_counts={"gpu_worker": 1}),
+                       wanted=4)
     assert plan.max_concurrent == 2 and plan.scale.to_launch == {"gpu_worker": 1}
 
 
@@ -149,8 +153,10 @@ def test_cpu_on_purpose_on_a_joined_cluster_launches_nothing():
 
 
 def test_a_trial_no_node_type_can_hold_is_an_error_before_any_trial():
-    with pytest.raises(ResourceError, match=r"one trial needs 2 worker\(s\) x \(1 CPU, 1 GPU\).*no node type the autoscaler"):
-        plan_trials(settings("resources.gpus_per_trial=2", "cluster.address=auto"), HEAD_ONLY, _view(_gpu_type(4)), wanted=4)
+    with pytest.raises(ResourceError,
+                       match=r"one trial needs 2 worker\(s\) x \(1 CPU, 1 GPU\).*no node type the autoscaler"):
+        plan_trials(settings("resources.gpus_per_trial=2", "cluster.address=auto"), HEAD_ONLY, _view(_gpu_type(4)),
+                    wanted=4)
 
 
 def test_the_scale_timeout_must_be_positive():

@@ -346,7 +346,8 @@ def tokenize_task(
         cache_stats.misses += 1
         return _tokenize(dsdict, spec, tokenizer, max_length)
     key = cache_key(dsdict, spec, tokenizer, max_length)
-    return cached_dataset(cache_dir, key, lambda: _tokenize(dsdict, spec, tokenizer, max_length), f"tokenized {spec.name}")
+    return cached_dataset(cache_dir, key, lambda: _tokenize(dsdict, spec, tokenizer, max_length),
+                          f"tokenized {spec.name}")
 
 
 def cache_key(dsdict: DatasetDict, spec: TaskSpec, tokenizer: PreTrainedTokenizerBase, max_length: int) -> str:

@@ -7,8 +7,9 @@ Two halves:
   text and ``ScaleTimeoutError``), the texts the progress line and the errors use. Unit-tested
   without a cluster.
 * Ray-facing, imported lazily: ``read_autoscaler`` / ``launchable_node_types`` (the autoscaler's
-  node types and max counts), ``alive_node_resources``, ``pending_status`` (what the autoscaler is launching / what is requested / infeasible, for the
-  wait line and the timeout error), ``alive_counts`` and ``check_wait`` (``NodeWait`` on live data).
+  node types and max counts), ``alive_node_resources``, ``pending_status`` (what the autoscaler is
+  launching / what is requested / infeasible, for the wait line and the timeout error),
+  ``alive_counts`` and ``check_wait`` (``NodeWait`` on live data).
 
 Where the node types come from in Ray 2.60 (checked in the installed source; there is no public
 API that lists them):

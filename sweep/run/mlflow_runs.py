@@ -144,7 +144,8 @@ class TrialRuns(Callback):
         try:
             return find_child_run(t.uri, t.experiment_id, t.parent_run_id, run_name(task, seed, trial_id)) or ""
         except Exception as e:  # the store is away: the record has no run id, registration says so
-            log.warning("tracking: cannot look up the run of trial %s (%s)", trial_id, scrub(str(e)).splitlines()[0][:200])
+            log.warning("tracking: cannot look up the run of trial %s (%s)", trial_id,
+                        scrub(str(e)).splitlines()[0][:200])
             return ""
 
     def _queue(self, call, *args) -> None:
@@ -163,7 +164,8 @@ class TrialRuns(Callback):
             try:
                 call(*args)
             except Exception as e:  # a store that refused a call: the sweep goes on, the line says what
-                log.warning("tracking: MLflow call for trial %s failed (%s)", args[0], scrub(str(e)).splitlines()[0][:300])
+                log.warning("tracking: MLflow call for trial %s failed (%s)", args[0],
+                            scrub(str(e)).splitlines()[0][:300])
 
     def _train(self, config: dict[str, Any]):
         _, _, hparams = trial_of(config)
@@ -179,7 +181,8 @@ class TrialRuns(Callback):
                 t.uri, t.experiment_id, t.parent_run_id, run_name=run_name(task, seed, trial_id),
                 params={"task": task, "seed": seed, **asdict(self._train(config))},
                 # where it runs comes with its first report; never this driver's own host until then
-                tags={"sweep.trial_id": trial_id, "sweep.hparams": str(hparams or {}), "host": "", "node": "", "device": ""},
+                tags={"sweep.trial_id": trial_id, "sweep.hparams": str(hparams or {}),
+                      "host": "", "node": "", "device": ""},
                 experiment_name=t.experiment_name, spool_dir=t.spool_dir,
             )
         return self.loggers[trial_id]

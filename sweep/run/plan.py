@@ -83,7 +83,8 @@ def plan_trials(settings: Settings, nodes: list[dict[str, float]], autoscaler: A
     if scale.never_fits:
         biggest_cpu = max((n.get("CPU", 0) for n in nodes), default=0)
         biggest_gpu = max((n.get("GPU", 0) for n in nodes), default=0)
-        need = (f"{task}: " if task else "") + f"{workers} worker(s) x ({cpus:g} CPU" + (f", {gpus:g} GPU)" if gpus else ")")
+        need = ((f"{task}: " if task else "") + f"{workers} worker(s) x ({cpus:g} CPU"
+                + (f", {gpus:g} GPU)" if gpus else ")"))
         launchable = f" and no node type the autoscaler can launch holds it ({_describe(types)})" if types else ""
         raise ResourceError(
             f"resources: one trial needs {need} on one node, but the largest node has "
@@ -132,14 +133,14 @@ def storage_path(settings: Settings, out_dir: Path, node_count: int, autoscaler:
         return path or str(Path(out_dir) / "ray")
     if not path:
         raise ResourceError(
-            f"cluster.storage_path: this Ray cluster {several}, each node with its own disk, and trials write checkpoints "
-            "where the driver must read them; set cluster.storage_path=s3://bucket/prefix, or a folder every node mounts "
-            "(NFS) with cluster.shared_storage=true"
+            f"cluster.storage_path: this Ray cluster {several}, each node with its own disk, and trials write "
+            "checkpoints where the driver must read them; set cluster.storage_path=s3://bucket/prefix, or a folder "
+            "every node mounts (NFS) with cluster.shared_storage=true"
         )
     if not is_remote(path) and not cluster.shared_storage:
         raise ResourceError(
-            f"cluster.storage_path={path}: a folder on this machine, but this Ray cluster {several}, each node with its "
-            "own disk, so checkpoints written on another node would not be here; if every node mounts this folder "
+            f"cluster.storage_path={path}: a folder on this machine, but this Ray cluster {several}, each node with "
+            "its own disk, so checkpoints written on another node would not be here; if every node mounts this folder "
             "(NFS), say so with cluster.shared_storage=true, else use cluster.storage_path=s3://bucket/prefix"
         )
     return path

@@ -49,7 +49,8 @@ class SweepProgress(Callback):
     def print_line(self) -> None:
         pending = self.total - len(self.done) - len(self.running)
         bests = " | ".join(
-            f"{task} {self.metric[task]} best {value:.4f} (seed {seed})" for task, (value, seed) in sorted(self.best.items())
+            f"{task} {self.metric[task]} best {value:.4f} (seed {seed})"
+            for task, (value, seed) in sorted(self.best.items())
         )
         line = (f"{len(self.done)}/{self.total} done, {len(self.running)} running, {max(pending, 0)} pending, "
                 f"{self.failed} failed" + (f" | {bests}" if bests else "") + f" | ETA {self._eta()}"

@@ -149,7 +149,8 @@ def make_board(settings, total: int):
         return AshaRungs, {"max_t": max_t}
     if scheduler == "seed_halving":
         halving = settings.sweep.halving
-        return SeedHalving, {"trials_per_task": trials_per_task(settings, total), "keep": halving.keep, "at": halving.at}
+        return SeedHalving, {"trials_per_task": trials_per_task(settings, total),
+                             "keep": halving.keep, "at": halving.at}
     return None, None
 
 

@@ -204,7 +204,8 @@ def tracking_location(overrides: Sequence[str], prefix: str | None) -> str:
             fallback = (f"; if it does not answer, {DEFAULT_TRACKING_URI} on the head"
                         + (f", uploaded to {prefix.rstrip('/')}/{SUBDIR}/" if prefix else " (lost with the head)"))
         return f"outputs: the MLflow records go to {scrub(uri)} (tracking.uri){fallback}"
-    where = f"{scrub(uri)} on the head node's disk" + ("" if db.is_absolute() else ", relative to the job's working directory")
+    where = (f"{scrub(uri)} on the head node's disk"
+             + ("" if db.is_absolute() else ", relative to the job's working directory"))
     if prefix:
         return (f"outputs: the MLflow records go to {where}, and with their artifacts to "
                 f"{prefix.rstrip('/')}/{SUBDIR}/ when the sweep ends (storage.output_prefix)")

@@ -286,7 +286,8 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     from sweep.storage.staging import cache_root
 
     # rss_at_start_mb: what the previous trial left in a reused process (tests check it does not grow)
-    timing = {"imported": time.time(), "pid": os.getpid(), "rss_at_start_mb": psutil.Process().memory_info().rss / 2**20}
+    timing = {"imported": time.time(), "pid": os.getpid(),
+              "rss_at_start_mb": psutil.Process().memory_info().rss / 2**20}
     ctx: TrialContext = config["context"]
     sources = stage_for_trial(ctx.settings, *(ctx.staging or (None, None)))  # a no-op on a node staged at the start
     if ctx.in_trial_process:  # ray.train's API refuses to run inside a Tune function: one worker, rank 0
@@ -308,12 +309,15 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
             ctx.spec, sources.model_dir, sources.data_dir, ctx.train, ctx.seed,
             cache_dir=cache_root(ctx.settings.storage), on_epoch=reporter, resume_from=resume_dir,
             # DDP on the device chosen here: Train's own choice is cuda for a (fake) GPU torch cannot use
-            dist=Distributed(rank=rank, world_size=world,
-                             wrap_model=partial(ray.train.torch.prepare_model, move_to_device=device) if world > 1 else None),
+            dist=Distributed(
+                rank=rank, world_size=world,
+                wrap_model=partial(ray.train.torch.prepare_model, move_to_device=device) if world > 1 else None,
+            ),
             device=device,
         )
     except EarlyStop as stop:
-        reporter.end("FINISHED", stop=stop)  # a finished trial with fewer steps; its best checkpoint is already reported
+        # a finished trial with fewer steps; its best checkpoint is already reported
+        reporter.end("FINISHED", stop=stop)
     except SystemExit:
         raise  # Tune paused (seed halving) or stopped the trial: its MLflow run goes on when it resumes
     except BaseException:
@@ -417,8 +421,8 @@ def _end_failed(ctx: TrialContext, error: BaseException) -> None:
     """The trial failed on its own data, config or the model's limits: a retry would fail the same
     way. Its history and its last report say so (records_from_results marks it ERROR), and the
     trainable returns instead of raising, so neither Tune nor Train runs it again (nor a resume)."""
-    row = {"trial_id": ctx.trial_id, "task": ctx.task, "seed": ctx.seed, "launch_id": ctx.launch_id, TRIAL_ERROR: error_line(error),
-           TRIAL_DONE: True, "reported_at": time.time()}
+    row = {"trial_id": ctx.trial_id, "task": ctx.task, "seed": ctx.seed, "launch_id": ctx.launch_id,
+           TRIAL_ERROR: error_line(error), TRIAL_DONE: True, "reported_at": time.time()}
     ctx.write_history([*ctx.read_history(), row])
     tune.report(row)
 

@@ -81,8 +81,8 @@ def records_from_results(grid, settings: Settings, plans: dict[str, TrialPlan], 
             record.pid = int(first["pid"]) if "pid" in first and first["pid"] == first["pid"] else None
             record.node = str(best.get("node", ""))
             record.run_id = run_id_of(trial_id, task, seed) if run_id_of is not None and trial_id else ""
-            record.checkpoint = (_best_checkpoint(best, _checkpoint_dirs(result, train_dir, trial_id)) if train_dir is not None
-                                 else _remote_best_checkpoint(result, best))
+            record.checkpoint = (_best_checkpoint(best, _checkpoint_dirs(result, train_dir, trial_id))
+                                 if train_dir is not None else _remote_best_checkpoint(result, best))
         own_error = _own_error(result, df)
         if own_error is not None:  # failed on its own data/config/model: ended at once, not retried
             record.status, record.error = "ERROR", own_error
@@ -403,12 +403,14 @@ def _run_tune(settings: Settings, out_dir: Path, tracking, stop) -> tuple[list[T
     relay = ProgressRelay.remote()  # the nodes' staging lines, at the start and from nodes that join later
     # storage=local on nodes with their own disks: the driver's folders travel through Ray to those that lack them
     shipments = ship_sources(settings) if several else {}
-    stage_all_nodes(settings, relay, shipments)  # every node stages (and checks the task files) before the plan reads them
+    # every node stages (and checks the task files) before the plan reads them
+    stage_all_nodes(settings, relay, shipments)
     sizes, params, cluster, chosen, plans = _plan(settings, nodes, autoscaler, total)
     plan = plans[chosen.order[0].task]  # the first trials' size drives the wait for launched nodes
     launch_id = uuid.uuid4().hex[:8]
     _refuse_halving_with_ddp(settings, plans)
-    rungs_board, _board_handle = start_rungs_board(settings, storage.experiment, total, storage.histories)  # the handle keeps it alive
+    # the handle keeps the board alive
+    rungs_board, _board_handle = start_rungs_board(settings, storage.experiment, total, storage.histories)
     placements = {task: Placement(p.workers, p.gpus_per_worker, p.cpus_per_worker, storage.train,
                                   storage.histories)
                   for task, p in plans.items()}
@@ -420,7 +422,8 @@ def _run_tune(settings: Settings, out_dir: Path, tracking, stop) -> tuple[list[T
     concurrency = min(max(p.max_concurrent for p in plans.values()), total)
     for line in chosen.describe(sizes, params):
         print(f"plan: {line}")
-    grows = f" (+ up to {plan.scale.fits_at_max - plan.scale.fits_now} trial(s) on launched nodes)" if plan.scale else ""
+    grows = (f" (+ up to {plan.scale.fits_at_max - plan.scale.fits_now} trial(s) on launched nodes)"
+             if plan.scale else "")
     print(f"sweep: {total} trials ({len(settings.tasks)} task(s) x {len(settings.sweep.seeds)} seed(s)"
           f"{' x grid' if settings.sweep.grid else ''}), up to {concurrency} at once on {len(nodes)} node(s){grows}; "
           + _describe_sizes(plans))
@@ -431,7 +434,8 @@ def _run_tune(settings: Settings, out_dir: Path, tracking, stop) -> tuple[list[T
         callbacks.append(trial_runs)
     if plan.waiting:
         print(plan.waiting)
-        callbacks.append(WaitForNodes(NodeWait(plan.scale, autoscaler.alive_counts, settings.cluster.scale_timeout_s), progress))
+        wait = NodeWait(plan.scale, autoscaler.alive_counts, settings.cluster.scale_timeout_s)
+        callbacks.append(WaitForNodes(wait, progress))
     # Ask the autoscaler for every concurrent trial up front (added to other sweeps' requests);
     # withdrawn when the sweep ends, however it ends.
     asked = ([plans[t.task].needs.bundle for t in chosen.order[:concurrency]]

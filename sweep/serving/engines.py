@@ -225,6 +225,7 @@ class Generator:
             output = self.model.generate(**encoded, **kwargs)
         prompt_tokens = encoded["attention_mask"].sum(dim=1).tolist()
         return [
-            finish_completion(row[prompt_width:].tolist(), n, decode, self.eos_token_id, params.stop, params.max_new_tokens)
+            finish_completion(row[prompt_width:].tolist(), n, decode, self.eos_token_id, params.stop,
+                              params.max_new_tokens)
             for row, n in zip(output, prompt_tokens)
         ]

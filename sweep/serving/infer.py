@@ -74,7 +74,8 @@ def build_request(kind: str, texts: Sequence[str], args: argparse.Namespace) -> 
         return {"inputs": inputs}
     if args.pair:
         raise InferError("--pair is for classifiers; this model generates text")
-    parameters: dict[str, Any] = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p}
+    parameters: dict[str, Any] = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+                                  "top_p": args.top_p}
     if args.seed is not None:
         parameters["seed"] = args.seed
     inputs = [_bytes_tensor(TEXT, texts)]
@@ -97,7 +98,8 @@ def _http_errors(url: str, timeout: float) -> Iterator[None]:
     try:
         yield
     except httpx.ConnectError as e:
-        raise InferError(f"cannot reach the model server at {url} ({e}); is `python -m sweep.serve` running there?") from None
+        raise InferError(
+            f"cannot reach the model server at {url} ({e}); is `python -m sweep.serve` running there?") from None
     except httpx.TimeoutException:
         raise InferError(f"no answer from {url} within {timeout:g} s (--timeout)") from None
     except httpx.HTTPError as e:
@@ -153,7 +155,8 @@ def stream_completions(url: str, model: str | None, texts: Sequence[str], args: 
             out.write("\n")
             out.flush()
             if usage:
-                notes.append(f"[{usage['prompt_tokens']} prompt + {usage['completion_tokens']} completion tokens, finish: {finish}]")
+                notes.append(f"[{usage['prompt_tokens']} prompt + {usage['completion_tokens']} completion tokens, "
+                             f"finish: {finish}]")
     return notes
 
 
@@ -171,7 +174,8 @@ def _grpc_request(model: str, body: dict[str, Any]) -> Any:
     return InferRequest(model, inputs, parameters=parameters_for_grpc(body.get("parameters", {})) or None)
 
 
-async def _infer_grpc(address: str, model: str, texts: Sequence[str], args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+async def _infer_grpc(address: str, model: str, texts: Sequence[str],
+                      args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     import grpc
     from kserve.inference_client import InferenceGRPCClient
     from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
@@ -179,7 +183,8 @@ async def _infer_grpc(address: str, model: str, texts: Sequence[str], args: argp
 
     # The client has no metadata call: ask KServe's generated stub, on a channel of our own.
     async with grpc.aio.insecure_channel(address) as channel:
-        metadata = await GRPCInferenceServiceStub(channel).ModelMetadata(pb.ModelMetadataRequest(name=model), timeout=args.timeout)
+        metadata = await GRPCInferenceServiceStub(channel).ModelMetadata(pb.ModelMetadataRequest(name=model),
+                                                                         timeout=args.timeout)
     kind = model_kind(o.name for o in metadata.outputs)
     async with InferenceGRPCClient(address, timeout=args.timeout) as client:
         response = await client.infer(_grpc_request(model, build_request(kind, texts, args)))
@@ -187,7 +192,8 @@ async def _infer_grpc(address: str, model: str, texts: Sequence[str], args: argp
     return kind, body
 
 
-def infer_grpc(address: str, model: str | None, texts: Sequence[str], args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+def infer_grpc(address: str, model: str | None, texts: Sequence[str],
+               args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     """(kind, v2 response as REST gives it) of one call over gRPC to ``address`` (HOST:PORT)."""
     _check_grpc_address(address)
     if not model:
@@ -203,7 +209,8 @@ def infer_grpc(address: str, model: str | None, texts: Sequence[str], args: argp
     except grpc.RpcError as e:
         code, details = e.code(), " ".join(str(e.details() or "").split())
         if code == grpc.StatusCode.UNAVAILABLE:
-            raise InferError(f"cannot reach the gRPC server at {address} ({details}); is `python -m sweep.serve` serving gRPC there?") from None
+            raise InferError(f"cannot reach the gRPC server at {address} ({details}); "
+                             "is `python -m sweep.serve` serving gRPC there?") from None
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
             raise InferError(f"no answer from {address} within {args.timeout:g} s (--timeout)") from None
         raise InferError(f"the server answered {code.name}: {details}") from None
@@ -221,7 +228,8 @@ def format_response(kind: str, response: dict[str, Any]) -> tuple[list[str], lis
         return [str(t) for t in texts], notes
     scores = tensor_by_name(outputs, "score") or []
     labels = tensor_by_name(outputs, "label") or [None] * len(scores)
-    return [f"{label}\t{score:.4f}" if label is not None else f"{score:.4f}" for label, score in zip(labels, scores)], []
+    lines = [f"{label}\t{score:.4f}" if label is not None else f"{score:.4f}" for label, score in zip(labels, scores)]
+    return lines, []
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -126,7 +126,8 @@ class GeneratorModel(BatchedTextModel):
     def __init__(self, name: str, engine: Generator, batcher_options: Mapping[str, Any]) -> None:
         def run_batch(_key: Hashable | None, items: list[tuple[str, Any]]) -> list[Any]:
             completions = engine.generate(items[0][1], [prompt for prompt, _ in items])  # one key: one params
-            server_metrics.count_tokens(name, [c.prompt_tokens for c in completions], [c.completion_tokens for c in completions])
+            server_metrics.count_tokens(name, [c.prompt_tokens for c in completions],
+                                        [c.completion_tokens for c in completions])
             return completions
 
         super().__init__(name, MicroBatcher(run_batch, **batcher_options))
@@ -134,7 +135,8 @@ class GeneratorModel(BatchedTextModel):
 
     def parse(self, inputs: list[Tensor], parameters: Mapping[str, Any] | None) -> tuple[Hashable | None, list[Any]]:
         request = parse_generate(inputs, parameters, self.engine.context_length)
-        check_context(self.engine.count_tokens(request.prompts), request.params.max_new_tokens, self.engine.context_length)
+        check_context(self.engine.count_tokens(request.prompts), request.params.max_new_tokens,
+                      self.engine.context_length)
         return request.params.batch_key, [(prompt, request.params) for prompt in request.prompts]
 
     def encode(self, results: list[Any]) -> list[Tensor]:

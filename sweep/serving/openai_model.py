@@ -143,8 +143,8 @@ class _Chunks:
 
     def _wrap(self, choices: list[Any], usage: UsageInfo | None = None) -> Any:
         if self.chat:
-            chunk = ChatCompletionChunk(id=self.id, object="chat.completion.chunk", created=self.created, model=self.model,
-                                        choices=choices)
+            chunk = ChatCompletionChunk(id=self.id, object="chat.completion.chunk", created=self.created,
+                                        model=self.model, choices=choices)
         else:
             chunk = CompletionChunk(id=self.id, object="text_completion", created=self.created, model=self.model,
                                     choices=choices)
@@ -264,7 +264,8 @@ class OpenAIGeneratorModel(GeneratorModel, OpenAIGenerativeModel):
             if future.cancelled() or future.exception() is not None:
                 return
             results = future.result()
-            server_metrics.count_tokens(self.name, [r.prompt_tokens for r in results], [r.completion_tokens for r in results])
+            server_metrics.count_tokens(self.name, [r.prompt_tokens for r in results],
+                                        [r.completion_tokens for r in results])
             if delivered:
                 return
             made = max(r.completion_tokens for r in results)

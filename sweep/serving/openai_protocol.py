@@ -110,13 +110,15 @@ def chat_messages(messages: Sequence[Any]) -> list[dict[str, str]]:
             for part in content:
                 kind = _field(part, "type")
                 if kind != "text":
-                    raise RequestError(f"messages[{i}].content: only text parts are supported, got a part of type {kind!r}")
+                    raise RequestError(
+                        f"messages[{i}].content: only text parts are supported, got a part of type {kind!r}")
                 texts.append(_field(part, "text") or "")
             content = "\n".join(texts)
         if content is None:
             content = ""
         if not isinstance(content, str):
-            raise RequestError(f"messages[{i}].content: must be a string or a list of text parts, got {_short(content)}")
+            raise RequestError(
+                f"messages[{i}].content: must be a string or a list of text parts, got {_short(content)}")
         chat.append({"role": role, "content": content})
     return chat
 
@@ -177,7 +179,8 @@ def openai_job(
         i, longest = max(enumerate(prompt_tokens), key=lambda p: p[1])
         if longest >= context_length:
             raise RequestError(
-                f"prompt {i} is {longest} tokens: the model's context of {context_length} tokens leaves no room for an answer"
+                f"prompt {i} is {longest} tokens: the model's context of {context_length} tokens "
+                "leaves no room for an answer"
             )
         max_tokens = context_length - longest
     check_context(prompt_tokens, max_tokens, context_length, field=max_tokens_field)

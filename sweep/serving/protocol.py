@@ -173,7 +173,8 @@ def parse_classify(inputs: Sequence[Tensor], parameters: Mapping[str, Any] | Non
     if TEXT_PAIR in found:
         pairs = decode_texts(found[TEXT_PAIR])
         if len(pairs) != len(texts):
-            raise RequestError(f"input {TEXT_PAIR!r} has {len(pairs)} text(s), {TEXT!r} has {len(texts)}: one pair each")
+            raise RequestError(
+                f"input {TEXT_PAIR!r} has {len(pairs)} text(s), {TEXT!r} has {len(texts)}: one pair each")
     return ClassifyRequest(tuple(texts), tuple(pairs) if pairs is not None else None)
 
 
@@ -188,7 +189,8 @@ def _int(params: Mapping[str, Any], key: str, default: int | None, low: int, hig
     return value
 
 
-def _float(params: Mapping[str, Any], key: str, default: float, low: float, high: float, low_open: bool = False) -> float:
+def _float(params: Mapping[str, Any], key: str, default: float, low: float, high: float,
+           low_open: bool = False) -> float:
     value = params.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise RequestError(f"parameter {key}: must be a number, got {value!r}")
@@ -208,14 +210,16 @@ def parse_generate(
     stops: list[str] = []
     if "stop" in params:
         if not isinstance(params["stop"], str) or not params["stop"]:
-            raise RequestError(f"parameter stop: must be a non-empty string (several: the input {STOP!r}), got {params['stop']!r}")
+            raise RequestError(f"parameter stop: must be a non-empty string (several: the input {STOP!r}), "
+                               f"got {params['stop']!r}")
         stops.append(params["stop"])
     if STOP in found:
         stops.extend(decode_texts(found[STOP]))
     if len(stops) > MAX_STOP_SEQUENCES:
         raise RequestError(f"at most {MAX_STOP_SEQUENCES} stop sequences, got {len(stops)}")
     generation = GenerationParams(
-        max_new_tokens=_int(params, "max_new_tokens", min(DEFAULT_MAX_NEW_TOKENS, context_length - 1), 1, context_length - 1),
+        max_new_tokens=_int(params, "max_new_tokens", min(DEFAULT_MAX_NEW_TOKENS, context_length - 1),
+                            1, context_length - 1),
         temperature=_float(params, "temperature", 0.0, 0.0, 100.0),
         top_p=_float(params, "top_p", 1.0, 0.0, 1.0, low_open=True),
         stop=tuple(dict.fromkeys(stops)),
@@ -224,14 +228,16 @@ def parse_generate(
     return GenerateRequest(tuple(prompts), generation)
 
 
-def check_context(prompt_tokens: Sequence[int], max_new_tokens: int, context_length: int, field: str = "max_new_tokens") -> None:
+def check_context(prompt_tokens: Sequence[int], max_new_tokens: int, context_length: int,
+                  field: str = "max_new_tokens") -> None:
     """A prompt that cannot fit, with the tokens it asks for, in the model's context is refused."""
     for i, n in enumerate(prompt_tokens):
         if n + max_new_tokens > context_length:
             room = context_length - max_new_tokens
             raise RequestError(
                 f"prompt {i} is {n} tokens; with {field}={max_new_tokens} that exceeds the model's "
-                f"context of {context_length} tokens (prompts may be at most {room} tokens, or ask for fewer new tokens)"
+                f"context of {context_length} tokens (prompts may be at most {room} tokens, "
+                "or ask for fewer new tokens)"
             )
 
 

@@ -33,20 +33,25 @@ from sweep.serving.cli_args import (
 DEFAULT_PORT = 8080
 DEFAULT_GRPC_PORT = 8081
 OPTIONS: dict[str, Option] = {
-    "model": Option(non_empty, None, "a folder exported by a sweep (best/<TASK>/), models:/<name>@<alias>, or s3://bucket/prefix", required=True),
+    "model": Option(non_empty, None,
+                    "a folder exported by a sweep (best/<TASK>/), models:/<name>@<alias>, or s3://bucket/prefix",
+                    required=True),
     "name": Option(non_empty, None, "name the model is published under (default: its registered name <model>-<task>)"),
     "port": Option(port_number, DEFAULT_PORT, "HTTP port"),
     "grpc_port": Option(port_number, DEFAULT_GRPC_PORT, "gRPC port (Open Inference Protocol v2 over gRPC)"),
     "grpc": Option(as_bool, True, "serve gRPC too (false: REST only)"),
     "batching": Option(as_bool, True, "merge concurrent requests into one forward pass"),
     "max_batch_size": Option(positive_int, 32, "most texts in one forward pass"),
-    "max_latency_ms": Option(non_negative_float, 0.0, "longest an idle server holds a request back for others to join it "
+    "max_latency_ms": Option(non_negative_float, 0.0,
+                             "longest an idle server holds a request back for others to join it "
                              "(0: never; requests that arrive during a forward pass share the next one anyway)"),
     "device": Option(non_empty, "auto", "cpu, cuda, cuda:N, or auto (a GPU when there is one)"),
     "threads": Option(positive_int, None, "torch CPU threads (default: torch's, one per core of the machine; "
                       "set the pod's CPU limit: more threads than free cores make every pass far slower)"),
-    "tracking_uri": Option(non_empty, None, "MLflow tracking URI for models:/ (default: $MLFLOW_TRACKING_URI, else MLflow's default)"),
-    "cache_dir": Option(non_empty, None, "where registry and S3 copies are kept (default: $SWEEP_CACHE_DIR or ~/.cache/sweep)"),
+    "tracking_uri": Option(non_empty, None,
+                           "MLflow tracking URI for models:/ (default: $MLFLOW_TRACKING_URI, else MLflow's default)"),
+    "cache_dir": Option(non_empty, None,
+                        "where registry and S3 copies are kept (default: $SWEEP_CACHE_DIR or ~/.cache/sweep)"),
     "log_requests": Option(as_bool, True, "log a line per request (access and timing logs)"),
 }
 

@@ -36,7 +36,8 @@ def resolve_model_source(source: str, cache_dir: Path, tracking_uri: str | None 
 
 
 def _require_model_folder(path: Path, source: str) -> Path:
-    return require_model_folder(path, f"model={source}:", "a sweep exports its best model per task to <out_dir>/best/<TASK>/")
+    return require_model_folder(path, f"model={source}:",
+                                "a sweep exports its best model per task to <out_dir>/best/<TASK>/")
 
 
 def registered_name(source: str) -> str | None:
@@ -69,7 +70,8 @@ def _download_registered(source: str, cache_dir: Path, tracking_uri: str | None)
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{dest.name}.download-", dir=dest.parent) as scratch, \
             atomic_folder(dest) as folder:
-        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=version.source, dst_path=scratch, tracking_uri=uri))
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=version.source, dst_path=scratch,
+                                                         tracking_uri=uri))
         _require_model_folder(local, source)
         for entry in local.iterdir():  # the artifact's files, moved (same disk) into the folder that becomes dest
             entry.rename(folder / entry.name)

@@ -30,7 +30,8 @@ LM_TASK = "wikitext-2"
 
 
 def _made_by(model: str, task: str) -> str:
-    return json.dumps({"task": task, "seed": 0, "model": model, "hparams": {}, "score": None, "note": "untrained tiny model"})
+    return json.dumps({"task": task, "seed": 0, "model": model, "hparams": {}, "score": None,
+                       "note": "untrained tiny model"})
 
 
 def export_tiny_classifier(dest: Path, cache_dir: Path) -> Path:

@@ -220,7 +220,8 @@ class SweepTracker(_Tracked):
 
 
 def _summary_metrics(records: list[TrialRecord], summaries: list[TaskSummary]) -> dict[str, float]:
-    metrics = {"trials.finished": float(sum(r.ok for r in records)), "trials.failed": float(sum(not r.ok for r in records))}
+    metrics = {"trials.finished": float(sum(r.ok for r in records)),
+               "trials.failed": float(sum(not r.ok for r in records))}
     for s in summaries:
         for name, value in (("mean", s.mean), ("std", s.std), ("best", s.best_score), ("stopped", s.stopped),
                             ("steps", s.steps), ("steps_full", s.steps_full)):

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"replay: {done.sent} MLflow calls sent to {scrub(done.uri)}")
     if done.left:
-        print(f"replay: {done.left} calls not sent (the store did not answer or refused them); they stay in {done.file}",
-              file=sys.stderr)
+        print(f"replay: {done.left} calls not sent (the store did not answer or refused them); "
+              f"they stay in {done.file}", file=sys.stderr)
         return 1
     return 0

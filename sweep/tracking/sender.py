@@ -132,7 +132,8 @@ class _Sender:
         if key in self.runs:
             return self.runs[key], False
         found = self._existing(record.get("run_id"), experiment_id) or self._search(
-            experiment_id, f"tags.mlflow.parentRunId = '{parent}' and attributes.run_name = {_quote(record['run_name'])}")
+            experiment_id,
+            f"tags.mlflow.parentRunId = '{parent}' and attributes.run_name = {_quote(record['run_name'])}")
         fresh = found is None
         if fresh:
             tags = {**self._tags(record), **({ORIGINAL_TAG: record["run_id"]} if record.get("run_id") else {})}

@@ -26,8 +26,9 @@ Record = dict[str, Any]
 
 # Raised by MLflow's REST client when no answer came (connection refused, timeout, 5xx after its
 # own retries), as opposed to an answer that refuses the call (a bad param: a real error).
-_NO_ANSWER = re.compile(r"API request to .* failed with (exception|timeout)|Max retries exceeded|Connection (refused|reset|aborted)"
-                        r"|Read timed out|RemoteDisconnected|Bad Gateway|Service Unavailable|Gateway Time-?out", re.I)
+_NO_ANSWER = re.compile(r"API request to .* failed with (exception|timeout)|Max retries exceeded"
+                        r"|Connection (refused|reset|aborted)|Read timed out|RemoteDisconnected"
+                        r"|Bad Gateway|Service Unavailable|Gateway Time-?out", re.I)
 
 
 def unreachable(error: BaseException) -> bool:
