@@ -25,7 +25,9 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m sweep experiment=demo $(ARGS)
 
+# The linter first (ruff, configured in pyproject.toml): a finding fails the target before any test runs.
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest $(ARGS)
 
 clean:
