@@ -5,7 +5,8 @@ store, the cache, the driver's data). A file a trial writes there never reaches 
 ``shared`` (the cluster's storage path) is seen by both, as S3 or NFS would be on a real cluster.
 
 Starting it ends every Ray process on the machine (``ray stop --force``): never beside another
-Ray cluster test. Token authentication is off everywhere (``RAY_AUTH_MODE=disabled``, DESIGN §5).
+Ray cluster test. Token authentication is off everywhere (``RAY_AUTH_MODE=disabled``,
+docs/architecture.md §6).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The layout DESIGN §3 asks for, checked from the source (AST): no import cycles between the
-package's modules, and Ray imported only under sweep/run/ (what runs inside Ray or talks to it)."""
+"""The rules of docs/architecture.md §5, checked from the source (AST): no import cycles between the
+package's modules, Ray imported only under sweep/run/ (what runs inside Ray or talks to it), and
+short package maps."""
 
 from __future__ import annotations
 

@@ -45,8 +45,9 @@ def plan_trials(settings: Settings, nodes: list[dict[str, float]], autoscaler: A
 
     The trial's own driver (the Tune function) and the Train controller ask for no CPU, so what a
     trial holds is exactly its workers; concurrency never exceeds what fits, so no trial waits
-    for a worker group that can never start (the 2-CPU deadlock of DESIGN §5). ``wanted``: the
-    trials the sweep would run at once (its trial count), which bounds what is asked of the autoscaler.
+    for a worker group that can never start (the 2-CPU deadlock of docs/architecture.md §6).
+    ``wanted``: the trials the sweep would run at once (its trial count), which bounds what is asked
+    of the autoscaler.
     ``task``: plan that task's trials (its own ``resources.tasks.<task>`` sizes); ``gpus_per_trial``:
     the share the dispatch chose for it (``resources.gpus_per_trial=auto``).
     """

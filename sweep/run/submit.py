@@ -1,4 +1,5 @@
-"""Submit the sweep to a running Ray cluster as a Ray Job, and follow it (DESIGN §9, place 2).
+"""Submit the sweep to a running Ray cluster as a Ray Job, and follow it (the second of the three
+places in docs/architecture.md §6).
 
     python -m sweep.submit --address http://HEAD:8265 [--working-dir DIR] [--no-wait] [--job-id ID] -- task=RTE ...
     python -m sweep.submit status JOB_ID | logs JOB_ID [--follow] | stop JOB_ID | list     [--address URL]

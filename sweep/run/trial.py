@@ -2,7 +2,8 @@
 ``TorchTrainer`` whose workers run ``train_fn_per_worker``.
 
 Train V2 (Ray >= 2.43) cannot be wrapped by ``Tuner(TorchTrainer(...))``; the supported pattern
-is a function trainable that builds and fits a TorchTrainer (DESIGN §5). Two ways to run it:
+is a function trainable that builds and fits a TorchTrainer (docs/architecture.md §6). Two ways
+to run it:
 
 * One worker (every single-GPU or CPU trial): Train's local mode (``num_workers=0``) runs the loop
   in the Tune trial's own process, which holds the trial's resources and reports with

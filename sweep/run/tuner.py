@@ -277,7 +277,8 @@ def alive_nodes() -> list[dict[str, float]]:
 def trial_process_resources(placement) -> dict[str, float]:
     """What the Tune trial's own process asks for. One worker: the trial's CPU/GPU, since the loop
     runs there (Train's local mode). DDP: nothing (its Train workers hold the resources); Ray refuses
-    an empty request, so 1 MiB of logical memory, and the 2-CPU deadlock of DESIGN §5 cannot happen."""
+    an empty request, so 1 MiB of logical memory, and the 2-CPU deadlock of docs/architecture.md §6
+    cannot happen."""
     if placement.in_trial_process:
         return {"CPU": placement.cpus_per_worker, "GPU": placement.gpus_per_worker}
     return {"CPU": 0, "memory": 2**20}

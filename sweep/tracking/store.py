@@ -29,7 +29,7 @@ from sweep.secrets import scrub, secret_name
 
 log = logging.getLogger(__name__)
 
-FALLBACK_URI = "sqlite:///mlflow.db"  # MLflow's own default store (DESIGN §5)
+FALLBACK_URI = "sqlite:///mlflow.db"  # MLflow's own default store (docs/architecture.md §6)
 PARAM_LIMIT = 6000  # MLflow's longest param value
 TAG_LIMIT = 5000  # the longest tag value every MLflow 2.x/3.x server accepts
 BATCH = 100  # MLflow's most params or tags per log_batch
