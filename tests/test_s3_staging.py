@@ -133,7 +133,12 @@ def test_eight_processes_at_once_on_one_node_make_one_download(s3, tmp_path):
     with ctx.Pool(8) as pool:
         results = pool.starmap(stage_in_process, [(overrides, barrier)] * 8)
     assert len({(m, d) for m, d, _ in results}) == 1  # everyone got the same folders
-    assert sum(1 for _, _, moved in results if moved) == 1  # one process downloaded, seven waited
+    # every object fetched by exactly one process (under load two processes may each win one object's
+    # lock, so "one process downloaded" is not the rule; each byte once is)
+    client = boto3.client("s3")
+    sizes = sum(client.head_object(Bucket=BUCKET, Key=key)["ContentLength"] for key in ("tiny-roberta", "glue_data"))
+    assert sum(moved for _, _, moved in results) == sizes
+    assert sum(1 for _, _, moved in results if moved) <= 2
     assert (s3.gets(BUCKET, "tiny-roberta"), s3.gets(BUCKET, "glue_data")) == (1, 1)
 
 
