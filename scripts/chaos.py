@@ -153,10 +153,11 @@ def run_sweep(name: str, work: Path, proxy: FaultyProxy, args, faults: bool) -> 
         if faults:
             injector.run(driver)
         returncode = driver.wait(timeout=args.timeout)
+        wall = time.monotonic() - started
+        logged = logged_epochs(mlflow.url, f"chaos-{name}") if returncode == 0 else {}
     finally:
         driver.kill()
         log.close()
-        wall = time.monotonic() - started
         cluster.stop()
         mlflow.kill()
     output = (base / "driver.log").read_text()
@@ -178,7 +179,24 @@ def run_sweep(name: str, work: Path, proxy: FaultyProxy, args, faults: bool) -> 
         "trials_restarted": sum(any(row["resumed"] for row in r) for r in rows.values()),
         "faults": injector.log,
         "unsent_mlflow_calls": unsent,
+        "mlflow_epochs": logged,
     }
+
+
+def logged_epochs(uri: str, experiment: str) -> dict[str, int]:
+    """Per trial ("task/seed"): the evaluations its nested MLflow run holds (distinct steps of score)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id]) if exp is not None else []
+    parents = {r.info.run_id for r in runs if "mlflow.parentRunId" not in r.data.tags}
+    logged = {}
+    for run in runs:
+        if run.data.tags.get("mlflow.parentRunId") in parents and run.info.status == "FINISHED":
+            steps = {m.step for m in client.get_metric_history(run.info.run_id, "score")}
+            logged[f"{run.data.tags['sweep.task']}/{run.data.params['seed']}"] = len(steps)
+    return logged
 
 
 def main() -> None:
@@ -221,6 +239,8 @@ def main() -> None:
         "fault_cost_seconds": round(chaos["wall_seconds"] - clean["wall_seconds"], 1),
         "fault_cost_ratio": round(chaos["wall_seconds"] / clean["wall_seconds"], 3),
         "s3_503_answered": proxy.failed,
+        # every trial's run in MLflow, FINISHED, with every epoch's score (the MLflow server restarted mid-sweep)
+        "mlflow_complete": all(r["mlflow_epochs"] == {k: args.epochs for k in r["scores"]} for r in (clean, chaos)),
     }
     print(f"\n{'run':8} {'rows':>4} {'wall s':>7} {'epochs':>6} {'twice':>5} {'restarted':>9}  best seed")
     for name, r in (("clean", clean), ("faults", chaos)):
@@ -231,12 +251,13 @@ def main() -> None:
           f"same best seed per task: {report['same_best_seed']}; S3 answered 503 {proxy.failed} time(s)")
     print(f"cost of the faults: {report['fault_cost_seconds']:+.1f} s "
           f"({report['fault_cost_ratio']:.3f}x the clean run)")
+    print(f"MLflow: every trial's run with all {args.epochs} epochs in both runs: {report['mlflow_complete']}")
     if chaos["unsent_mlflow_calls"]:
         print("\n".join(chaos["unsent_mlflow_calls"]))
     if args.out:
         args.out.write_text(json.dumps(report, indent=2))
         print(f"written {args.out}")
-    if not (report["same_rows"] and same_scores and report["same_best_seed"]):
+    if not (report["same_rows"] and same_scores and report["same_best_seed"] and report["mlflow_complete"]):
         raise SystemExit(1)
 
 
