@@ -67,6 +67,7 @@ def start_tracking(settings: Settings, cfg: DictConfig, out_dir: Path | None = N
 
 def register(settings: Settings, tracker, best: dict[str, TrialRecord], out_dir: Path) -> None:
     """The best model per task into the registry as <model>-<task>; alias champion only on improvement."""
+    from sweep.run.failures import error_line
     from sweep.secrets import scrub
     from sweep.tracking import register_best
     from sweep.tracking.spool import unreachable
@@ -81,7 +82,7 @@ def register(settings: Settings, tracker, best: dict[str, TrialRecord], out_dir:
                                    record.score, spec[task].mode, spec[task].metric)
         except Exception as e:  # the sweep's work is done: a registry that fails loses none of it
             why = ("does not answer" if unreachable(e)
-                   else f"refused it ({type(e).__name__}: {scrub(str(e)).splitlines()[0][:300] if str(e) else ''})")
+                   else f"refused it ({scrub(error_line(e))})")
             print(f"registry: {task}: not registered: the MLflow store at {scrub(tracker.uri)} {why}; the best model "
                   f"stays in {out_dir / 'best' / task}; run the same command with resume=true to register it")
             continue
@@ -131,6 +132,7 @@ def record_in_mlflow(settings: Settings, tracker, records: list[TrialRecord], su
 
     The results and best models are written by now: a store that fails here loses none of them
     and does not fail the sweep; the line says what was not recorded and how to record it."""
+    from sweep.run.failures import error_line
     from sweep.secrets import scrub
     from sweep.tracking import FINAL_WAIT_S
 
@@ -140,11 +142,11 @@ def record_in_mlflow(settings: Settings, tracker, records: list[TrialRecord], su
         tracker.finish(records, summaries, out_dir, plot)
     except Exception as e:
         print(f"tracking: the sweep's results were not all recorded in MLflow at {scrub(tracker.uri)} "
-              f"({type(e).__name__}: {scrub(str(e)).splitlines()[0][:300] if str(e) else ''}); they are in {out_dir}")
+              f"({scrub(error_line(e))}); they are in {out_dir}")
     try:
         unsent, path = tracker.close(out_dir)
     except Exception as e:
-        print(f"tracking: could not keep the unsent MLflow calls ({type(e).__name__}: {scrub(str(e))[:200]}); "
+        print(f"tracking: could not keep the unsent MLflow calls ({scrub(error_line(e))}); "
               f"they stay in {out_dir}")
         return
     if unsent:

@@ -11,6 +11,12 @@ def is_remote(path: str) -> bool:
     return "://" in str(path)
 
 
+def uri_of(filesystem, path: str) -> str:
+    """A pyarrow filesystem's path as a URI (``s3://bucket/key``), or the plain path on a local one."""
+    scheme = filesystem.type_name if filesystem is not None else "local"
+    return path if scheme == "local" else f"{scheme}://{path}"
+
+
 def fetch_folder(uri: str, dest: Path) -> Path:
     """Copy the folder at ``uri`` (e.g. a checkpoint in ``cluster.storage_path=s3://…``) to ``dest``."""
     import pyarrow.fs

@@ -20,6 +20,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 from ray.tune import Callback
@@ -85,9 +86,10 @@ class TrialRuns(Callback):
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         with self._timed():
             report = {k: v for k, v in result.items() if k != "config"}
-            if evaluation_metrics(report, self._train(trial.config)) is not None:
+            evaluation = evaluation_metrics(report, self._train(trial.config))
+            if evaluation is not None:
                 self.last[trial.trial_id] = report
-            self._queue(self._result, trial.trial_id, trial.config, report)
+            self._queue(self._result, trial.trial_id, trial.config, report, evaluation)
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
         with self._timed():
@@ -140,6 +142,8 @@ class TrialRuns(Callback):
         logger = self.loggers.get(trial_id)
         if logger is not None and logger.run_id:
             return logger.run_id
+        from sweep.tracking import find_child_run
+
         t = self.tracking
         try:
             return find_child_run(t.uri, t.experiment_id, t.parent_run_id, run_name(task, seed, trial_id)) or ""
@@ -189,11 +193,12 @@ class TrialRuns(Callback):
 
     def _start(self, trial_id: str, config: dict[str, Any], placed: dict[str, Any] | None) -> None:
         logger = self._logger(trial_id, config)
-        if placed is not None:  # where the trial runs, from its first report
-            logger.tags.update({k: v for k, v in placed.items() if v is not None})
+        if placed:  # where the trial runs, from its first report
+            logger.tags.update(placed)
         logger.start()  # creates the run, or finds it again (a retried, paused or resumed trial)
 
-    def _result(self, trial_id: str, config: dict[str, Any], report: dict[str, Any]) -> None:
+    def _result(self, trial_id: str, config: dict[str, Any], report: dict[str, Any],
+                evaluation: tuple[int, dict[str, float]] | None) -> None:
         logger = self._logger(trial_id, config)
         placed = {k: v for k, v in (("node", report.get("node_ip") or report.get("node")), ("host", report.get("host")),
                                     ("device", report.get("device"))) if v}
@@ -201,7 +206,6 @@ class TrialRuns(Callback):
         # node): the run's tags follow (one get_run and one tag batch per placement)
         if not logger.began or any(logger.tags.get(k) != v for k, v in placed.items()):
             self._start(trial_id, config, placed)
-        evaluation = evaluation_metrics(report, self._train(config))
         if evaluation is not None and report.get("launch_id") in (None, self.launch_id):
             logger.log_epoch(*evaluation)  # a finished trial reported again from its history: logged before
 
@@ -228,15 +232,6 @@ class TrialRuns(Callback):
         return {"sweep.stopped": verdict.stop_text, "sweep.stopped_at_step": report.get("step")}
 
 
-def find_child_run(uri: str, experiment_id: str, parent_run_id: str, name: str) -> str | None:
-    """The id of the parent's nested run named ``name`` (run names here hold no quote), else None."""
-    from mlflow import MlflowClient
-
-    query = f"tags.mlflow.parentRunId = '{parent_run_id}' and attributes.run_name = '{name}'"
-    runs = MlflowClient(tracking_uri=uri).search_runs([experiment_id], filter_string=query, max_results=1)
-    return runs[0].info.run_id if runs else None
-
-
 def _error_of(trial) -> str:
     """The end of a failed trial's error (Tune keeps it in the trial's error file)."""
     try:
@@ -247,6 +242,6 @@ def _error_of(trial) -> str:
         return str(error)
     path = getattr(trial, "error_file", None)
     try:
-        return open(path).read() if path else "trial failed"
+        return Path(path).read_text() if path else "trial failed"
     except OSError:
         return "trial failed"

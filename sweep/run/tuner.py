@@ -174,13 +174,15 @@ def checkpoint_folders(grid, train_dir: Path | None, remote_train: str | None = 
 def _remote_checkpoint_folders(grid, remote_train: str | None) -> list[str]:
     import pyarrow.fs
 
+    from sweep.remote_files import uri_of
+
     folders = [remote_train] if remote_train else []
     for result in grid:
         fs = result.filesystem
         if fs is None or not result.path:
             continue
         found = fs.get_file_info(pyarrow.fs.FileSelector(result.path, allow_not_found=True))
-        folders += sorted(f"{fs.type_name}://{i.path}" for i in found
+        folders += sorted(uri_of(fs, i.path) for i in found
                           if i.type == pyarrow.fs.FileType.Directory and i.base_name.startswith("checkpoint_"))
     return folders
 
@@ -206,11 +208,12 @@ def _best_checkpoint(best_row, run_dirs: list[Path]) -> str | None:
 def _remote_best_checkpoint(result, best_row) -> str | None:
     """The URI of the best evaluation's checkpoint on remote storage (s3://…): Tune keeps it among
     the trial's best checkpoints, each with the report it came with."""
+    from sweep.remote_files import uri_of
+
     step = best_row.get("step")
     for checkpoint, metrics in result.best_checkpoints or []:
         if step is not None and step == step and metrics.get("step") == int(step):
-            scheme = checkpoint.filesystem.type_name if checkpoint.filesystem is not None else "local"
-            return checkpoint.path if scheme == "local" else f"{scheme}://{checkpoint.path}"
+            return uri_of(checkpoint.filesystem, checkpoint.path)
     return None
 
 
@@ -429,7 +432,8 @@ def _run_tune(settings: Settings, out_dir: Path, tracking, stop) -> tuple[list[T
           f"{' x grid' if settings.sweep.grid else ''}), up to {concurrency} at once on {len(nodes)} node(s){grows}; "
           + _describe_sizes(plans))
     progress = SweepProgress(settings, total, _forecast(settings, chosen, params, cluster, concurrency))
-    callbacks = [progress, StopOnDiskFull(), StagingLines(relay)]  # a full disk ends the sweep with its one line
+    # a full disk ends the sweep with its one line; late nodes' staging lines reach this terminal
+    callbacks = [progress, StopOnDiskFull(), StagingLines(relay)]
     trial_runs = TrialRuns(settings, tracking, launch_id, _board_handle) if tracking is not None else None
     if trial_runs is not None:  # every trial's MLflow run, logged here from its reports (no node talks to MLflow)
         callbacks.append(trial_runs)

@@ -15,7 +15,7 @@ import hashlib
 import os
 import tarfile
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from filelock import FileLock
@@ -26,15 +26,6 @@ from sweep.storage.archive import extract_archive
 
 SHIPPED = "shipped"  # under a node's cache: the copies of the driver's folders
 DONE = ".shipped-from"  # inside a copy: which driver folder it is (written last)
-
-
-@dataclass(frozen=True)
-class Shipment:
-    """One driver folder a node may lack: the config key naming it, its path on the driver, its size."""
-
-    key: str  # storage.data_dir, model.path or storage.model_dir
-    origin: str  # the absolute path on the driver (and on every node that mounts the same volume)
-    size: int  # bytes of the packed folder
 
 
 def _expand(path: str) -> str:

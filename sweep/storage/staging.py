@@ -14,7 +14,6 @@ no-op that makes no request when its node already holds them.
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -186,9 +185,8 @@ def check_tasks_here(settings: Settings, sources: LocalSources) -> None:
     check_model_folder(settings, sources.model_dir)  # every max_seq_length / block_size the sweep tries
 
 
-def missing_folder_error(missing: dict[str, str], where: str | None = None) -> StagingError:
-    """One line for the driver's folders (config key -> path) that a node does not see."""
-    where = where or f"host {socket.gethostname()}"
+def missing_folder_error(missing: dict[str, str], where: str) -> StagingError:
+    """One line for the driver's folders (config key -> path) that node ``where`` does not see."""
     named = ", ".join(f"{key}={path}" for key, path in missing.items())
     return StagingError(
         f"{named}: a folder on the driver's machine, but not on {where} (a node of a cluster sees only its own "

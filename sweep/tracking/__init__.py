@@ -28,12 +28,12 @@ from sweep.errors import TrackingError
 from sweep.tracking.parent import FINAL_WAIT_S, PARENT_FILE, SweepTracker, TrialTracking, saved_parent
 from sweep.tracking.registry import CHAMPION, RegistrationResult, register_best
 from sweep.tracking.replaying import Replayed, replay
-from sweep.tracking.sender import ORIGINAL_TAG
+from sweep.tracking.sender import ORIGINAL_TAG, find_child_run
 from sweep.tracking.store import FALLBACK_URI, check_reachable, ensure_experiment
 from sweep.tracking.trial_run import TrialLogger
 
 __all__ = [
     "CHAMPION", "FALLBACK_URI", "FINAL_WAIT_S", "ORIGINAL_TAG", "PARENT_FILE", "RegistrationResult", "Replayed",
     "SweepTracker", "TrackingError", "TrialLogger", "TrialTracking", "check_reachable", "ensure_experiment",
-    "register_best", "replay", "saved_parent",
+    "find_child_run", "register_best", "replay", "saved_parent",
 ]

@@ -28,6 +28,18 @@ QUIET_MAX_S = 300.0  # ... doubling while the store stays away
 T = TypeVar("T")
 
 
+def child_query(parent_run_id: str, run_name: str) -> str:
+    """The search filter for the parent's nested run named ``run_name``."""
+    return f"tags.mlflow.parentRunId = '{parent_run_id}' and attributes.run_name = {_quote(run_name)}"
+
+
+def find_child_run(uri: str, experiment_id: str, parent_run_id: str, run_name: str) -> str | None:
+    """The id of the parent's nested run named ``run_name`` in the store at ``uri``, else None."""
+    runs = _retry(_client(uri).search_runs, [experiment_id], filter_string=child_query(parent_run_id, run_name),
+                  max_results=1)
+    return runs[0].info.run_id if runs else None
+
+
 class _Sender:
     """Applies call records to one store, finding each record's run there (by id, else by its
     parent and name, else creating it) once per run."""
@@ -132,8 +144,7 @@ class _Sender:
         if key in self.runs:
             return self.runs[key], False
         found = self._existing(record.get("run_id"), experiment_id) or self._search(
-            experiment_id,
-            f"tags.mlflow.parentRunId = '{parent}' and attributes.run_name = {_quote(record['run_name'])}")
+            experiment_id, child_query(parent, record["run_name"]))
         fresh = found is None
         if fresh:
             tags = {**self._tags(record), **({ORIGINAL_TAG: record["run_id"]} if record.get("run_id") else {})}
