@@ -36,3 +36,23 @@ def test_a_registry_that_fails_at_the_end_is_one_line_and_the_results_stay(tmp_p
     assert parent.info.status == "FINISHED"  # the rest of the end still happened
     assert "results.csv" in {a.path for a in client.list_artifacts(tracker.run_id)}
     assert (out / "results.csv").is_file()
+
+
+def test_a_parent_run_the_store_refuses_at_the_end_is_one_line_and_the_results_stay(tmp_path: Path, capsys) -> None:
+    """Someone deleted the sweep's parent run while it ran: MLflow refuses to log to it at the end;
+    the sweep says so in one line and raises nothing (its results are on disk)."""
+    settings = compose_settings("task=WNLI", "model=tiny-roberta", "sweep.seeds=[38]")
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    out = tmp_path / "out"
+    tracker = SweepTracker(uri, "finish-deleted", spool_dir=out / "mlflow-unsent")
+    tracker.start({"task": "WNLI"})
+    record = TrialRecord(task="WNLI", seed=38, score=0.6, metrics={"acc": 0.6})
+    summaries = summarize([record], settings.tasks)
+    write_results(out, [record], summaries)
+    MlflowClient(tracking_uri=uri).delete_run(tracker.run_id)
+    record_in_mlflow(settings, tracker, [record], summaries, {}, out, None)  # no exception
+    printed = capsys.readouterr().out
+    (line,) = [line for line in printed.splitlines() if line.startswith("tracking: ")]
+    assert line.startswith(f"tracking: the sweep's results were not all recorded in MLflow at {uri} (MlflowException: ")
+    assert line.endswith(f"they are in {out}")
+    assert (out / "results.csv").is_file()
