@@ -122,7 +122,7 @@ def main() -> None:
     rounds: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="bench-autoscale-") as tmp:
         work = Path(tmp)
-        from sweep.config import compose_settings
+        from sweep.config.validate import compose_settings
         from sweep.storage.staging import ensure_local
 
         ensure_local(compose_settings(*overrides(work, "warm", [38])))  # the tiny model and data, built once for all

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from sweep.config import compose, compose_settings
-from sweep.finetune import finetune
-from sweep.models import resolve_model_dir
-from sweep.tasks import load_task
+from sweep.config.tasks import load_task
+from sweep.config.validate import compose, compose_settings
+from sweep.models.source import resolve_model_dir
+from sweep.train.loop import finetune
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = (("max_length", False), ("dynamic", False), ("dynamic", True))  # the original's first: the baseline

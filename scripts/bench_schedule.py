@@ -1,6 +1,6 @@
 """Replay a sweep's trial durations through the planner: config order on 1 GPU each vs the plan.
 
-For each cluster size it simulates (``sweep.schedule.simulate``: greedy dispatch with backfill,
+For each cluster size it simulates (``sweep.plan.makespan.simulate``: greedy dispatch with backfill,
 as Ray Tune does it, a multi-GPU trial on one node) two ways of running the same trials:
 
 * fifo: today's sweep, config order (tasks in GLUE order, seeds 1..N within a task), 1 GPU each;
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sweep.schedule import Speedup, TrialWork, lower_bound, make_plan, node_sizes, simulate
+from sweep.plan.makespan import Speedup, TrialWork, lower_bound, make_plan, node_sizes, simulate
 
 # run_glue README: bert-base-cased, 3 epochs, one GPU, seconds per task
 RUN_GLUE_SECONDS = {"CoLA": 197, "SST-2": 1566, "MRPC": 141, "STS-B": 133, "QQP": 8546,

@@ -8,7 +8,7 @@ drawn from the pool:
 
 * without halving: every seed runs to the end; the best score is the best evaluation of any seed;
   compute = seeds x steps;
-* with seed halving: the real decision code (``sweep.seed_ranking.halving_verdicts``) reads the
+* with seed halving: the real decision code (``sweep.plan.rungs.halving_verdicts``) reads the
   rung evaluations; stopped seeds spent the steps up to the rung and offer their best evaluation
   so far (as the sweep's records do), kept seeds run to the end.
 
@@ -37,8 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sweep.config import compose_settings  # noqa: E402
-from sweep.seed_ranking import RungEntry, halving_verdicts, keep_count, past_rung  # noqa: E402
+from sweep.config.validate import compose_settings  # noqa: E402
+from sweep.plan.rungs import RungEntry, halving_verdicts, keep_count, past_rung  # noqa: E402
 
 POOLS = {
     # the README's demo recipe (tiny RoBERTa, synthetic WNLI, 256 rows, 4 epochs), 2 evaluations per epoch
@@ -73,8 +73,8 @@ class SeedRun:
 
 
 def run_pool(name: str, seeds: list[int], cache: Path) -> list[SeedRun]:
-    from sweep.finetune import finetune
     from sweep.storage.staging import cache_root, ensure_local
+    from sweep.train.loop import finetune
 
     settings = compose_settings(*POOLS[name], "tracking=none")
     sources = ensure_local(settings)

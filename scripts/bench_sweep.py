@@ -21,11 +21,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from sweep.config import compose_settings
+from sweep.config.validate import compose_settings
 from sweep.data.synthetic import write_synthetic_glue
 from sweep.run.tuner import run_tune
-from sweep.sequential import run_sequential
 from sweep.storage.staging import ensure_local
+from sweep.train.sequential import run_sequential
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -46,9 +46,9 @@ from typing import Any
 
 import psutil
 
-from sweep.config import compose_settings
+from sweep.config.validate import compose_settings
+from sweep.plan.rung_boards import RUNG
 from sweep.run.mlflow_runs import TrialRuns, evaluation_metrics, run_name
-from sweep.run.schedulers import RUNG
 from sweep.run.trial import CHECKPOINT_RANK, checkpoint_rank
 from sweep.tracking import SweepTracker, TrialLogger, TrialTracking
 

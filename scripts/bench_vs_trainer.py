@@ -7,7 +7,7 @@ everything but biases and LayerNorm weights), the same gradient clipping (1.0), 
 (linear decay to 0 over all steps, no warm-up: our loop always decays linearly, the Trainer's
 default scheduler is linear, and warm-up is 0 on both), fp32, batch size, epochs, no DataLoader
 workers, no evaluation or checkpoint during training. Each side's dev score comes from the same
-``sweep.finetune.evaluate`` on the trained model.
+``sweep.train.loop.evaluate`` on the trained model.
 
 Training samples/s = rows x epochs / seconds of the training epochs only: our EpochResult's
 train_seconds; for the Trainer the time between its on_epoch_begin and on_epoch_end callbacks (its
@@ -40,18 +40,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-from sweep.config import compose, compose_settings  # noqa: E402
-from sweep.models import resolve_model_dir  # noqa: E402
-from sweep.tasks import load_task  # noqa: E402
+from sweep.config.tasks import load_task  # noqa: E402
+from sweep.config.validate import compose, compose_settings  # noqa: E402
+from sweep.models.source import resolve_model_dir  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FIRST_SEED = 42
 
 
 def load_ours(path: Path | None):
-    """sweep.finetune, or a saved copy of it (to measure the loop as it was)."""
+    """sweep.train.loop, or a saved copy of it (to measure the loop as it was)."""
     if path is None:
-        import sweep.finetune as mod
+        import sweep.train.loop as mod
         return mod
     spec = importlib.util.spec_from_file_location("sweep_finetune_copy", path)
     mod = importlib.util.module_from_spec(spec)
@@ -93,7 +93,7 @@ def run_trainer(ours, spec, mdir, args, train, seed) -> dict:
         set_seed,
     )
 
-    from sweep.models import load_tokenizer
+    from sweep.train.loading import load_tokenizer
 
     class EpochClock(TrainerCallback):
         def __init__(self):
@@ -201,7 +201,7 @@ def main() -> None:
         "recipe": {**{k: v for k, v in asdict(train).items()}, "rows": args.rows, "eval_rows": args.eval_rows,
                    "seeds": [FIRST_SEED + i for i in range(args.seeds)], "schedule": "linear decay, no warm-up",
                    "trainer_optim": args.trainer_optim},
-        "ours_module": str(args.ours_module or "sweep.finetune"),
+        "ours_module": str(args.ours_module or "sweep.train.loop"),
         "threads": args.threads, "torch": torch.__version__, "transformers": transformers.__version__,
         "host": platform.node(), "metric": spec.metric, **summ,
     }

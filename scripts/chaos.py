@@ -40,11 +40,11 @@ sys.path.insert(0, str(ROOT / "tests"))  # the same service stand-ins the tests 
 from mlflow_fixtures import ServerProcess  # noqa: E402
 from own_disks import OwnDiskCluster, mount_namespace, namespace_refused  # noqa: E402
 from s3_fixtures import ACCESS_KEY, SECRET_KEY, FaultyProxy, start_moto, upload  # noqa: E402
+from sweep.config.tasks import load_task  # noqa: E402
 from sweep.data.synthetic import write_synthetic_glue  # noqa: E402
-from sweep.models import resolve_model_dir  # noqa: E402
-from sweep.results import best_per_task, load_records  # noqa: E402
-from sweep.serving.tiny import TINY_ROBERTA  # noqa: E402
-from sweep.tasks import load_task  # noqa: E402
+from sweep.models.source import resolve_model_dir  # noqa: E402
+from sweep.results.records import best_per_task, load_records  # noqa: E402
+from sweep.train.tiny_exports import TINY_ROBERTA  # noqa: E402
 
 BUCKET = "sweep-chaos"
 TASKS = ("WNLI", "RTE")

@@ -5,7 +5,7 @@
 Nothing heavy is imported before the config is validated: ``--help`` and every one-line error
 reach the user without torch, transformers or Ray being loaded. A mistake in the overrides (an
 unknown key or group option, a bad value) is found before Hydra makes its run folder
-(sweep.command_line), so it is one line, exit 2, and nothing is written.
+(sweep.config.command_line), so it is one line, exit 2, and nothing is written.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def plain_experiment(argv: list[str]) -> list[str]:
 
 
 def cli() -> None:
-    from sweep.command_line import check_command_line
+    from sweep.config.command_line import check_command_line
     from sweep.errors import USER_ERRORS
 
     sys.argv = plain_experiment(sys.argv)

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from sweep.config import Settings, validate
-from sweep.results import (
+from sweep.config.settings import Settings
+from sweep.config.validate import validate
+from sweep.results.records import (
     TrialRecord,
     best_per_task,
     export_best,
@@ -67,7 +68,7 @@ def start_tracking(settings: Settings, cfg: DictConfig, out_dir: Path | None = N
 
 def register(settings: Settings, tracker, best: dict[str, TrialRecord], out_dir: Path) -> None:
     """The best model per task into the registry as <model>-<task>; alias champion only on improvement."""
-    from sweep.run.failures import error_line
+    from sweep.failures import error_line
     from sweep.secrets import scrub
     from sweep.tracking import register_best
     from sweep.tracking.spool import unreachable
@@ -99,7 +100,7 @@ def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkp
     ``checkpoint_folders`` hold every trial's checkpoints; with keep_checkpoints=best they go once
     the best models are exported.
     """
-    from sweep.report import plot_seed_scores
+    from sweep.results.report import plot_seed_scores
 
     metric = {spec.name: spec.metric for spec in settings.tasks}
     best = best_per_task(records, settings.tasks)
@@ -132,7 +133,7 @@ def record_in_mlflow(settings: Settings, tracker, records: list[TrialRecord], su
 
     The results and best models are written by now: a store that fails here loses none of them
     and does not fail the sweep; the line says what was not recorded and how to record it."""
-    from sweep.run.failures import error_line
+    from sweep.failures import error_line
     from sweep.secrets import scrub
     from sweep.tracking import FINAL_WAIT_S
 

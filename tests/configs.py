@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from sweep.config import compose, compose_settings
+from sweep.config.validate import compose, compose_settings
 
 
 def compose_config(*overrides: str) -> DictConfig:

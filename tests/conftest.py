@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from sweep.config.tasks import GLUE_TASKS
 from sweep.data.synthetic import write_synthetic_glue
-from sweep.serving.tiny import TINY_ROBERTA
-from sweep.tasks import GLUE_TASKS
+from sweep.train.tiny_exports import TINY_ROBERTA
 
 
 @pytest.fixture(scope="session")
@@ -45,7 +45,7 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_roberta_dir(cache_dir: Path) -> Path:
-    from sweep.models import resolve_model_dir
+    from sweep.models.source import resolve_model_dir
 
     return resolve_model_dir(TINY_ROBERTA, cache_dir)
 

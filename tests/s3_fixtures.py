@@ -84,7 +84,7 @@ def upload(bucket: str, *folders: tuple[Path, str]) -> None:
 
 def compose_settings(*overrides: str):
     """A validated sweep config (the demo's) with ``overrides``."""
-    from sweep.config import validate
+    from sweep.config.validate import validate
     return validate(demo_config("tracking=none", *overrides))
 
 

@@ -1,6 +1,7 @@
 """The rules of docs/architecture.md §5, checked from the source (AST): no import cycles between the
-package's modules, Ray imported only under sweep/run/ (what runs inside Ray or talks to it), and
-short package maps."""
+package's modules, no package importing one above it (the layers below), Ray imported only under
+sweep/run/ (what runs inside Ray or talks to it), torch never in config/ (nor at module level in
+plan/), and short package maps."""
 
 from __future__ import annotations
 
@@ -11,6 +12,16 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "sweep"
 RAY_ROOM = "sweep.run"
+
+# Lowest first: a module may import its own layer and those below, never one above (docs/architecture.md §1).
+BASE = ("errors", "secrets", "disk", "files", "lock", "remote_files", "trials", "failures")
+LAYERS = (
+    tuple(f"sweep.{m}" for m in BASE),
+    ("sweep.config",), ("sweep.data",), ("sweep.models",), ("sweep.results",), ("sweep.tracking",),
+    ("sweep.storage",), ("sweep.train",), ("sweep.plan",), ("sweep.serving",), ("sweep.run",),
+    ("sweep.app", "sweep.__main__", "sweep.cli", "sweep.submit", "sweep.serve", "sweep.infer", "sweep.upload"),
+)
+PACKAGES = ("config", "data", "models", "train", "plan", "results", "storage", "run", "serving")
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:
@@ -66,6 +77,28 @@ def ray_outside_run(package: Path = PACKAGE) -> list[str]:
     )
 
 
+def layer_of(module: str) -> int:
+    for rank, names in enumerate(LAYERS):
+        if any(module == n or module.startswith(n + ".") for n in names):
+            return rank
+    raise AssertionError(f"{module} is in no layer of LAYERS: place it there")
+
+
+def upward_imports(package: Path = PACKAGE) -> list[str]:
+    """'a -> b' for every import of a module in a higher layer."""
+    return sorted(f"{a} -> {b}" for a, targets in import_graph(package).items() if a != "sweep"
+                  for b in targets if b != "sweep" and layer_of(b) > layer_of(a))
+
+
+def torch_at_module_level(path: Path) -> bool:
+    tree = ast.parse(path.read_text())
+    top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    top += [n for n in tree.body if isinstance(n, ast.If) for n in ast.walk(n) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    names = {a.name for n in top if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module for n in top if isinstance(n, ast.ImportFrom) and n.module}
+    return any(m.split(".")[0] in ("torch", "transformers") for m in names)
+
+
 def test_the_package_has_no_import_cycle() -> None:
     assert find_cycle(import_graph()) is None
 
@@ -88,7 +121,33 @@ def test_the_checks_can_fail(tmp_path: Path) -> None:
     assert ray_outside_run(pkg) == ["sweep.stray"]
 
 
-@pytest.mark.parametrize("package", ["data", "storage", "run", "serving"])
+def test_no_package_imports_one_above_it() -> None:
+    assert upward_imports() == []
+
+
+def test_config_never_imports_torch_and_plan_only_inside_functions() -> None:
+    config = [module_name(p) for p in (PACKAGE / "config").glob("*.py")
+              if any(m.split(".")[0] in ("torch", "transformers") for m in imports_of(p))]
+    plan = [module_name(p) for p in (PACKAGE / "plan").glob("*.py") if torch_at_module_level(p)]
+    assert (config, plan) == ([], [])
+
+
+def test_the_layer_check_can_fail(tmp_path: Path) -> None:
+    pkg = tmp_path / "sweep"
+    (pkg / "config").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "config" / "__init__.py").write_text("")
+    (pkg / "config" / "settings.py").write_text("def f():\n    from sweep.run.tuner import x\n")
+    (pkg / "run").mkdir()
+    (pkg / "run" / "__init__.py").write_text("")
+    (pkg / "run" / "tuner.py").write_text("from sweep.config.settings import f\n")
+    assert upward_imports(pkg) == ["sweep.config.settings -> sweep.run.tuner"]
+    assert torch_at_module_level(pkg / "config" / "settings.py") is False
+    (pkg / "config" / "settings.py").write_text("import torch\n")
+    assert torch_at_module_level(pkg / "config" / "settings.py") is True
+
+
+@pytest.mark.parametrize("package", PACKAGES)
 def test_each_package_init_is_a_short_map(package: str) -> None:
     """An __init__.py says what is inside (every module named) and imports nothing: importing one
     module of a package must not load the others (the CLI's errors stay free of torch)."""

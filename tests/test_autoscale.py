@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sweep.run.autoscale import (
+from sweep.plan.scale import (
     UNLIMITED,
     NodeType,
     NodeWait,

@@ -21,7 +21,7 @@ from configs import demo_config
 from overlap import most_at_once
 from sweep.app import run
 from sweep.errors import ResourceError
-from sweep.results import load_records
+from sweep.results.records import load_records
 
 pytestmark = pytest.mark.slow
 HEAD = {"CPU": 2, "GPU": 0}  # the head holds the trials' drivers, never a GPU trial

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sweep.results import MADE_BY, load_records
+from sweep.results.records import MADE_BY, load_records
 
 
 def sweep_cmd(*args: str, cwd: Path, cache: Path, timeout: float = 300) -> subprocess.CompletedProcess:

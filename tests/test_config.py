@@ -8,8 +8,9 @@ import pytest
 from hydra.errors import MissingConfigException
 
 from configs import compose_config
-from sweep.config import ConfigError, validate
-from sweep.tasks import CONF_DIR, GLUE_TASKS, load_task
+from sweep.config.tasks import CONF_DIR, GLUE_TASKS, load_task
+from sweep.config.validate import validate
+from sweep.errors import ConfigError
 
 _compose = compose_config
 
@@ -126,7 +127,7 @@ def test_the_schema_defaults_agree_with_the_default_yaml(group, monkeypatch):
 
     from omegaconf import OmegaConf
 
-    import sweep.config as config
+    import sweep.config.settings as config
 
     monkeypatch.setenv("SWEEP_CACHE_DIR", "/somewhere/cache")
     yaml_values = OmegaConf.to_container(_compose()[group], resolve=True)
@@ -146,7 +147,7 @@ def test_a_disagreeing_default_is_caught(monkeypatch):
 
     from omegaconf import OmegaConf
 
-    from sweep.config import TrainConfig
+    from sweep.config.settings import TrainConfig
 
     yaml_values = OmegaConf.to_container(_compose()["train"], resolve=True)
     changed = {f.name: f.default for f in dataclasses.fields(TrainConfig)} | {"lr": 1e-3}
@@ -178,7 +179,7 @@ def test_declared_node_types_compose_and_bad_ones_are_refused():
         assert message in str(error.value)
 
 
-# ---- lengths the model holds (sweep.model_limits) ---------------------------------------------
+# ---- lengths the model holds (sweep.config.model_limits) ---------------------------------------------
 
 @pytest.mark.parametrize(
     "overrides, expected",
@@ -200,7 +201,7 @@ def test_declared_node_types_compose_and_bad_ones_are_refused():
     ],
 )
 def test_a_length_beyond_the_model_is_one_line_naming_the_key(overrides, expected):
-    from sweep.model_limits import check_lengths
+    from sweep.config.model_limits import check_lengths
 
     with pytest.raises(ConfigError) as e:
         check_lengths(validate(_compose(*overrides)))
@@ -224,7 +225,7 @@ def test_a_length_beyond_the_model_is_one_line_naming_the_key(overrides, expecte
     ],
 )
 def test_a_length_the_model_holds_passes(overrides):
-    from sweep.model_limits import check_lengths
+    from sweep.config.model_limits import check_lengths
 
     check_lengths(validate(_compose(*overrides)))
 
@@ -234,7 +235,7 @@ def test_a_model_folders_config_json_gives_its_positions(tmp_path):
     of the position table are never used, so 130 rows hold 128 tokens."""
     import json
 
-    from sweep.model_limits import check_lengths, check_model_folder
+    from sweep.config.model_limits import check_lengths, check_model_folder
 
     (tmp_path / "config.json").write_text(json.dumps(
         {"model_type": "roberta", "max_position_embeddings": 130, "pad_token_id": 1}))
@@ -253,8 +254,8 @@ def test_a_built_model_holds_exactly_what_its_builder_promises(tiny_roberta_dir)
     import torch
     from transformers import AutoModel
 
-    from sweep.model_limits import builder_positions, folder_positions
-    from sweep.models import quiet_transformers
+    from sweep.config.model_limits import builder_positions, folder_positions
+    from sweep.models.quiet import quiet_transformers
 
     positions = builder_positions(validate(_compose("model=tiny-roberta")).model.builder)
     assert positions == folder_positions(tiny_roberta_dir) == 512
@@ -266,10 +267,10 @@ def test_a_built_model_holds_exactly_what_its_builder_promises(tiny_roberta_dir)
             model(input_ids=torch.full((1, positions + 1), 5))
 
 
-# ---- the command line, checked before Hydra runs the job (sweep.command_line) ----------------
+# ---- the command line, checked before Hydra runs the job (sweep.config.command_line) ----------------
 
 def test_the_command_line_check_lets_every_kind_of_good_argument_through(tmp_path):
-    from sweep.command_line import check_command_line
+    from sweep.config.command_line import check_command_line
 
     for argv in (
         ["--help"],
@@ -302,7 +303,7 @@ def test_the_command_line_check_lets_every_kind_of_good_argument_through(tmp_pat
     ],
 )
 def test_the_command_line_check_names_the_mistake_on_one_line(argv, expected):
-    from sweep.command_line import check_command_line
+    from sweep.config.command_line import check_command_line
 
     with pytest.raises(ConfigError) as e:
         check_command_line(argv)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from configs import demo_settings
-from sweep.costs import TaskSize, grid_points, model_params, sweep_trials, task_size, trial_seconds
+from sweep.config.tasks import load_task
 from sweep.data.glue import load_task_data
 from sweep.data.synthetic import write_synthetic_glue
-from sweep.models import load_tokenizer
-from sweep.schedule import CostModel
-from sweep.tasks import load_task
+from sweep.plan.costs import TaskSize, grid_points, model_params, sweep_trials, task_size, trial_seconds
+from sweep.plan.makespan import CostModel
+from sweep.train.loading import load_tokenizer
 
 
 def test_rows_and_mean_tokens_are_those_of_the_training_file(tiny_roberta_dir, tmp_path):
@@ -67,8 +67,8 @@ def test_every_trial_is_costed_and_grid_points_change_the_cost():
 def test_the_forecast_is_the_work_left_over_the_gpus_and_follows_measured_throughput():
     """A: 100 s on 2 GPUs (DDP: 100/1.9 s holding 2 GPUs); B: two 10 s trials at half a GPU (20 s
     each holding 0.5). On 2 GPUs: (2 x 100/1.9 + 2 x 20 x 0.5) / 2 GPU-seconds per second."""
-    from sweep.costs import Forecast
-    from sweep.schedule import TrialWork
+    from sweep.plan.costs import Forecast
+    from sweep.plan.makespan import TrialWork
 
     trials = [TrialWork("A", 1, 100.0), TrialWork("B", 1, 10.0), TrialWork("B", 2, 10.0)]
     forecast = Forecast(trials, ["a1", "b1", "b2"], {"A": 2.0, "B": 0.5}, params=1000, capacity=2, on_gpus=True)
@@ -87,8 +87,8 @@ def test_the_forecast_is_the_work_left_over_the_gpus_and_follows_measured_throug
 
 
 def test_on_cpus_the_gpu_prior_is_not_shown_until_an_epoch_is_measured():
-    from sweep.costs import Forecast
-    from sweep.schedule import TrialWork
+    from sweep.plan.costs import Forecast
+    from sweep.plan.makespan import TrialWork
 
     forecast = Forecast([TrialWork("A", s, 1.0) for s in (1, 2, 3, 4)], ["a1", "a2", "a3", "a4"], {}, params=10,
                         capacity=2, on_gpus=False)
@@ -102,7 +102,7 @@ def test_a_task_whose_data_does_not_read_is_costed_as_the_others_mean(tiny_rober
     """Its trials will fail with the data's own error; the plan must not stop the other tasks."""
     from types import SimpleNamespace
 
-    from sweep.costs import measure_sizes
+    from sweep.plan.costs import measure_sizes
 
     data = write_synthetic_glue(tmp_path, ["WNLI", "RTE"], n_train=100)
     (data / "glue_data" / "RTE" / "train.tsv").write_text("index\tsentence1\tsentence2\tlabel\n0\ta\tb\tmaybe\n")

@@ -15,6 +15,7 @@ from datasets import ClassLabel, Dataset, DatasetDict, Features, Value
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
+from sweep.config.tasks import GLUE_TASKS, load_task
 from sweep.data import glue
 from sweep.data.cache import cache_stats
 from sweep.data.collate import count_tokens, make_collator
@@ -27,7 +28,6 @@ from sweep.data.synthetic import (
     write_synthetic_wikitext,
 )
 from sweep.errors import DataFormatError
-from sweep.tasks import GLUE_TASKS, load_task
 
 N_TRAIN, N_DEV = 200, 64  # what the synthetic_glue_dir fixture writes
 REAL_SIZES = {"CoLA": (8551, 1043), "SST-2": (67349, 872), "MRPC": (3668, 408), "RTE": (2490, 277), "WNLI": (635, 71)}

@@ -18,7 +18,7 @@ from sweep.data.cache import cached_dataset
 from sweep.disk import disk_full_line, folder_size, is_disk_full
 from sweep.errors import USER_ERRORS, DiskFullError
 from sweep.files import atomic_folder, partial_folders, write_text
-from sweep.results import MADE_BY, TrialRecord, export_best, load_records
+from sweep.results.records import MADE_BY, TrialRecord, export_best, load_records
 
 MB = 2**20
 

@@ -6,10 +6,10 @@ import pytest
 
 from configs import demo_settings
 from sweep.errors import ConfigError, ResourceError
-from sweep.run.autoscale import AutoscalerView, NodeType
-from sweep.run.dispatch import ClusterGPUs, cluster_gpus, dispatch
-from sweep.run.plan import plan_trials
-from sweep.schedule import TrialWork
+from sweep.plan.dispatch import ClusterGPUs, cluster_gpus, dispatch
+from sweep.plan.makespan import TrialWork
+from sweep.plan.scale import AutoscalerView, NodeType
+from sweep.plan.sizes import plan_trials
 
 LONG, SHORT = 100.0, 10.0  # one-GPU seconds of an A trial and of a B trial
 

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from configs import train_config
-from sweep.config import ConfigError, compose_settings
-from sweep.finetune import TRAINING_STATE, eval_points, evaluate, finetune, setup
-from sweep.tasks import load_task
+from sweep.config.tasks import load_task
+from sweep.config.validate import compose_settings
+from sweep.errors import ConfigError
+from sweep.train.loop import TRAINING_STATE, eval_points, evaluate, finetune, setup
 
 # 64 rows in batches of 16: 4 batches an epoch
 QUICK = train_config(lr=5e-3, batch_size=16, epochs=2, max_seq_length=64, max_train_samples=64, max_eval_samples=64)
@@ -138,8 +139,8 @@ def test_trivial_score_is_the_majority_share_and_none_for_causal_lm(synthetic_gl
     assert result.epochs[0].trivial_score == pytest.approx(majority_share)
 
     from sweep.data.synthetic import write_synthetic_wikitext
-    from sweep.models import resolve_model_dir
-    from sweep.serving.tiny import TINY_GPT2
+    from sweep.models.source import resolve_model_dir
+    from sweep.train.tiny_exports import TINY_GPT2
 
     wiki = write_synthetic_wikitext(tmp_path / "wiki")
     lm = setup(load_task("wikitext-2"), resolve_model_dir(TINY_GPT2, cache_dir), wiki,

@@ -8,8 +8,8 @@ import pytest
 from transformers import AutoModelForSequenceClassification
 
 from configs import train_config
-from sweep.finetune import finetune
-from sweep.tasks import load_task
+from sweep.config.tasks import load_task
+from sweep.train.loop import finetune
 
 QUICK = train_config(lr=5e-3, batch_size=16, epochs=3, max_seq_length=64, max_train_samples=160, max_eval_samples=64)
 
@@ -98,7 +98,7 @@ def test_optimizer_is_fused_adamw_with_the_same_update_as_the_default():
     # Fused AdamW (the Trainer's default) is the speed fix for CPU; the update must stay AdamW's.
     import torch
 
-    from sweep.finetune import _optimizer
+    from sweep.train.loop import _optimizer
 
     def trained(fused: bool):
         torch.manual_seed(0)

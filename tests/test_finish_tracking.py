@@ -9,7 +9,7 @@ from mlflow import MlflowClient
 
 from configs import compose_settings
 from sweep.app import record_in_mlflow
-from sweep.results import TrialRecord, summarize, write_results
+from sweep.results.records import TrialRecord, summarize, write_results
 from sweep.tracking import SweepTracker, TrialLogger
 
 

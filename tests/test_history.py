@@ -9,8 +9,8 @@ import boto3
 import pytest
 
 from s3_fixtures import moto_server, s3_env  # noqa: F401 (fixture)
-from sweep.history import TrialHistories
 from sweep.remote_files import fetch_folder, remove_folder
+from sweep.trials import TrialHistories
 
 ROWS = [{"trial_id": "t1", "step": 5, "score": 0.5, "rung": False}, {"trial_id": "t1", "step": 10, "score": 0.75}]
 

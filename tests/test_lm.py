@@ -18,17 +18,18 @@ from mlflow import MlflowClient
 from torch.utils.data import DataLoader
 
 from configs import compose_config, train_config
-from sweep.config import ConfigError, validate
+from sweep.config.tasks import load_task
+from sweep.config.validate import validate
 from sweep.data.cache import cache_stats
 from sweep.data.collate import make_lm_collator
 from sweep.data.lm import BlockSizeError, check_block_fits, check_corpus, lm_blocks, token_ids
 from sweep.data.synthetic import write_synthetic_wikitext
-from sweep.errors import DataFormatError
-from sweep.finetune import evaluate, finetune
-from sweep.models import load_for_task, resolve_model_dir
-from sweep.results import MADE_BY, load_records
-from sweep.serving.tiny import TINY_GPT2
-from sweep.tasks import load_task
+from sweep.errors import ConfigError, DataFormatError
+from sweep.models.source import resolve_model_dir
+from sweep.results.records import MADE_BY, load_records
+from sweep.train.loading import load_for_task
+from sweep.train.loop import evaluate, finetune
+from sweep.train.tiny_exports import TINY_GPT2
 
 QUICK_LM = train_config(lr=5e-3, batch_size=16, epochs=3, block_size=64)
 

@@ -152,7 +152,7 @@ def _composed(entrypoint: str, tmp_path: Path):
 
 
 def test_rayjob_entrypoint_composes_with_the_package_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sweep.config import validate
+    from sweep.config.validate import validate
 
     cfg = _composed(_one("rayjob.yaml", "RayJob")["spec"]["entrypoint"], tmp_path)
     assert (cfg.cluster.address, cfg.storage.kind, cfg.storage.bucket) == ("auto", "s3", "sweep-data")

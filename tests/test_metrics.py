@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from sweep.metrics import (
+from sweep.config.tasks import load_task
+from sweep.train.metrics import (
     classification_metrics,
     merge_splits,
     perplexity,
@@ -15,7 +16,6 @@ from sweep.metrics import (
     selection_score,
     task_metrics,
 )
-from sweep.tasks import load_task
 
 
 def test_accuracy_f1_mcc_by_hand():

@@ -14,15 +14,12 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
-from sweep import models
-from sweep.models import (
-    ModelSourceError,
-    build_tiny_model,
-    load_for_task,
-    load_tokenizer,
-    resolve_model_dir,
-)
-from sweep.tasks import CONF_DIR, load_task, task_from_config
+from sweep.config.tasks import CONF_DIR, load_task, task_from_config
+from sweep.errors import ModelSourceError
+from sweep.models import quiet, source, tiny as tiny_builder
+from sweep.models.source import resolve_model_dir
+from sweep.models.tiny import build_tiny_model
+from sweep.train.loading import load_for_task, load_tokenizer
 
 VOCAB = 1000
 POSITIONS = {"roberta": 130, "gpt2": 128, "bert": 128}
@@ -41,7 +38,7 @@ def build(out_dir: Path, arch: str, seed: int = 0) -> Path:
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tiny")
-    return {arch: build(root / arch, arch) for arch in models.ARCHS}
+    return {arch: build(root / arch, arch) for arch in tiny_builder.ARCHS}
 
 
 def encode(tok, spec):
@@ -49,13 +46,13 @@ def encode(tok, spec):
     return tok(*texts, padding=True, truncation=True, return_tensors="pt")
 
 
-@pytest.mark.parametrize("arch", models.ARCHS)
+@pytest.mark.parametrize("arch", tiny_builder.ARCHS)
 def test_tiny_model_reloads_with_auto_classes(tiny: dict[str, Path], arch: str) -> None:
     model_dir = tiny[arch]
     tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     assert len(tok) == VOCAB  # transformers 5 can silently build an empty vocabulary
     assert json.loads((model_dir / "config.json").read_text())["vocab_size"] == VOCAB
-    with models.quiet_transformers():
+    with quiet.quiet_transformers():
         model = AutoModelForSequenceClassification.from_pretrained(
             model_dir, num_labels=3, local_files_only=True
         )
@@ -63,7 +60,7 @@ def test_tiny_model_reloads_with_auto_classes(tiny: dict[str, Path], arch: str) 
     assert model.config.hidden_size == 32 and model.config.num_hidden_layers == 2
 
 
-@pytest.mark.parametrize("arch", models.ARCHS)
+@pytest.mark.parametrize("arch", tiny_builder.ARCHS)
 def test_load_for_classification_forward(
     tiny: dict[str, Path], arch: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -117,7 +114,7 @@ def test_gpt2_tokenizer_pads_with_eos(tiny: dict[str, Path]) -> None:
 
 def test_same_seed_same_weights(tmp_path: Path) -> None:
     a, b, c = (build(tmp_path / name, "roberta", seed) for name, seed in (("a", 0), ("b", 0), ("c", 1)))
-    with models.quiet_transformers():
+    with quiet.quiet_transformers():
         wa, wb, wc = (AutoModelForSequenceClassification.from_pretrained(d, num_labels=2).roberta.state_dict()
                       for d in (a, b, c))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
@@ -127,8 +124,8 @@ def test_same_seed_same_weights(tmp_path: Path) -> None:
 
 def test_builder_is_built_once_and_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
-    real_build = models.build_tiny_model
-    monkeypatch.setattr(models, "build_tiny_model", lambda *a, **kw: calls.append(a) or real_build(*a, **kw))
+    real_build = tiny_builder.build_tiny_model
+    monkeypatch.setattr(source, "build_tiny_model", lambda *a, **kw: calls.append(a) or real_build(*a, **kw))
     cfg = model_cfg("tiny-gpt2")
     first = resolve_model_dir(cfg, tmp_path)
     mtime = (first / "config.json").stat().st_mtime_ns
@@ -141,8 +138,8 @@ def test_builder_is_built_once_and_reused(tmp_path: Path, monkeypatch: pytest.Mo
 
 def test_concurrent_resolves_build_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     saves = []
-    real_save = models._save_atomically
-    monkeypatch.setattr(models, "_save_atomically", lambda *a: saves.append(a[0]) or real_save(*a))
+    real_save = tiny_builder._save_atomically
+    monkeypatch.setattr(tiny_builder, "_save_atomically", lambda *a: saves.append(a[0]) or real_save(*a))
     cfg = model_cfg("tiny-roberta")
     with ThreadPoolExecutor(3) as pool:
         dirs = set(pool.map(lambda _: resolve_model_dir(cfg, tmp_path), range(3)))

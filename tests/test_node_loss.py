@@ -14,7 +14,7 @@ from ray.cluster_utils import Cluster
 
 from s3_fixtures import moto_server, s3_env, upload  # noqa: F401 (fixture)
 from sweep.data.synthetic import write_synthetic_glue
-from sweep.results import load_records
+from sweep.results.records import load_records
 from sweep.storage.node_cache import MARKER
 
 pytestmark = pytest.mark.slow

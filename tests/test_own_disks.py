@@ -17,7 +17,7 @@ from mlflow import MlflowClient
 from mlflow_fixtures import ServerProcess
 from own_disks import own_disk_cluster  # noqa: F401 (fixture)
 from sweep.data.synthetic import write_synthetic_glue
-from sweep.results import load_records
+from sweep.results.records import load_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -8,7 +8,8 @@ import statistics
 
 import pytest
 
-from sweep.results import (
+from sweep.config.tasks import load_task
+from sweep.results.records import (
     MADE_BY,
     TrialRecord,
     best_per_task,
@@ -18,7 +19,6 @@ from sweep.results import (
     summarize,
     write_results,
 )
-from sweep.tasks import load_task
 
 COLA, RTE = load_task("CoLA"), load_task("RTE")
 

@@ -14,9 +14,9 @@ from configs import demo_config
 from s3_fixtures import SECRET_KEY, moto_server, s3_env, upload  # noqa: F401 (fixture)
 from sweep.app import run
 from sweep.data.synthetic import write_synthetic_glue
-from sweep.results import load_records
-from sweep.serving.tiny import TINY_GPT2, TINY_ROBERTA
+from sweep.results.records import load_records
 from sweep.storage.node_cache import MARKER
+from sweep.train.tiny_exports import TINY_GPT2, TINY_ROBERTA
 
 pytestmark = pytest.mark.slow
 
@@ -93,7 +93,7 @@ def test_each_object_is_staged_once_per_node_across_sweeps(three_nodes, tmp_path
 def test_what_is_missing_fails_the_cli_before_any_trial(moto_server, monkeypatch, tmp_path, cache_dir,  # noqa: F811
                                                          task, message):
     from sweep.data.synthetic import write_synthetic_wikitext
-    from sweep.models import resolve_model_dir
+    from sweep.models.source import resolve_model_dir
 
     s3_env(monkeypatch, moto_server)
     extra = []

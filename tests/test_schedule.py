@@ -1,4 +1,4 @@
-"""sweep.schedule against cases small enough to work out by hand (the arithmetic is in the comments)."""
+"""sweep.plan.makespan against cases small enough to work out by hand (the arithmetic is in the comments)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sweep.schedule import (
+from sweep.plan.makespan import (
     CostModel,
     Speedup,
     TrialWork,

@@ -5,20 +5,10 @@ import json
 import numpy as np
 import pytest
 
-from sweep.metrics import task_metrics
-from sweep.run.schedulers import AshaRungs, EvalPoint, SeedHalving
-from sweep.seed_ranking import (
-    BELOW_CUT,
-    DEGENERATE,
-    RungEntry,
-    asha_verdict,
-    halving_verdicts,
-    keep_count,
-    ranked,
-    trivial_metrics,
-    trivial_score,
-)
-from sweep.tasks import load_task
+from sweep.config.tasks import load_task
+from sweep.plan.rung_boards import AshaRungs, EvalPoint, SeedHalving
+from sweep.plan.rungs import BELOW_CUT, DEGENERATE, RungEntry, asha_verdict, halving_verdicts, keep_count, ranked
+from sweep.train.metrics import task_metrics, trivial_metrics, trivial_score
 
 
 def point(trial: str, score: float, task: str = "RTE", epoch: int = 1, seed: int | None = None,
@@ -164,8 +154,8 @@ def test_halving_does_not_wait_for_a_trial_that_failed_before_the_rung():
 def test_a_resumed_sweeps_board_learns_the_rungs_again_from_the_histories(tmp_path):
     """resume=true starts a new board: the rung rows and the failures before a rung in the trials'
     histories give it the same decision as the board of the killed driver."""
-    from sweep.history import TrialHistories
-    from sweep.run.schedulers import RUNG, recorded_rungs
+    from sweep.plan.rung_boards import RUNG, recorded_rungs
+    from sweep.trials import TrialHistories
 
     def row(trial, seed, step, score, rung=False):
         return {"trial_id": trial, "task": "RTE", "seed": seed, "epoch": 1, "step": step, "progress": step / 40,

@@ -14,8 +14,8 @@ import json
 
 import pytest
 
-from sweep.results import MADE_BY, load_records
-from sweep.seed_ranking import BELOW_CUT, DEGENERATE
+from sweep.plan.rungs import BELOW_CUT, DEGENERATE
+from sweep.results.records import MADE_BY, load_records
 from test_cli import sweep_cmd
 
 pytestmark = pytest.mark.slow

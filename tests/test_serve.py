@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from serve_fixtures import Server, free_port, serving, start_server
-from sweep.results import MADE_BY
+from sweep.results.records import MADE_BY
 from sweep.serving.batcher import MicroBatcher
 from sweep.serving.cli_args import UsageError, parse_key_values
 from sweep.serving.generation import finish_completion
@@ -36,7 +36,7 @@ from sweep.serving.protocol import (
     parse_generate,
 )
 from sweep.serving.source import ModelSourceError, published_name, resolve_model_source
-from sweep.serving.tiny import export_tiny_classifier, export_tiny_lm
+from sweep.train.tiny_exports import export_tiny_classifier, export_tiny_lm
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy" / "kserve"
@@ -431,7 +431,7 @@ def _generate(server: Server, prompts: list[str], **parameters: Any) -> dict[str
 
 @pytest.mark.slow
 def test_language_model_generates_with_token_counts(servers: dict[str, Server]) -> None:
-    from sweep.models import load_tokenizer
+    from sweep.train.loading import load_tokenizer
 
     server = servers["lm"]
     prompts = ["The meaning of life is", "the old painter"]
@@ -588,9 +588,10 @@ def test_infer_cli_errors_are_one_clear_line(servers: dict[str, Server]) -> None
 def test_stop_sequences_match_only_the_generated_text(cache_dir: Path) -> None:
     import torch
 
-    from sweep.models import load_tokenizer, resolve_model_dir
+    from sweep.models.source import resolve_model_dir
     from sweep.serving.engines import StopOnText
-    from sweep.serving.tiny import TINY_GPT2
+    from sweep.train.loading import load_tokenizer
+    from sweep.train.tiny_exports import TINY_GPT2
 
     tokenizer = load_tokenizer(resolve_model_dir(TINY_GPT2, cache_dir))
     prompt, completion = tokenizer("the doctor")["input_ids"], tokenizer(" doctor sees")["input_ids"]

@@ -22,7 +22,7 @@ from serve_fixtures import Server, free_port, serving, start_server, wait_grpc_r
 from sweep.serving.batcher import MicroBatcher
 from sweep.serving.cli_args import parse_key_values
 from sweep.serving.protocol import parameters_for_grpc, parameters_from_grpc
-from sweep.serving.tiny import export_tiny_classifier, export_tiny_lm
+from sweep.train.tiny_exports import export_tiny_classifier, export_tiny_lm
 from test_serve import CLASSIFIER_NAME, LM_NAME, RecordingModel, output, texts
 
 REPO = Path(__file__).resolve().parents[1]

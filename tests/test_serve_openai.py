@@ -26,7 +26,7 @@ from serve_fixtures import Server, serving, start_server
 from sweep.serving.generation import finish_completion, streamable_text
 from sweep.serving.openai_protocol import chat_messages, completion_prompts, openai_job
 from sweep.serving.protocol import GenerationParams, RequestError
-from sweep.serving.tiny import export_tiny_classifier, export_tiny_lm
+from sweep.train.tiny_exports import export_tiny_classifier, export_tiny_lm
 
 openai = pytest.importorskip("openai")  # the dev extra
 
@@ -166,7 +166,7 @@ def _v2(server: Server, prompt: str, **parameters: Any) -> dict[str, Any]:
 
 
 def _prompt_tokens(server: Server, text: str) -> int:
-    from sweep.models import load_tokenizer
+    from sweep.train.loading import load_tokenizer
 
     model_dir = next(a.split("=", 1)[1] for a in server.proc.args if str(a).startswith("model="))
     return len(load_tokenizer(Path(model_dir))(text)["input_ids"])

@@ -11,8 +11,8 @@ import pytest
 
 from s3_fixtures import SECRET_KEY, moto_server, s3_env  # noqa: F401
 from serve_fixtures import start_server, stop_server, wait_ready
-from sweep.serving.tiny import export_tiny_lm
 from sweep.storage.s3 import make_client, upload_tree
+from sweep.train.tiny_exports import export_tiny_lm
 from test_serve import LM_NAME
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ import pytest
 
 from sweep.errors import SweepStopped
 from sweep.lock import OWNER_FILE, hold_out_dir
-from sweep.results import load_records
+from sweep.results.records import load_records
 from sweep.run.stop import resume_command, stop_signals
 from test_cli import sweep_cmd
 

@@ -16,10 +16,10 @@ from ray.cluster_utils import Cluster
 from configs import demo_config
 from overlap import most_at_once
 from sweep.app import run
-from sweep.config import validate
+from sweep.config.validate import validate
 from sweep.data.synthetic import write_synthetic_glue
 from sweep.errors import ResourceError
-from sweep.results import MADE_BY, load_records
+from sweep.results.records import MADE_BY, load_records
 from sweep.run.tuner import run_tune
 
 pytestmark = pytest.mark.slow

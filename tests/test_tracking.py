@@ -16,10 +16,10 @@ from mlflow import MlflowClient
 
 from configs import compose_settings
 from mlflow_fixtures import free_port, log_trial_in_process, mlflow_server  # noqa: F401 (fixture)
-from sweep.report import plot_seed_scores
-from sweep.results import TrialRecord, summarize, write_results
+from sweep.config.tasks import load_task
+from sweep.results.records import TrialRecord, summarize, write_results
+from sweep.results.report import plot_seed_scores
 from sweep.secrets import scrub, secret_name, secret_values
-from sweep.tasks import load_task
 from sweep.tracking import (
     FALLBACK_URI,
     SweepTracker,

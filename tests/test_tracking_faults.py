@@ -16,8 +16,8 @@ from mlflow import MlflowClient
 
 from configs import demo_config
 from mlflow_fixtures import ServerProcess as Server
-from sweep.results import TrialRecord, load_records, summarize, write_results
-from sweep.tasks import load_task
+from sweep.config.tasks import load_task
+from sweep.results.records import TrialRecord, load_records, summarize, write_results
 from sweep.tracking import ORIGINAL_TAG, SweepTracker, TrialLogger
 from sweep.tracking.spool import SPOOL_DIR, UNSENT_FILE, read_records, spool_files
 from test_sweep_tracking import local_ray  # noqa: F401 (fixture)

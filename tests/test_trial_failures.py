@@ -8,9 +8,9 @@ import json
 
 import pytest
 
+from sweep.config.tasks import load_task
 from sweep.errors import ConfigError, DataFormatError, DiskFullError, ModelSourceError, TrackingError
-from sweep.run.failures import error_line, is_retryable, trial_error
-from sweep.tasks import load_task
+from sweep.failures import error_line, is_retryable, trial_error
 
 
 def raised(fn) -> BaseException:
@@ -124,8 +124,8 @@ def test_a_bad_label_trial_fails_after_exactly_one_attempt(cache_dir, tmp_path, 
     from configs import demo_config
     from sweep.app import run
     from sweep.data.synthetic import write_synthetic_glue
-    from sweep.results import load_records
-    from sweep.run.plan import EXPERIMENT
+    from sweep.plan.sizes import EXPERIMENT
+    from sweep.results.records import load_records
     from sweep.run.trial import TRIAL_ERROR
     from test_sweep_ray import TRAIN_WORKER, actors
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from configs import demo_config
-from sweep.config import ConfigError, validate
-from sweep.errors import ResourceError
-from sweep.run.autoscale import AutoscalerView, NodeType
-from sweep.run.plan import plan_trials, storage_path, trial_count
+from sweep.config.validate import validate
+from sweep.errors import ConfigError, ResourceError
+from sweep.plan.scale import AutoscalerView, NodeType
+from sweep.plan.sizes import plan_trials, storage_path, trial_count
 
 
 def settings(*overrides: str):
@@ -110,13 +110,13 @@ def test_bad_sweep_options(override, expected):
 # ---- an autoscaling cluster: what it can launch counts, GPU trials never silently become CPU ----
 
 def _view(*types, alive_counts=None):
-    from sweep.run.autoscale import AutoscalerView
+    from sweep.plan.scale import AutoscalerView
 
     return AutoscalerView("v1", tuple(types), None, "test", dict(alive_counts or {}))
 
 
 def _gpu_type(max_workers: int):
-    from sweep.run.autoscale import NodeType
+    from sweep.plan.scale import NodeType
 
     return NodeType("gpu_worker", {"CPU": 1, "GPU": 1}, 0, max_workers)
 

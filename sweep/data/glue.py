@@ -31,9 +31,9 @@ from datasets import ClassLabel, Dataset, DatasetDict, DatasetInfo, Features, Va
 from datasets.table import InMemoryTable
 from transformers import PreTrainedTokenizerBase
 
+from sweep.config.tasks import TaskSpec
 from sweep.data.cache import cache_stats, cached_dataset, content_key, tokenizer_identity
 from sweep.errors import DataFormatError
-from sweep.tasks import TaskSpec
 
 log = logging.getLogger(__name__)
 

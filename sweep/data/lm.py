@@ -24,10 +24,9 @@ from datasets import Dataset, DatasetDict, DatasetInfo, Features, Sequence, Valu
 from datasets.table import InMemoryTable
 from transformers import PreTrainedTokenizerBase
 
-from sweep.config import ConfigError
+from sweep.config.tasks import TaskSpec
 from sweep.data.cache import cache_stats, cached_dataset, content_key, tokenizer_identity
-from sweep.errors import DataFormatError
-from sweep.tasks import TaskSpec
+from sweep.errors import ConfigError, DataFormatError
 
 # Bump when the block format changes, so that old caches are not reused.
 LM_FORMAT_VERSION = 1
@@ -109,7 +108,7 @@ def max_positions(config: dict[str, Any] | Any) -> int | None:
 
 def check_block_fits(block_size: int, positions: int | None, model: str) -> None:
     if positions is not None and block_size > positions:
-        # the wording of sweep.model_limits, which checks the same before any trial
+        # the wording of sweep.config.model_limits, which checks the same before any trial
         raise BlockSizeError(f"train.block_size: {block_size} is more than {model} holds "
                              f"({positions} positions); use at most {positions}")
 

@@ -11,7 +11,7 @@ import random
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from sweep.tasks import GLUE_TASKS, load_task
+from sweep.config.tasks import GLUE_TASKS, load_task
 
 FILLER = (
     "the a this that one some every man woman child dog cat city house river car book letter "

@@ -1,16 +1,12 @@
 """Everything that imports Ray (and nothing outside this package does).
 
-- ``plan.py``:        trials per node and at once, storage paths: plain Python over the cluster's shape
-- ``autoscale.py``:   what an autoscaling cluster can launch, what it is launching, the wait for nodes
+- ``autoscale.py``:   the autoscaler read from a live cluster: what it can launch, what it is launching
 - ``cluster_request.py``: one standing autoscaler request per cluster, the sum of every sweep's
-- ``dispatch.py``:    each task's GPUs per trial ("auto" included) and the longest-first order: plain Python
 - ``gate.py``:        Tune's trial generator in dispatch order, shut while a DDP trial places its workers
 - ``tuner.py``:       connect, plan, one Tune run for every trial (or resume it), records from results
 - ``trial.py``:       one trial: the Tune function (``train_driver_fn``) running a TorchTrainer whose
                       workers run ``train_fn_per_worker`` with a typed ``TrialContext``
-- ``schedulers.py``:  the rungs boards (ASHA, seed halving) per task, asked by the trials after each evaluation
 - ``halving_scheduler.py``: Tune's side of seed halving: pause a trial at the rung until its task is decided
-- ``failures.py``:    which trial failures a retry cannot fix (data, config, model limits): plain Python
 - ``stop.py``:        SIGTERM/SIGINT stop the sweep through Tune's own stop; the resume command line
 - ``progress.py``:    the one-line-per-change progress callback
 - ``mlflow_runs.py``: every trial's nested MLflow run, logged by the driver from the trials' reports

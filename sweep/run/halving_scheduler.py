@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from ray.tune.schedulers import FIFOScheduler
 
-from sweep.run.schedulers import ASHA_NAMESPACE, EvalPoint
+from sweep.plan.rung_boards import ASHA_NAMESPACE, EvalPoint
+from sweep.plan.rungs import past_rung
 from sweep.run.trial import trial_of
-from sweep.seed_ranking import past_rung
 
 
 class SeedHalvingScheduler(FIFOScheduler):

@@ -25,7 +25,7 @@ from typing import Any
 
 from ray.tune import Callback
 
-from sweep.config import Settings
+from sweep.config.settings import Settings
 from sweep.run.trial import TRIAL_ERROR, trial_of
 from sweep.secrets import scrub
 

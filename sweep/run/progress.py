@@ -10,8 +10,8 @@ from typing import Any
 
 from ray.tune import Callback
 
-from sweep.config import Settings
-from sweep.results import rank_key
+from sweep.config.settings import Settings
+from sweep.results.records import rank_key
 from sweep.run.trial import TRIAL_ERROR, trial_key, trial_of
 
 
@@ -23,7 +23,7 @@ def _clock(seconds: float) -> str:
 class SweepProgress(Callback):
     def __init__(self, settings: Settings, total: int, forecast=None):
         self.total = total
-        self.forecast = forecast  # sweep.costs.Forecast: the ETA from the trials' costs, refined as they report
+        self.forecast = forecast  # sweep.plan.costs.Forecast: the ETA from the trials' costs, refined as they report
         self.epochs = settings.train.epochs
         self.metric = {t.name: t.metric for t in settings.tasks}
         self.mode = {t.name: t.mode for t in settings.tasks}

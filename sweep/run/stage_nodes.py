@@ -24,7 +24,7 @@ from ray.exceptions import RayTaskError
 from ray.tune import Callback
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from sweep.config import Settings
+from sweep.config.settings import Settings
 
 RELAY_EVERY_S = 2.0  # how often the driver prints the nodes' progress lines while it waits
 

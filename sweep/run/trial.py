@@ -20,7 +20,7 @@ Either way the trainable sees the trial's failure first and sorts it (``failures
 error of the trial's own data, config or model limits ends the trial at once, failed, unretried
 (``TRIAL_ERROR`` in its last report and history row); anything else is raised and retried.
 
-Everything below the worker loop is plain Python (``sweep.finetune``).
+Everything below the worker loop is plain Python (``sweep.train.loop``).
 """
 
 from __future__ import annotations
@@ -45,15 +45,15 @@ from ray.train import Checkpoint, CheckpointConfig, FailureConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
-from sweep.config import Settings, TrainConfig
+from sweep.config.settings import Settings, TrainConfig
+from sweep.config.tasks import TaskSpec
 from sweep.disk import folder_size, writing
 from sweep.errors import DiskFullError
-from sweep.history import TrialHistories
-from sweep.run.failures import error_line, trial_error
+from sweep.failures import error_line, trial_error
+from sweep.plan.rung_boards import ASHA_NAMESPACE, RUNG, EarlyStop, EvalPoint
+from sweep.plan.rungs import past_rung
 from sweep.run.gate import WORKERS_READY
-from sweep.run.schedulers import ASHA_NAMESPACE, RUNG, EarlyStop, EvalPoint
-from sweep.seed_ranking import past_rung
-from sweep.tasks import TaskSpec
+from sweep.trials import TrialHistories
 
 # Reported every evaluation; the checkpoint manager keeps the best by it (plus the latest, for a
 # restart). Among equal scores the EARLIER evaluation ranks higher, as in finetune's own choice.
@@ -282,9 +282,9 @@ def _checkpoints_in(storage: Path) -> set[Path]:
 def train_fn_per_worker(config: dict[str, Any]) -> None:
     """Runs in each Ray Train worker: stage (no-op when staged), fine-tune, report every epoch."""
     # Imported here, not at the top: the trial's driver process never needs torch/transformers.
-    from sweep.finetune import Distributed, finetune
     from sweep.run.stage_nodes import stage_for_trial
     from sweep.storage.staging import cache_root
+    from sweep.train.loop import Distributed, finetune
 
     # rss_at_start_mb: what the previous trial left in a reused process (tests check it does not grow)
     timing = {"imported": time.time(), "pid": os.getpid(),
@@ -378,7 +378,7 @@ def _device_name() -> str:
 def _device(in_trial_process: bool):
     import torch
 
-    from sweep.models import pick_device
+    from sweep.train.loading import pick_device
 
     # Ray assigns GPUs by its own accounting (fake GPUs in tests, a CPU-only torch build):
     # use the assigned GPU only when torch can. In the trial's own process Ray has set

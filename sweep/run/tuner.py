@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sweep.config import AUTO, Settings
-from sweep.costs import grid_points
-from sweep.results import TrialRecord
-from sweep.run.plan import EXPERIMENT, TrialPlan, many_nodes, plan_trials, storage_path, sweep_storage, trial_count
-from sweep.schedule import TrialWork
+from sweep.config.settings import AUTO, Settings
+from sweep.plan.costs import grid_points
+from sweep.plan.makespan import TrialWork
+from sweep.plan.sizes import EXPERIMENT, TrialPlan, many_nodes, plan_trials, storage_path, sweep_storage, trial_count
+from sweep.results.records import TrialRecord
 
 log = logging.getLogger(__name__)
 
@@ -327,7 +327,7 @@ def start_rungs_board(settings: Settings, experiment: str, total: int, histories
 
     Returns (name, handle); the caller keeps the handle for the sweep's duration (it owns the actor).
     """
-    from sweep.run.schedulers import ASHA_NAMESPACE, board_name, make_board
+    from sweep.plan.rung_boards import ASHA_NAMESPACE, board_name, make_board
 
     board_class, kwargs = make_board(settings, total)
     if board_class is None:
@@ -349,7 +349,7 @@ def replay_rungs(board, histories) -> None:
     """Tell a new board the rung evaluations (and failures before a rung) the trials recorded."""
     import ray
 
-    from sweep.run.schedulers import recorded_rungs
+    from sweep.plan.rung_boards import recorded_rungs
 
     points, gone = recorded_rungs(histories)
     for point in points:
@@ -383,7 +383,8 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None) -> tuple[list[Tri
 def _run_tune(settings: Settings, out_dir: Path, tracking, stop) -> tuple[list[TrialRecord], list[Path]]:
     from ray import tune
 
-    from sweep.run.autoscale import NodeWait, declared_view, read_autoscaler
+    from sweep.plan.scale import NodeWait
+    from sweep.run.autoscale import declared_view, read_autoscaler
     from sweep.run.cluster_request import request_trial_resources
     from sweep.run.disk_stop import StopOnDiskFull, fit_until_disk_full
     from sweep.run.gate import DdpFirst
@@ -511,8 +512,8 @@ def _refuse_halving_with_ddp(settings: Settings, plans: dict[str, TrialPlan]) ->
 def _plan(settings: Settings, nodes, autoscaler, total: int):
     """Cost every trial from the staged data, choose each task's GPUs and the dispatch order, and
     size each task's trials on this cluster (ResourceError before any trial when one cannot fit)."""
-    from sweep.costs import sweep_trials
-    from sweep.run.dispatch import cluster_gpus, dispatch
+    from sweep.plan.costs import sweep_trials
+    from sweep.plan.dispatch import cluster_gpus, dispatch
 
     sizes, params = _staged_sizes(settings)
     cluster = cluster_gpus(nodes, autoscaler, total)
@@ -527,7 +528,7 @@ def _plan(settings: Settings, nodes, autoscaler, total: int):
 def _staged_sizes(settings: Settings):
     """Each task's size and the model's parameters, read where the sources are staged: here for local
     storage; for S3 on a node (the driver downloads nothing; the nodes have staged already)."""
-    from sweep.costs import measure_sizes
+    from sweep.plan.costs import measure_sizes
     from sweep.storage.staging import ensure_local
 
     if settings.storage.kind != "s3":
@@ -542,7 +543,7 @@ def _staged_sizes(settings: Settings):
 
 def _forecast(settings: Settings, chosen, params: int, cluster, concurrency: int):
     """The progress line's ETA: every trial's predicted cost (Tune repeats the grid per search sample)."""
-    from sweep.costs import Forecast
+    from sweep.plan.costs import Forecast
     from sweep.run.trial import trial_key
 
     points = grid_points(settings)

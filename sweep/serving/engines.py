@@ -27,9 +27,11 @@ from transformers import (
 )
 from transformers.generation.streamers import BaseStreamer
 
-from sweep.models import load_tokenizer, pick_device, position_offset, quiet_transformers
+from sweep.config.model_limits import position_offset
+from sweep.models.quiet import quiet_transformers
 from sweep.serving.generation import finish_completion, streamable_text
 from sweep.serving.protocol import Classification, Completion, GenerationParams
+from sweep.train.loading import load_tokenizer, pick_device
 
 CLASSIFIER = "classification"
 CAUSAL_LM = "causal_lm"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from sweep.errors import ModelSourceError
 from sweep.files import atomic_folder, is_model_folder, require_model_folder
-from sweep.results import MADE_BY, registry_name
+from sweep.results.records import MADE_BY, registry_name
 
 MODELS_SCHEME = "models:/"
 S3_SCHEME = "s3://"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from sweep.config import Settings
+from sweep.config.settings import Settings
 from sweep.files import atomic_folder
 from sweep.storage.archive import extract_archive
 

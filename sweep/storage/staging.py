@@ -20,7 +20,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from sweep.config import Settings, StorageConfig
+from sweep.config.settings import Settings, StorageConfig
 from sweep.errors import StagingError
 from sweep.files import atomic_folder, is_model_folder
 
@@ -168,7 +168,7 @@ def _stage_s3(settings: Settings, progress: Callable[[str], None] | None) -> Loc
     if "model" in staged:
         model_dir = model_folder_in(staged["model"], pins.model.uri)
     else:  # model.path set: the model is local, only the data comes from S3
-        from sweep.models import resolve_model_dir
+        from sweep.models.source import resolve_model_dir
 
         model_dir = resolve_model_dir(asdict(settings.model), cache)
     return LocalSources(model_dir=model_dir, data_dir=staged["data"], downloaded=downloaded)
@@ -176,9 +176,9 @@ def _stage_s3(settings: Settings, progress: Callable[[str], None] | None) -> Loc
 
 def check_tasks_here(settings: Settings, sources: LocalSources) -> None:
     """Every task's files on this machine, and lengths the model can hold (before any trial)."""
+    from sweep.config.model_limits import check_model_folder
     from sweep.data.glue import check_task_data
     from sweep.data.lm import check_corpus
-    from sweep.model_limits import check_model_folder
 
     for spec in settings.tasks:
         (check_corpus if spec.kind == "causal_lm" else check_task_data)(spec, sources.data_dir)
@@ -201,7 +201,7 @@ def ensure_local(settings: Settings, progress: Callable[[str], None] | None = No
     """
     if settings.storage.kind == "s3":
         return _stage_s3(settings, progress)
-    from sweep.models import resolve_model_dir  # transformers: only where a model is resolved
+    from sweep.models.source import resolve_model_dir  # transformers: only where a model is resolved
     from sweep.storage.shipping import with_copies
 
     cache = cache_root(settings.storage)

@@ -20,7 +20,7 @@ import yaml
 
 from sweep.errors import TrackingError
 from sweep.files import write_json
-from sweep.results import TaskSummary, TrialRecord
+from sweep.results.records import TaskSummary, TrialRecord
 from sweep.secrets import scrub
 from sweep.tracking.sender import _Tracked
 from sweep.tracking.spool import UNSENT_FILE, Record, Spool, merge, read_records, spool_files, unreachable

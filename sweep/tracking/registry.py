@@ -10,7 +10,7 @@ from pathlib import Path
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
-from sweep.results import registry_name
+from sweep.results.records import registry_name
 from sweep.tracking.store import _client, _retry
 
 CHAMPION = "champion"

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from sweep.config import BuilderConfig, Settings
+from sweep.config.settings import BuilderConfig, Settings
 from sweep.errors import ConfigError
 
 # Model types whose position ids start after padding_idx (transformers' RobertaEmbeddings: position

@@ -9,11 +9,11 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from sweep.config import Settings
+from sweep.config.settings import Settings
 from sweep.errors import ResourceError
-from sweep.history import FOLDER as HISTORY_FOLDER, TrialHistories
+from sweep.plan.scale import AutoscalerView, ScalePlan, TrialNeeds, format_bundle, plan_scale, trials_fit_on
 from sweep.remote_files import is_remote
-from sweep.run.autoscale import AutoscalerView, ScalePlan, TrialNeeds, format_bundle, plan_scale, trials_fit_on
+from sweep.trials import FOLDER as HISTORY_FOLDER, TrialHistories
 
 EXPERIMENT = "tune"  # Tune's experiment folder under the storage path
 

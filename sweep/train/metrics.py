@@ -13,7 +13,7 @@ import numpy as np
 from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
-from sweep.tasks import TaskSpec
+from sweep.config.tasks import TaskSpec
 
 
 def _finite(x: float) -> float:
@@ -77,3 +77,24 @@ def selection_score(spec: TaskSpec, metrics: dict[str, float]) -> float:
         raise KeyError(f"task {spec.name}: metric {spec.metric!r} not among {sorted(metrics)}")
     value = float(metrics[spec.metric])
     return value if spec.mode == "max" else -value
+
+
+def trivial_metrics(spec: TaskSpec, labels: np.ndarray) -> dict[str, float] | None:
+    """The eval split's metrics for a model that ignores its input: the majority class everywhere
+    (accuracy = the majority's share, F1 of that answer, MCC 0), or the mean label (correlation 0).
+    None for causal LM, which has no such baseline here."""
+    labels = np.asarray(labels)
+    if spec.kind == "causal_lm" or labels.size == 0:
+        return None
+    if spec.kind == "regression":
+        constant = np.full(labels.shape, float(labels.astype(np.float64).mean()))
+        return task_metrics(spec, constant, labels)
+    values, counts = np.unique(labels, return_counts=True)
+    majority = values[np.argmax(counts)]  # np.unique sorts: a tie goes to the lower class id
+    return task_metrics(spec, np.full(labels.shape, majority), labels)
+
+
+def trivial_score(spec: TaskSpec, labels: np.ndarray) -> float | None:
+    """The trivial metrics as a selection score (higher is better), or None (causal LM)."""
+    metrics = trivial_metrics(spec, labels)
+    return None if metrics is None else selection_score(spec, metrics)

@@ -13,9 +13,11 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from sweep.models import load_for_task, quiet_transformers, resolve_model_dir
-from sweep.results import MADE_BY
-from sweep.tasks import CONF_DIR, load_task
+from sweep.config.tasks import CONF_DIR, load_task
+from sweep.models.quiet import quiet_transformers
+from sweep.models.source import resolve_model_dir
+from sweep.results.records import MADE_BY
+from sweep.train.loading import load_for_task
 
 
 def model_spec(name: str) -> dict:

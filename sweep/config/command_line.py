@@ -45,7 +45,7 @@ def check_command_line(argv: list[str]) -> None:
         return
     from hydra import compose, initialize_config_dir
 
-    from sweep.tasks import CONF_DIR
+    from sweep.config.tasks import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for overrides in itertools.islice(jobs, MAX_JOBS_CHECKED):
@@ -60,8 +60,8 @@ def check_command_line(argv: list[str]) -> None:
 
 
 def check_settings(cfg: DictConfig) -> None:
-    from sweep.config import validate
-    from sweep.model_limits import check_lengths
+    from sweep.config.model_limits import check_lengths
+    from sweep.config.validate import validate
 
     try:
         settings = validate(cfg)

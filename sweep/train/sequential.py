@@ -11,10 +11,10 @@ import shutil
 import time
 from pathlib import Path
 
-from sweep.config import Settings
-from sweep.finetune import finetune
-from sweep.results import TrialRecord
+from sweep.config.settings import Settings
+from sweep.results.records import TrialRecord
 from sweep.storage.staging import LocalSources, cache_root
+from sweep.train.loop import finetune
 
 log = logging.getLogger(__name__)
 

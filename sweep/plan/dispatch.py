@@ -1,10 +1,10 @@
 """The sweep's dispatch: each task's GPUs per trial and the order its trials go to Tune.
 
 Plain Python over what Ray reports (the alive nodes, the autoscaler's launchable types) and each
-trial's predicted one-GPU seconds (``sweep.costs``); ``sweep.schedule`` does the planning and
+trial's predicted one-GPU seconds (``sweep.plan.costs``); ``sweep.plan.makespan`` does the planning and
 ``tuner.py`` turns the result into Tune's param space and resource requests. Tune starts pending
 trials in the order it generated them, trying each one that fits (backfill), which is the greedy
-dispatch ``sweep.schedule.simulate`` predicts: longest first, so the long tasks do not start last.
+dispatch ``sweep.plan.makespan.simulate`` predicts: longest first, so the long tasks do not start last.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from sweep.config import AUTO, Settings
-from sweep.costs import TaskSize
-from sweep.run.autoscale import AutoscalerView
-from sweep.schedule import Plan, TrialWork, auto_shares, format_duration, make_plan, order_longest_first
+from sweep.config.settings import AUTO, Settings
+from sweep.plan.costs import TaskSize
+from sweep.plan.makespan import Plan, TrialWork, auto_shares, format_duration, make_plan, order_longest_first
+from sweep.plan.scale import AutoscalerView
 
 
 @dataclass(frozen=True)

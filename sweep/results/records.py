@@ -18,10 +18,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sweep.config.tasks import TaskSpec
 from sweep.disk import folder_size, writing
 from sweep.files import atomic_folder, write_json, write_text
 from sweep.remote_files import fetch_folder, is_remote
-from sweep.tasks import TaskSpec
 
 MADE_BY = "sweep_made_by.json"  # written beside an exported model: how it was made
 

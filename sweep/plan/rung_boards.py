@@ -5,7 +5,7 @@ runs all its tasks in one Tune run, whose scores are not comparable (a CoLA MCC 
 SST-2 accuracy of 0.3 is awful): each task needs its own rungs. So a named actor holds the rungs
 (``AshaRungs`` or ``SeedHalving``), each trial tells it every evaluation and ends itself cleanly
 (``EarlyStop``) when told to stop, on one path for single-worker and DDP trials. The ranking and
-the two rules are plain Python in ``sweep.seed_ranking``.
+the two rules are plain Python in ``sweep.plan.rungs``.
 
 Seed halving (Dodge et al. 2020) decides once, when every trial of a task has reached fraction
 ``at`` of its training, so a trial that gets there first must wait without holding its GPU while
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from sweep.seed_ranking import GO_ON, RungEntry, Verdict, asha_verdict, halving_verdicts, keep_count, past_rung
+from sweep.plan.rungs import GO_ON, RungEntry, Verdict, asha_verdict, halving_verdicts, keep_count, past_rung
 
 ASHA_NAMESPACE = "sweep"  # the Ray namespace of the named rungs actor (the driver creates it, trials look it up)
 RUNG = "rung"  # on a trial's report and history row: this evaluation was a decision point

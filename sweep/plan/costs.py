@@ -1,6 +1,6 @@
 """Each trial's predicted cost, from the staged data and model, before any trial runs.
 
-``sweep.schedule``'s cost model wants ``rows x mean tokens x epochs x model parameters``: rows come
+``sweep.plan.makespan``'s cost model wants ``rows x mean tokens x epochs x model parameters``: rows come
 from the task's training file (capped by ``train.max_train_samples``), mean tokens from the
 model's own tokenizer on a sample of rows (truncated at ``train.max_seq_length`` as training does),
 parameters from the model's config (built on torch's meta device: no weights are read). A causal-LM
@@ -17,10 +17,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from sweep.config import Settings, TrainConfig
+from sweep.config.settings import Settings, TrainConfig
+from sweep.config.tasks import TaskSpec
 from sweep.errors import DataFormatError
-from sweep.schedule import DEFAULT_SPEEDUP, CostModel, Speedup, TrialWork
-from sweep.tasks import TaskSpec
+from sweep.plan.makespan import DEFAULT_SPEEDUP, CostModel, Speedup, TrialWork
 
 SAMPLE_ROWS = 512  # enough for a mean within a few percent; tokenizing all of MNLI would take a minute
 
@@ -46,7 +46,7 @@ def model_params(model_dir: Path) -> int:
     import torch
     from transformers import AutoConfig, AutoModel
 
-    from sweep.models import quiet_transformers
+    from sweep.models.quiet import quiet_transformers
 
     with quiet_transformers():
         config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
@@ -105,7 +105,7 @@ def sweep_trials(settings: Settings, sizes: Mapping[str, TaskSize], params: int,
 
 def measure_sizes(settings: Settings, sources) -> tuple[dict[str, TaskSize], int]:
     """Each task's size and the model's parameter count, read from the staged sources (``LocalSources``)."""
-    from sweep.models import load_tokenizer
+    from sweep.train.loading import load_tokenizer
 
     model_dir, data_dir = Path(sources.model_dir), Path(sources.data_dir)
     tokenizer = load_tokenizer(model_dir)

@@ -1,0 +1,9 @@
+"""The configuration: from the command line and Hydra's tree to typed, validated ``Settings``. No torch, no Ray.
+
+- ``settings.py``:     the typed schema (``Settings`` and its groups): configuration only, no run-time state
+- ``validate.py``:     the composed config -> ``Settings``, every range / choice / combination checked once
+- ``tasks.py``:        the task specs (``conf/task/*.yaml``) as ``TaskSpec``
+- ``model_limits.py``: the positions a model can take (``max_positions``, offsets) and their checks
+- ``command_line.py``: the overrides checked before Hydra writes anything
+- ``multirun.py``:     Hydra's multirun callback that compares the sweeps of one ``-m`` run
+"""
