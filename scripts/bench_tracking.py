@@ -8,10 +8,10 @@ MLflow 3's job runner off, as it serves no tracking call) and the same TRIALS x 
 
   before  the trials interleaved round-robin (one evaluation of each in turn), each with its own
           ``TrialLogger`` making its calls synchronously, as the old worker did: what a trial's
-          loop was blocked per evaluation (``log_epoch``: mean, p50, p95), per trial in all
+          loop was blocked per evaluation (``log_evaluation``: mean, p50, p95), per trial in all
           (start + evaluations + end), and the CPU those calls took (the trials' processes).
   after   the same evaluations fed to one ``TrialRuns`` through Tune's hooks (fake trial objects,
-          reports shaped like ``EpochReporter.metrics``): what the trial pays (0: it reports to
+          reports shaped like ``EvaluationReporter.metrics``): what the trial pays (0: it reports to
           Tune anyway), the time Tune's event loop spends in the hooks per evaluation, the backlog
           (wall time from the last hook until ``close()`` returns), and the driver process's CPU
           per reported evaluation (``time.process_time``, background thread included).
@@ -137,7 +137,7 @@ def trial_config(seed: int) -> dict[str, Any]:
 
 
 def report(trial_id: str, seed: int, i: int, evals: int, launch_id: str, config: dict[str, Any]) -> dict[str, Any]:
-    """Evaluation ``i`` (0-based) of a trial, as ``EpochReporter.metrics`` reports it (one per epoch),
+    """Evaluation ``i`` (0-based) of a trial, as ``EvaluationReporter.metrics`` reports it (one per epoch),
     with the keys Tune adds to every result."""
     steps_total = evals * STEPS_PER_EPOCH
     step = (i + 1) * STEPS_PER_EPOCH
@@ -192,7 +192,7 @@ def before(tracking: TrialTracking, settings, trials: int, evals: int, launch_id
         for k, (trial_id, seed, logger) in enumerate(loggers):
             step, metrics = evaluation_metrics(report(trial_id, seed, i, evals, launch_id, {}), settings.train)
             t = time.perf_counter()
-            logger.log_epoch(step, metrics)
+            logger.log_evaluation(step, metrics)
             dt = time.perf_counter() - t
             blocked.append(dt)
             totals[k] += dt

@@ -9,7 +9,7 @@ default scheduler is linear, and warm-up is 0 on both), fp32, batch size, epochs
 workers, no evaluation or checkpoint during training. Each side's dev score comes from the same
 ``sweep.train.loop.evaluate`` on the trained model.
 
-Training samples/s = rows x epochs / seconds of the training epochs only: our EpochResult's
+Training samples/s = rows x epochs / seconds of the training epochs only: our Evaluation's
 train_seconds; for the Trainer the time between its on_epoch_begin and on_epoch_end callbacks (its
 whole ``train()`` wall time, setup included, is written too). Seeds 42..42+N-1; per seed the side
 that goes first alternates (ABBA), after one untimed warm-up of both sides.

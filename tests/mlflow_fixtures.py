@@ -98,5 +98,5 @@ def log_trial_in_process(kwargs: dict[str, Any], barrier: Any, epochs: int) -> N
     barrier.wait(timeout=60)  # all processes hit the store together, the worst case for sqlite locks
     logger.start()
     for epoch in range(1, epochs + 1):
-        logger.log_epoch(epoch, {"loss": 1.0 / epoch, "acc": 0.5 + epoch / 100})
+        logger.log_evaluation(epoch, {"loss": 1.0 / epoch, "acc": 0.5 + epoch / 100})
     logger.end("FINISHED")

@@ -146,7 +146,7 @@ def test_atomic_writes_on_a_full_disk_leave_no_temporary(small_disk):
 
 @pytest.mark.parametrize("writer", ["save_pretrained", "torch.save"])
 def test_a_checkpoint_staged_on_a_full_temp_dir_is_one_line(small_disk, tiny_roberta_dir, writer):
-    # EpochReporter.report stages each checkpoint in the system temp dir through these two writers
+    # EvaluationReporter.report stages each checkpoint in the system temp dir through these two writers
     # (finetune.save): each one's own error for a full disk is recognised
     import torch
     from transformers import AutoModel

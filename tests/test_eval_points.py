@@ -46,7 +46,7 @@ def test_three_evaluations_an_epoch(synthetic_glue_dir, tiny_roberta_dir, cache_
     cfg = replace(QUICK, max_train_samples=96)  # 6 batches: evaluations after 2, 4, 6
     calls = []
     split = finetune(spec, tiny_roberta_dir, synthetic_glue_dir, replace(cfg, evals_per_epoch=3), seed=38,
-                     cache_dir=cache_dir, on_epoch=lambda e, save: calls.append(e))
+                     cache_dir=cache_dir, on_evaluation=lambda e, save: calls.append(e))
     plain = finetune(spec, tiny_roberta_dir, synthetic_glue_dir, cfg, seed=38, cache_dir=cache_dir)
 
     evals = split.epochs
@@ -113,7 +113,7 @@ def test_resume_from_a_mid_epoch_checkpoint_equals_an_uninterrupted_run(syntheti
             raise _Stop
 
     with pytest.raises(_Stop):
-        finetune(spec, tiny_roberta_dir, synthetic_glue_dir, cfg, seed=42, cache_dir=cache_dir, on_epoch=stop)
+        finetune(spec, tiny_roberta_dir, synthetic_glue_dir, cfg, seed=42, cache_dir=cache_dir, on_evaluation=stop)
     assert not seen[-1].end_of_epoch
     resumed = finetune(spec, tiny_roberta_dir, synthetic_glue_dir, cfg, seed=42, cache_dir=cache_dir,
                        resume_from=tmp_path / "ckpt")

@@ -74,7 +74,7 @@ def test_resume_after_a_stop_equals_an_uninterrupted_run(synthetic_glue_dir, tin
 
     with pytest.raises(_Stop):
         finetune(spec, tiny_roberta_dir, synthetic_glue_dir, cfg, seed=42, cache_dir=cache_dir,
-                 on_epoch=stop_after_first)
+                 on_evaluation=stop_after_first)
     resumed = finetune(spec, tiny_roberta_dir, synthetic_glue_dir, cfg, seed=42, cache_dir=cache_dir,
                        resume_from=tmp_path / "ckpt")
     assert [e.epoch for e in resumed.epochs] == [1, 2, 3]

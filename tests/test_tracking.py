@@ -84,10 +84,10 @@ def test_sweep_has_a_parent_run_with_nested_trials_and_results(store: Store, tmp
     ok, bad = _trial(tracker, 38), _trial(tracker, 39)
     ok.start()
     for epoch in (1, 2, 3):
-        ok.log_epoch(epoch, {"eval_acc": 0.4 + epoch / 10, "train_loss": 1.0 / epoch})
+        ok.log_evaluation(epoch, {"eval_acc": 0.4 + epoch / 10, "train_loss": 1.0 / epoch})
     ok.end("FINISHED")
     bad.start()
-    bad.log_epoch(1, {"eval_acc": 0.5})
+    bad.log_evaluation(1, {"eval_acc": 0.5})
     bad.end("FAILED", "Traceback ...\nRuntimeError: CUDA out of memory")
 
     records = [
@@ -131,14 +131,14 @@ def test_a_retried_trial_resumes_its_own_run(store: Store) -> None:
     tracker.start({"model": {"name": "m"}})
     first = _trial(tracker, 38)
     run_id = first.start()
-    first.log_epoch(1, {"eval_acc": 0.5})
+    first.log_evaluation(1, {"eval_acc": 0.5})
     first.end("FAILED", "worker died")
 
     again = _trial(tracker, 38)  # same run name under the same parent: Ray retried the trial
     assert again.start() == run_id
     client = MlflowClient(store.uri)
     assert client.get_run(run_id).info.status == "RUNNING"
-    again.log_epoch(2, {"eval_acc": 0.6})
+    again.log_evaluation(2, {"eval_acc": 0.6})
     again.end("FINISHED")
 
     explicit = TrialLogger(store.uri, tracker.experiment_id, tracker.run_id, "ignored", {"task": "WNLI"}, run_id=run_id)

@@ -52,12 +52,12 @@ def test_calls_wait_while_the_server_is_down_and_arrive_when_it_is_back(server: 
     trial = TrialLogger(server.url, tracker.experiment_id, tracker.run_id, "WNLI-seed38", {"task": "WNLI", "seed": 38},
                         experiment_name="faults-back", spool_dir=spool)
     run_id = trial.start()
-    trial.log_epoch(1, epoch_metrics(1))
+    trial.log_evaluation(1, epoch_metrics(1))
 
     server.kill()
     started = time.monotonic()
     for epoch in (2, 3):
-        trial.log_epoch(epoch, epoch_metrics(epoch))  # no exception: the calls are kept
+        trial.log_evaluation(epoch, epoch_metrics(epoch))  # no exception: the calls are kept
     assert time.monotonic() - started < 15, "a dead server held up training"
     (kept,) = spool_files(spool)
     assert [(r["op"], r["metrics"][0][3]) for r in read_records(kept)] == [("metrics", 2), ("metrics", 3)]
@@ -84,7 +84,7 @@ def test_calls_left_unsent_replay_into_a_fresh_server_with_the_same_histories(se
                         experiment_name="faults-down", spool_dir=out / SPOOL_DIR)
     assert trial.start() is None  # no run yet: it is made once a store answers
     for epoch in (1, 2, 3):
-        trial.log_epoch(epoch, epoch_metrics(epoch))
+        trial.log_evaluation(epoch, epoch_metrics(epoch))
     trial.end("FINISHED")
     records = [TrialRecord("WNLI", 39, score=0.8, best_epoch=3, epochs_done=3)]
     write_results(out, records, summarize(records, [WNLI]))

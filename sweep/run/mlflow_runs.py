@@ -207,7 +207,7 @@ class TrialRuns(Callback):
         if not logger.began or any(logger.tags.get(k) != v for k, v in placed.items()):
             self._start(trial_id, config, placed)
         if evaluation is not None and report.get("launch_id") in (None, self.launch_id):
-            logger.log_epoch(*evaluation)  # a finished trial reported again from its history: logged before
+            logger.log_evaluation(*evaluation)  # a finished trial reported again from its history: logged before
 
     def _end(self, trial_id: str, config: dict[str, Any], status: str, error: str | None,
              stopped: dict[str, Any] | None) -> None:

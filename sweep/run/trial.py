@@ -58,7 +58,7 @@ from sweep.trials import TrialHistories
 # Reported every evaluation; the checkpoint manager keeps the best by it (plus the latest, for a
 # restart). Among equal scores the EARLIER evaluation ranks higher, as in finetune's own choice.
 CHECKPOINT_RANK = "checkpoint_rank"
-CHECKPOINT_EPOCH = "sweep_epoch.json"  # in each checkpoint folder: which evaluation (epoch, step) it holds
+CHECKPOINT_MARKER = "sweep_epoch.json"  # in each checkpoint folder: which evaluation (epoch, step) it holds
 TRIAL_DONE = "trial_done"  # on the last history row of a trial that ended
 TRIAL_ERROR = "trial_error"  # the one-line error of a trial that failed on its own data/config/model
 STOPPED = "stopped"  # on the last history row of a trial the rungs stopped: why (degenerate / below median …)
@@ -130,7 +130,7 @@ class TrialContext:
         self.histories.write(self.trial_id, rows)
 
 
-class EpochReporter:
+class EvaluationReporter:
     """What a worker does after each evaluation, in order: report (rank 0 with the checkpoint),
     record it in the trial's own history, and ask the rungs (ASHA, seed halving) whether to go on.
 
@@ -206,7 +206,7 @@ class EpochReporter:
             with writing("a checkpoint", folder.parent, staged, key="TMPDIR"):
                 save(folder)
                 # found again without Tune's log (a plain write: the whole folder is private until reported)
-                (folder / CHECKPOINT_EPOCH).write_text(json.dumps({"epoch": epoch.epoch, "step": epoch.step}))
+                (folder / CHECKPOINT_MARKER).write_text(json.dumps({"epoch": epoch.epoch, "step": epoch.step}))
             self.checkpoint_bytes = folder_size(folder)
             storage = _checkpoint_storage(self.ctx)
             before = _checkpoints_in(storage)
@@ -301,14 +301,14 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     timing["loop_started"] = time.time()
     device = _device(ctx.in_trial_process)
     resume_dir = _restore_latest(ctx.in_trial_process)
-    reporter = EpochReporter(ctx, rank, resumed_at=_checkpoint_step(resume_dir), timing=timing)
+    reporter = EvaluationReporter(ctx, rank, resumed_at=_checkpoint_step(resume_dir), timing=timing)
     try:
         stopped = reporter.stopped_before() if resume_dir is not None else None
         if stopped is not None:
             raise stopped  # decided while paused at the rung: end now, without loading the model
         finetune(
             ctx.spec, sources.model_dir, sources.data_dir, ctx.train, ctx.seed,
-            cache_dir=cache_root(ctx.settings.storage), on_epoch=reporter, resume_from=resume_dir,
+            cache_dir=cache_root(ctx.settings.storage), on_evaluation=reporter, resume_from=resume_dir,
             # DDP on the device chosen here: Train's own choice is cuda for a (fake) GPU torch cannot use
             dist=Distributed(
                 rank=rank, world_size=world,
@@ -337,7 +337,7 @@ def _checkpoint_step(folder: Path | None) -> int | None:
     """The training step of the evaluation a checkpoint folder holds (None: no checkpoint)."""
     if folder is None:
         return None
-    marker = json.loads((folder / CHECKPOINT_EPOCH).read_text())
+    marker = json.loads((folder / CHECKPOINT_MARKER).read_text())
     return int(marker.get("step", 0))
 
 

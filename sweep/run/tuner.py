@@ -189,13 +189,13 @@ def _remote_checkpoint_folders(grid, remote_train: str | None) -> list[str]:
 
 def _best_checkpoint(best_row, run_dirs: list[Path]) -> str | None:
     """The best epoch's checkpoint folder: from Tune's report, else found by the epoch marker."""
-    from sweep.run.trial import CHECKPOINT_EPOCH
+    from sweep.run.trial import CHECKPOINT_MARKER
 
     path = _local_path(best_row.get("checkpoint_path"))
     if path and Path(path).is_dir():
         return path
     for run_dir in run_dirs:
-        for marker in run_dir.glob(f"checkpoint_*/{CHECKPOINT_EPOCH}"):
+        for marker in run_dir.glob(f"checkpoint_*/{CHECKPOINT_MARKER}"):
             held = json.loads(marker.read_text())
             if "step" in held and "step" in best_row and best_row["step"] == best_row["step"]:  # not NaN
                 if held["step"] == int(best_row["step"]):

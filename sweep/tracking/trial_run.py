@@ -100,11 +100,11 @@ class TrialLogger(_Tracked):
         self._emit(self._record("start", tags=self._run_tags(), params=_clean_params(self.params)))
         return self.run_id
 
-    def log_epoch(self, epoch: int, metrics: Mapping[str, float]) -> None:
-        """Each metric at step ``epoch``."""
+    def log_evaluation(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Each metric at ``step`` (the epoch, or the training step when evaluating within epochs)."""
         self._started()
         now = int(time.time() * 1000)
-        self._emit(self._record("metrics", metrics=[[_key(k), float(v), now, epoch] for k, v in metrics.items()]))
+        self._emit(self._record("metrics", metrics=[[_key(k), float(v), now, step] for k, v in metrics.items()]))
 
     def end(self, status: str = "FINISHED", error: str | None = None, tags: Mapping[str, Any] | None = None) -> None:
         """Terminate the run; a failure keeps the (scrubbed) tail of its error as tag ``error``;

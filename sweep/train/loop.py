@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class EpochResult:
+class Evaluation:
     """One evaluation: at an epoch's end, or within it (train.eval_every / train.evals_per_epoch).
 
     The training fields cover the segment since the previous evaluation, so their sums over a
@@ -63,12 +63,12 @@ class EpochResult:
 class FinetuneResult:
     task: str
     seed: int
-    epochs: list[EpochResult] = field(default_factory=list)  # every evaluation, in order (mid-epoch too)
+    epochs: list[Evaluation] = field(default_factory=list)  # every evaluation, in order (mid-epoch too)
     best_index: int = 0  # 1-based index into epochs; 0 before the first evaluation
     checkpoint_dir: Path | None = None
 
     @property
-    def best(self) -> EpochResult:
+    def best(self) -> Evaluation:
         return self.epochs[self.best_index - 1]
 
     @property
@@ -77,7 +77,7 @@ class FinetuneResult:
 
 
 # Called after each evaluation with the result and a function that saves model + tokenizer to a folder.
-EpochCallback = Callable[[EpochResult, Callable[[Path], None]], None]
+EvaluationCallback = Callable[[Evaluation, Callable[[Path], None]], None]
 
 TRAINING_STATE = "training_state.pt"  # optimizer, scheduler and evaluations done: what a resume needs
 
@@ -331,7 +331,7 @@ def restore(run: Run, folder: Path) -> Resume:
     run.optimizer.load_state_dict(state["optimizer"])
     run.scheduler.load_state_dict(state["scheduler"])
     run.scaler.load_state_dict(state["scaler"])
-    run.result.epochs = [EpochResult(**e) for e in state["epochs"]]
+    run.result.epochs = [Evaluation(**e) for e in state["epochs"]]
     run.result.best_index = state["best_index"]
     last = run.result.epochs[-1]
     completed = last.epoch if last.end_of_epoch else last.epoch - 1
@@ -360,7 +360,7 @@ def _epoch_batches(run: Run, resume: Resume | None) -> Iterator[dict[str, torch.
 
 @dataclass
 class _Segment:
-    """The training since the previous evaluation: what the next EpochResult reports."""
+    """The training since the previous evaluation: what the next Evaluation reports."""
 
     loss_sum: float = 0.0
     batches: int = 0
@@ -386,7 +386,7 @@ def _train_step(run: Run, batch: dict[str, torch.Tensor], segment: _Segment) -> 
     segment.batches += 1
 
 
-def _evaluation(run: Run, epoch: int, batch_index: int, segment: _Segment) -> EpochResult:
+def _evaluation(run: Run, epoch: int, batch_index: int, segment: _Segment) -> Evaluation:
     """Every eval split after ``batch_index`` (1-based) of ``epoch``, with the segment's training figures."""
     train_seconds = time.perf_counter() - segment.started
     t1 = time.perf_counter()
@@ -397,7 +397,7 @@ def _evaluation(run: Run, epoch: int, batch_index: int, segment: _Segment) -> Ep
                      for s, loader in run.eval_loaders.items()}
     metrics = merge_splits(run.spec, per_split)
     n = len(run.train_loader)
-    return EpochResult(
+    return Evaluation(
         epoch=epoch,
         train_loss=segment.loss_sum / max(segment.batches, 1),
         metrics=metrics,
@@ -413,7 +413,7 @@ def _evaluation(run: Run, epoch: int, batch_index: int, segment: _Segment) -> Ep
     )
 
 
-def train_one_epoch(run: Run, epoch: int, resume: Resume | None = None) -> Iterator[EpochResult]:
+def train_one_epoch(run: Run, epoch: int, resume: Resume | None = None) -> Iterator[Evaluation]:
     """One pass over the training data, yielding an evaluation at each of the epoch's eval points."""
     if isinstance(run.sampler, DistributedSampler):
         run.sampler.set_epoch(epoch)
@@ -429,7 +429,7 @@ def train_one_epoch(run: Run, epoch: int, resume: Resume | None = None) -> Itera
             segment = _Segment()  # started after the caller's callback: its time is not training
 
 
-def _record(run: Run, evaluation: EpochResult, out_dir: Path | None, on_epoch: EpochCallback | None) -> None:
+def _record(run: Run, evaluation: Evaluation, out_dir: Path | None, on_evaluation: EvaluationCallback | None) -> None:
     """Keep an evaluation, save the model when it is the best so far, and hand it to the caller."""
     result = run.result
     result.epochs.append(evaluation)
@@ -441,8 +441,8 @@ def _record(run: Run, evaluation: EpochResult, out_dir: Path | None, on_epoch: E
         if out_dir is not None:
             save(run, Path(out_dir))
             result.checkpoint_dir = Path(out_dir)
-    if on_epoch is not None:
-        on_epoch(evaluation, lambda folder: save(run, folder))
+    if on_evaluation is not None:
+        on_evaluation(evaluation, lambda folder: save(run, folder))
 
 
 def finetune(
@@ -453,7 +453,7 @@ def finetune(
     seed: int,
     out_dir: Path | None = None,
     cache_dir: Path | None = None,
-    on_epoch: EpochCallback | None = None,
+    on_evaluation: EvaluationCallback | None = None,
     device: torch.device | None = None,
     resume_from: Path | None = None,
     dist: Distributed = Distributed(),
@@ -462,7 +462,7 @@ def finetune(
     epochs with ``train.eval_every`` (steps) or ``train.evals_per_epoch``.
 
     With ``out_dir`` the best evaluation's model (mid-epoch ones included) is saved there
-    (``save_pretrained``) and returned as ``checkpoint_dir``; ``on_epoch`` is called after every
+    (``save_pretrained``) and returned as ``checkpoint_dir``; ``on_evaluation`` is called after every
     evaluation and lets a caller (the Ray trial) report and checkpoint instead. ``resume_from`` is
     a folder that ``save`` wrote: training goes on after its last evaluation, even a mid-epoch one,
     with the same data order and dropout draws as an uninterrupted run.
@@ -472,5 +472,5 @@ def finetune(
     start = resume.epoch if resume is not None else 1
     for epoch in range(start, train.epochs + 1):
         for evaluation in train_one_epoch(run, epoch, resume if epoch == start else None):
-            _record(run, evaluation, out_dir, on_epoch)
+            _record(run, evaluation, out_dir, on_evaluation)
     return run.result
