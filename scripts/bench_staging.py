@@ -25,7 +25,6 @@ import tempfile
 import time
 import urllib.request
 from collections import defaultdict
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,12 +82,12 @@ def original_trial(refs: dict, work: str) -> tuple[str, int]:
     return node, unpacked
 
 
-def sweep_trial(settings) -> tuple[str, int]:
+def sweep_trial(settings, pins) -> tuple[str, int]:
     import ray
 
     from sweep.storage.staging import ensure_local
 
-    return ray.get_runtime_context().get_node_id(), ensure_local(settings).downloaded
+    return ray.get_runtime_context().get_node_id(), ensure_local(settings, pins).downloaded
 
 
 def bench_original(trials: int, keys: list[str], work: Path) -> dict:
@@ -120,15 +119,15 @@ def bench_original(trials: int, keys: list[str], work: Path) -> dict:
     return {"seconds": seconds, "nodes": dict(per_node)}
 
 
-def bench_sweep(trials: int, settings) -> dict:
+def bench_sweep(trials: int, settings, pins) -> dict:
     import ray
 
-    from sweep.run.stage_nodes import stage_all_nodes
+    from sweep.run.stage_nodes import Staging, stage_all_nodes
 
     started = time.perf_counter()
-    staged = stage_all_nodes(settings)  # what run_tune runs at sweep start
+    staged = stage_all_nodes(settings, Staging(pins=pins))  # what the sweep runs at its start
     task = ray.remote(num_cpus=1)(sweep_trial).options(scheduling_strategy="SPREAD")
-    results = ray.get([task.remote(settings) for _ in range(trials)])
+    results = ray.get([task.remote(settings, pins) for _ in range(trials)])
     seconds = time.perf_counter() - started
     per_node = defaultdict(lambda: {"trials": 0, "s3_bytes": 0, "object_store_bytes": 0, "unpacked_bytes": 0})
     for s in staged:
@@ -170,16 +169,16 @@ def main() -> None:
 
         settings = compose_settings("task=[WNLI,RTE]", "model=minilm", "tracking=none", "storage=s3",
                                     f"storage.bucket={BUCKET}")
-        settings = replace(settings, pins=preflight(settings))
-        size = settings.pins.model.size + settings.pins.data.size
+        pins = preflight(settings)
+        size = pins.model.size + pins.data.size
         # Warm up Ray's worker processes (the imports a trial pays anyway: torch, transformers, the
         # data readers) so that neither scheme's time is the first import of its modules.
         warm = ray.remote(num_cpus=1)(
             lambda: [__import__(m) for m in ("sweep.storage.staging", "sweep.data.glue")] and None)
         ray.get([warm.options(scheduling_strategy="SPREAD").remote() for _ in range(2 * args.nodes)])
         original = bench_original(args.trials, ["minilm", "glue_data"], work)
-        ours = bench_sweep(args.trials, settings)
-        again = bench_sweep(args.trials, settings)
+        ours = bench_sweep(args.trials, settings, pins)
+        again = bench_sweep(args.trials, settings, pins)
         original_after = bench_original(args.trials, ["minilm", "glue_data"], work)  # order effects, measured
     finally:
         ray.shutdown()

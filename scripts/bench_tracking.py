@@ -47,10 +47,9 @@ from typing import Any
 import psutil
 
 from sweep.config.validate import compose_settings
-from sweep.plan.rung_boards import RUNG
 from sweep.run.mlflow_runs import TrialRuns, evaluation_metrics, run_name
-from sweep.run.trial import CHECKPOINT_RANK, checkpoint_rank
 from sweep.tracking import SweepTracker, TrialLogger, TrialTracking
+from sweep.trials import CHECKPOINT_RANK, Report, checkpoint_rank
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = "WNLI"
@@ -137,7 +136,7 @@ def trial_config(seed: int) -> dict[str, Any]:
 
 
 def report(trial_id: str, seed: int, i: int, evals: int, launch_id: str, config: dict[str, Any]) -> dict[str, Any]:
-    """Evaluation ``i`` (0-based) of a trial, as ``EvaluationReporter.metrics`` reports it (one per epoch),
+    """Evaluation ``i`` (0-based) of a trial, as ``EvaluationReporter.report_of`` reports it (one per epoch),
     with the keys Tune adds to every result."""
     steps_total = evals * STEPS_PER_EPOCH
     step = (i + 1) * STEPS_PER_EPOCH
@@ -147,7 +146,7 @@ def report(trial_id: str, seed: int, i: int, evals: int, launch_id: str, config:
     return {
         "trial_id": trial_id, "task": TASK, "seed": seed, "epoch": i + 1, "train_loss": 0.7 - 0.2 * progress,
         "score": score, "step": step, "steps_total": steps_total, "progress": progress, "end_of_epoch": True,
-        "trivial_score": 0.4366, RUNG: False, CHECKPOINT_RANK: checkpoint_rank(score, progress),
+        "trivial_score": 0.4366, "rung": False, CHECKPOINT_RANK: checkpoint_rank(score, progress),
         "train_seconds": 1.5, "eval_seconds": 0.2, "train_tokens": 4096 * (i + 1),
         "node": "f" * 56, "node_ip": "10.0.0.7", "host": "worker-1", "device": "cuda:0 (NVIDIA H100)",
         "resumed": False, "launch_id": launch_id, "driver_started": now - 60, "process_started": now - 50,
@@ -190,7 +189,8 @@ def before(tracking: TrialTracking, settings, trials: int, evals: int, launch_id
         loggers.append((trial_id, seed, logger))
     for i in range(evals):
         for k, (trial_id, seed, logger) in enumerate(loggers):
-            step, metrics = evaluation_metrics(report(trial_id, seed, i, evals, launch_id, {}), settings.train)
+            row = Report.from_row(report(trial_id, seed, i, evals, launch_id, {}))
+            step, metrics = evaluation_metrics(row, settings.train)
             t = time.perf_counter()
             logger.log_evaluation(step, metrics)
             dt = time.perf_counter() - t
@@ -263,7 +263,7 @@ def check_complete(tracking: TrialTracking, settings, trials: int, evals: int) -
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking.uri)
-    keys = sorted(evaluation_metrics(report("x", 0, 0, evals, "", {}), settings.train)[1])
+    keys = sorted(evaluation_metrics(Report.from_row(report("x", 0, 0, evals, "", {})), settings.train)[1])
     runs = client.search_runs([tracking.experiment_id], f"tags.mlflow.parentRunId = '{tracking.parent_run_id}'",
                               max_results=1000)
     points = sum(len(client.get_metric_history(r.info.run_id, key)) for r in runs for key in keys)

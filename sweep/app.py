@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import replace
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -20,7 +19,7 @@ from sweep.results.records import (
     summarize,
     write_results,
 )
-from sweep.storage.staging import check_output_bucket, check_tasks_here, ensure_local, preflight
+from sweep.storage.staging import check_sources
 
 log = logging.getLogger(__name__)
 
@@ -155,23 +154,6 @@ def record_in_mlflow(settings: Settings, tracker, records: list[TrialRecord], su
               f"python -m sweep.tracking replay {path}")
 
 
-def check_sources(settings: Settings) -> Settings:
-    """Every missing source before any trial or GPU is asked for.
-
-    Local storage: the folders here, each task's files read. S3: credentials, endpoint, bucket and
-    every key checked, their versions pinned (the nodes stage them; the driver downloads nothing).
-    """
-    if settings.storage.kind == "s3":
-        pins = preflight(settings)
-        for source in (pins.model, pins.data):
-            if source is not None:
-                print(f"storage: {source.uri} ({source.form}, {source.size / 2**20:.1f} MiB, ETag {source.etag[:12]})")
-        return replace(settings, pins=pins)
-    check_tasks_here(settings, ensure_local(settings))  # every missing task file before any trial starts
-    check_output_bucket(settings.storage)
-    return settings
-
-
 def upload_outputs(settings: Settings, out_dir: Path) -> None:
     """storage.output_prefix: each task's best model and the result files, for a serving runtime; and a
     sqlite MLflow store, under <prefix>/mlflow/ (its failure is one line, never the sweep's)."""
@@ -198,12 +180,12 @@ def run(cfg: DictConfig, out_dir: Path) -> list:
     from sweep.lock import hold_out_dir
 
     with hold_out_dir(Path(out_dir)):  # one sweep per out_dir (OutDirInUseError), before anything is written
-        settings = check_sources(settings)
+        sources = check_sources(settings)
         tracker, tracking = start_tracking(settings, cfg, Path(out_dir))  # an unreachable store before any trial
         from sweep.run.tuner import run_tune
 
         try:
-            records, checkpoint_folders = run_tune(settings, Path(out_dir), tracking)
+            records, checkpoint_folders = run_tune(settings, Path(out_dir), tracking, sources)
             summaries = finish(settings, records, Path(out_dir), checkpoint_folders, tracker)
             if settings.storage.output_prefix:
                 upload_outputs(settings, Path(out_dir))

@@ -1,25 +1,151 @@
-"""Each trial's own record of its evaluations, kept in the sweep's storage and read back by the driver.
+"""The trial contract, without Ray: what a trial reports and keeps, and how a trial is named.
 
-A trial writes ``<storage>/history/<Tune trial id>.json`` after every evaluation, from whatever
-node runs it; the driver reads it for the records (Tune's own table of a killed driver misses the
-last rows), a resumed sweep for the trials already done and for the rungs its new board must learn.
-The storage is a folder every node sees, or ``s3://…`` (any URI pyarrow opens, as Ray's own
-storage does): both are written and read through this one module, so nothing depends on the
-driver and the trial sharing a disk. Rows are plain JSON values; a file is replaced whole (an
-atomic rename on a folder, one PUT on S3), never seen half-written.
+Every evaluation a trial reports to Tune is one ``Report``; the same row goes into the trial's own
+history file, and an ended trial's last row says so (``trial_done``, ``trial_error``, ``stopped``).
+The driver (records, the rungs a resumed sweep replays, the MLflow runs, the progress line) reads
+reports and history rows only as ``Report``. ``trial_of`` / ``trial_key`` / ``point_of`` name a
+trial from its Tune config.
+
+The history: a trial writes ``<storage>/history/<Tune trial id>.json`` after every evaluation, from
+whatever node runs it; the driver reads it for the records (Tune's own table of a killed driver
+misses the last rows), a resumed sweep for the trials already done and for the rungs its new board
+must learn. The storage is a folder every node sees, or ``s3://…`` (any URI pyarrow opens, as Ray's
+own storage does): both are written and read through ``TrialHistories``, so nothing depends on the
+driver and the trial sharing a disk. A file is replaced whole (an atomic rename on a folder, one
+PUT on S3), never seen half-written.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sweep.files import write_json
 from sweep.remote_files import is_remote
 
-Row = dict[str, Any]
 FOLDER = "history"
+EVAL_PREFIX = "eval/"  # a report's key for each eval metric: eval/accuracy, eval/eval_loss, ...
+# Tune keeps each trial's best checkpoint by this report key (plus the latest, for a restart).
+CHECKPOINT_RANK = "checkpoint_rank"
+CHECKPOINT_MARKER = "sweep_epoch.json"  # in each checkpoint folder: which evaluation (epoch, step) it holds
+WORKERS_READY = "workers_ready"  # the key a DDP trial's first report carries (its workers are up)
+
+
+def checkpoint_rank(score: float, progress: float) -> float:
+    """The score, the earlier evaluation first among equal ones (progress: step / planned steps, <= 1),
+    as finetune's own choice of the best evaluation."""
+    return score - 1e-9 * progress
+
+
+@dataclass(frozen=True)
+class Report:
+    """One report of a trial (an evaluation, a DDP trial's workers-ready, or an ended trial's last
+    row), as Tune gets it and the history keeps it: ``to_row`` is the flat dict both hold (a key
+    per field that is set, ``eval/<name>`` per eval metric); ``from_row`` reads one back, from a
+    history file, a Tune result or Tune's table (NaN is unset, unknown keys are ignored)."""
+
+    trial_id: str
+    task: str | None = None
+    seed: int | None = None
+    launch_id: str | None = None  # the driver launch that ran it (a resumed sweep has a new one)
+    # the evaluation
+    epoch: int | None = None
+    step: int | None = None
+    steps_total: int | None = None
+    progress: float | None = None  # step / steps_total
+    end_of_epoch: bool | None = None
+    score: float | None = None  # the task's selection score (higher is better)
+    trivial_score: float | None = None  # what a model ignoring its input scores (None: causal LM)
+    train_loss: float | None = None
+    rung: bool | None = None  # seed halving's decision point
+    checkpoint_rank: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)  # the eval metrics, without the prefix
+    train_seconds: float | None = None
+    eval_seconds: float | None = None
+    train_tokens: int | None = None
+    # where and when it ran
+    node: str | None = None
+    node_ip: str | None = None
+    host: str | None = None
+    device: str | None = None
+    resumed: bool | None = None
+    pid: int | None = None
+    rss_at_start_mb: float | None = None
+    driver_started: float | None = None
+    process_started: float | None = None
+    imported: float | None = None
+    loop_started: float | None = None
+    reported_at: float | None = None
+    workers_ready: int | None = None
+    checkpoint_path: str | None = None  # rows of Tune's own table may carry it
+    # the end of the trial (its last history row)
+    trial_done: bool | None = None
+    trial_error: str | None = None  # the one-line error of a trial that failed on its own data/config/model
+    stopped: str | None = None  # why the rungs stopped it (degenerate / below median …)
+    stopped_at_step: int | None = None
+    stopped_at_progress: float | None = None
+
+    @property
+    def is_evaluation(self) -> bool:
+        return self.score is not None and self.step is not None
+
+    def to_row(self) -> dict[str, Any]:
+        row = {f.name: getattr(self, f.name) for f in _FIELDS if f.name != "metrics"}
+        row = {k: v for k, v in row.items() if v is not None}
+        return {**row, **{f"{EVAL_PREFIX}{k}": v for k, v in self.metrics.items()}}
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Report:
+        values = {f.name: _cast(f.type, row.get(f.name)) for f in _FIELDS if f.name != "metrics"}
+        values["trial_id"] = str(values["trial_id"] or "")
+        metrics = {k[len(EVAL_PREFIX):]: float(v) for k, v in row.items()
+                   if k.startswith(EVAL_PREFIX) and _set(v)}
+        return cls(**values, metrics=metrics)
+
+    def ended(self, **end: Any) -> Report:
+        """This row as a trial's last: ``trial_done`` and whatever ``end`` says (why the rungs stopped it)."""
+        return dataclasses.replace(self, trial_done=True, **end)
+
+
+_FIELDS = dataclasses.fields(Report)
+
+
+def _set(value: Any) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
+def _cast(kind: str, value: Any) -> Any:
+    """A row's value as the field's type (ints from Tune's float columns, numpy scalars as Python's)."""
+    if not _set(value):
+        return None
+    if kind.startswith("int"):
+        return int(value)
+    if kind.startswith("float"):
+        return float(value)
+    if kind.startswith("bool"):
+        return bool(value)
+    return str(value) if kind.startswith("str") else value
+
+
+def trial_of(config: dict[str, Any]) -> tuple[str, int, dict[str, Any]]:
+    """A Tune trial's (task, seed, hparams) from its config: ``trial`` is the point of the dispatch
+    order (task, seed, grid values), ``hparams`` the search samples (``run/tuner.param_space``)."""
+    point = config["trial"]
+    return point["task"], int(point["seed"]), {**(point.get("grid") or {}), **(config.get("hparams") or {})}
+
+
+def trial_key(config: dict[str, Any]) -> str:
+    """The dispatch point a trial runs (task, seed, grid values), as one hashable key."""
+    return json.dumps(config["trial"], sort_keys=True)
+
+
+def point_of(task: str, seed: int, grid: dict[str, Any]) -> dict[str, Any]:
+    """A trial's entry in the param space: what ``trial_of`` reads back."""
+    return {"task": task, "seed": seed, "grid": grid}
 
 
 class TrialHistories:
@@ -46,8 +172,11 @@ class TrialHistories:
     def location(self, trial_id: str) -> str:
         return f"{self.root}/{trial_id}.json"
 
-    def read(self, trial_id: str) -> list[Row]:
+    def read(self, trial_id: str) -> list[Report]:
         """The trial's rows, oldest first ([] when it has written none)."""
+        return [Report.from_row(row) for row in self._read(trial_id)]
+
+    def _read(self, trial_id: str) -> list[dict[str, Any]]:
         if not self.remote:
             path = Path(self.root) / f"{trial_id}.json"
             return json.loads(path.read_text()) if path.exists() else []
@@ -62,19 +191,21 @@ class TrialHistories:
                 return []
             raise
 
-    def write(self, trial_id: str, rows: list[Row]) -> None:
+    def write(self, trial_id: str, rows: list[Report]) -> None:
+        plain = [row.to_row() for row in rows]
         if not self.remote:
-            write_json(Path(self.root) / f"{trial_id}.json", rows)
+            write_json(Path(self.root) / f"{trial_id}.json", plain)
             return
         fs = self._filesystem()
         with fs.open_output_stream(f"{self._base}/{trial_id}.json") as f:
-            f.write(json.dumps(rows).encode())
+            f.write(json.dumps(plain).encode())
 
-    def all(self) -> dict[str, list[Row]]:
+    def all(self) -> dict[str, list[Report]]:
         """Every trial's rows by Tune trial id, in the ids' order."""
         if not self.remote:
             folder = Path(self.root)
-            return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))} if folder.is_dir() else {}
+            found = sorted(folder.glob("*.json")) if folder.is_dir() else []
+            return {p.stem: [Report.from_row(row) for row in json.loads(p.read_text())] for p in found}
         import pyarrow.fs
 
         fs = self._filesystem()

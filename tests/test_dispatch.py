@@ -71,8 +71,8 @@ def test_per_task_sizes_reach_the_trial_plan_with_their_key_in_errors():
     s = settings("+resources.tasks.RTE.gpus_per_trial=2", "+resources.tasks.RTE.cpus_per_trial=3")
     nodes = [{"CPU": 8, "GPU": 2}]
     rte, wnli = plan_trials(s, nodes, task="RTE"), plan_trials(s, nodes, task="WNLI")
-    assert (rte.workers, rte.gpus_per_worker, rte.cpus_per_worker) == (2, 1.0, 3.0)
-    assert (wnli.workers, wnli.gpus_per_worker, wnli.cpus_per_worker) == (1, 1.0, 1.0)
+    assert (rte.size.workers, rte.size.gpus_per_worker, rte.size.cpus_per_worker) == (2, 1.0, 3.0)
+    assert (wnli.size.workers, wnli.size.gpus_per_worker, wnli.size.cpus_per_worker) == (1, 1.0, 1.0)
     with pytest.raises(ResourceError, match=r"RTE: 2 worker\(s\).*lower resources.tasks.RTE.gpus_per_trial"):
         plan_trials(s, [{"CPU": 8, "GPU": 1}], task="RTE")
 

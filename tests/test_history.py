@@ -1,5 +1,6 @@
-"""The trials' history files, in a folder and on a real S3 endpoint (moto_server): the same rows
-come back either way, a missing trial has none, and a write replaces the file whole."""
+"""The trial contract (sweep/trials.py): a report row as Tune and the history hold it, and the
+trials' history files, in a folder and on a real S3 endpoint (moto_server): the same rows come back
+either way, a missing trial has none, and a write replaces the file whole."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import pytest
 
 from s3_fixtures import moto_server, s3_env  # noqa: F401 (fixture)
 from sweep.remote_files import fetch_folder, remove_folder
-from sweep.trials import TrialHistories
+from sweep.trials import Report, TrialHistories
 
-ROWS = [{"trial_id": "t1", "step": 5, "score": 0.5, "rung": False}, {"trial_id": "t1", "step": 10, "score": 0.75}]
+ROWS = [Report("t1", step=5, score=0.5, rung=False, metrics={"accuracy": 0.5}), Report("t1", step=10, score=0.75)]
 
 
 @pytest.fixture(params=["folder", "s3"])
@@ -28,10 +29,27 @@ def test_rows_written_on_one_side_are_read_on_the_other(histories):
     assert histories.read("t1") == [] and histories.all() == {}
     histories.write("t1", ROWS[:1])
     histories.write("t1", ROWS)  # replaced whole
-    histories.write("t2", [{"trial_id": "t2", "trial_error": "DataFormatError: x"}])
+    histories.write("t2", [Report("t2", trial_error="DataFormatError: x", trial_done=True)])
     elsewhere = pickle.loads(pickle.dumps(histories))  # as it travels to a trial on another node
     assert elsewhere.read("t1") == ROWS
-    assert list(elsewhere.all()) == ["t1", "t2"] and elsewhere.all()["t2"][0]["trial_error"].startswith("DataFormat")
+    assert list(elsewhere.all()) == ["t1", "t2"] and elsewhere.all()["t2"][0].trial_error.startswith("DataFormat")
+
+
+def test_a_report_is_the_flat_row_tune_and_the_history_hold():
+    """Only the fields that are set, each eval metric under eval/; read back from Tune's table its
+    float columns are cast back, NaN is unset and Tune's own keys are ignored."""
+    report = Report("t1", task="RTE", seed=38, epoch=1, step=10, score=0.75, end_of_epoch=True,
+                    metrics={"accuracy": 0.75, "eval_loss": 0.6})
+    row = report.to_row()
+    assert row == {"trial_id": "t1", "task": "RTE", "seed": 38, "epoch": 1, "step": 10, "end_of_epoch": True,
+                   "score": 0.75, "eval/accuracy": 0.75, "eval/eval_loss": 0.6}
+    assert Report.from_row(row) == report
+    from_table = {**row, "seed": 38.0, "step": 10.0, "trivial_score": float("nan"), "training_iteration": 3,
+                  "config/trial": {"task": "RTE"}, "eval/f1": float("nan")}
+    assert Report.from_row(from_table) == report and isinstance(Report.from_row(from_table).step, int)
+    assert report.is_evaluation and not Report("t1", workers_ready=1).is_evaluation
+    ended = report.ended(stopped="degenerate", stopped_at_step=10)
+    assert ended.trial_done and ended.to_row()["stopped"] == "degenerate" and "trial_done" not in row
 
 
 def test_a_checkpoint_folder_on_s3_is_fetched_whole(moto_server, monkeypatch, tmp_path):  # noqa: F811

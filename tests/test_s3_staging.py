@@ -63,9 +63,9 @@ def test_staged_once_then_never_again_then_again_when_replaced(s3, tmp_path):
     assert (s3.gets(BUCKET, "tiny-roberta"), s3.gets(BUCKET, "glue_data")) == (1, 1)
 
     # Pinned by the driver's preflight, a staged node makes no request at all (not even a HEAD).
-    pinned = replace(settings, pins=preflight(settings))
+    pins = preflight(settings)
     lines = len(s3.log.read_text().splitlines())
-    assert ensure_local(pinned).downloaded == 0
+    assert ensure_local(settings, pins).downloaded == 0
     assert len(s3.log.read_text().splitlines()) == lines
 
     # A new version of the data (new ETag): staged again, and the new content is what is seen.
@@ -109,18 +109,18 @@ def test_a_download_reports_its_progress_in_lines(s3, tmp_path, tiny_roberta_dir
 def test_the_nodes_progress_reaches_the_driver(s3, tmp_path, capsys):
     import ray
 
-    from sweep.run.stage_nodes import stage_all_nodes
+    from sweep.run.stage_nodes import Staging, stage_all_nodes
 
     settings = settings_for(tmp_path / "node", "storage.progress_every_s=0")
-    settings = replace(settings, pins=preflight(settings))
+    pins = preflight(settings)
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)  # as the sweep: workers' output not forwarded
     try:
-        (staged,) = stage_all_nodes(settings)
+        (staged,) = stage_all_nodes(settings, Staging(pins=pins))
     finally:
         ray.shutdown()
     out = capsys.readouterr().out
     node = staged.node_id[:8]
-    for source in (settings.pins.model, settings.pins.data):
+    for source in (pins.model, pins.data):
         mib = f"{source.size / 2**20:.1f}"
         assert f"staging: node {node}: {source.uri}: {mib} / {mib} MiB (100%)" in out, out
     assert f"staging: node {node} (" in out and "MiB downloaded" in out
@@ -174,10 +174,10 @@ def test_a_download_killed_halfway_is_staged_cleanly_next_time(s3, tmp_path):
 
 def test_an_object_changed_after_preflight_is_an_error_not_a_mix(s3, tmp_path):
     settings = settings_for(tmp_path / "node")
-    pinned = replace(settings, pins=preflight(settings))
+    pins = preflight(settings)
     upload(write_synthetic_glue(tmp_path / "src2", ["WNLI"]) / "glue_data")  # replaced mid-sweep
     with pytest.raises(S3Error, match="s3://sweep-test/glue_data: the object changed since the sweep started"):
-        ensure_local(pinned)
+        ensure_local(settings, pins)
     assert not (tmp_path / "node" / "s3" / BUCKET / "glue_data").exists()
 
 

@@ -154,12 +154,13 @@ def test_halving_does_not_wait_for_a_trial_that_failed_before_the_rung():
 def test_a_resumed_sweeps_board_learns_the_rungs_again_from_the_histories(tmp_path):
     """resume=true starts a new board: the rung rows and the failures before a rung in the trials'
     histories give it the same decision as the board of the killed driver."""
-    from sweep.plan.rung_boards import RUNG, recorded_rungs
+    from sweep.plan.rung_boards import recorded_rungs
     from sweep.trials import TrialHistories
 
     def row(trial, seed, step, score, rung=False):
         return {"trial_id": trial, "task": "RTE", "seed": seed, "epoch": 1, "step": step, "progress": step / 40,
-                "end_of_epoch": step % 20 == 0, "score": score, "eval/eval_loss": 0.6, "trivial_score": 0.5, RUNG: rung}
+                "end_of_epoch": step % 20 == 0, "score": score, "eval/eval_loss": 0.6, "trivial_score": 0.5,
+                "rung": rung}
 
     histories = {
         "t1": [row("t1", 1, 5, 0.5), row("t1", 1, 10, 0.8, rung=True), row("t1", 1, 15, 0.9)],

@@ -4,8 +4,6 @@ after exactly one attempt while the other task's trial finishes."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from sweep.config.tasks import load_task
@@ -126,7 +124,7 @@ def test_a_bad_label_trial_fails_after_exactly_one_attempt(cache_dir, tmp_path, 
     from sweep.data.synthetic import write_synthetic_glue
     from sweep.plan.sizes import EXPERIMENT
     from sweep.results.records import load_records
-    from sweep.run.trial import TRIAL_ERROR
+    from sweep.trials import TrialHistories
     from test_sweep_ray import TRAIN_WORKER, actors
 
     monkeypatch.setenv("SWEEP_CACHE_DIR", str(cache_dir))
@@ -160,6 +158,6 @@ def test_a_bad_label_trial_fails_after_exactly_one_attempt(cache_dir, tmp_path, 
     trials = {t.config["trial"]["task"]: t for t in tune.ExperimentAnalysis(str(out / "ray" / EXPERIMENT)).trials}
     assert {task: t.num_failures for task, t in trials.items()} == {"WNLI": 0, "RTE": 0, "SST-2": 0}
     # each bad trial's own history: the one failure row of its one attempt, no epoch
-    histories = [json.loads(p.read_text()) for p in (out / "ray" / "history").glob("*.json")]
-    failed = sorted(([row[TRIAL_ERROR] for row in h] for h in histories if any(TRIAL_ERROR in row for row in h)))
+    histories = TrialHistories(str(out / "ray" / "history")).all().values()
+    failed = sorted(([row.trial_error for row in h] for h in histories if any(row.trial_error for row in h)))
     assert failed == sorted([[by_task["RTE"].error], [by_task["SST-2"].error]])

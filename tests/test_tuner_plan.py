@@ -20,7 +20,7 @@ TWO_BY_TWO_GPU = [{"CPU": 8, "GPU": 2}, {"CPU": 8, "GPU": 2}]
 
 def test_one_gpu_per_trial_packs_four_on_two_two_gpu_nodes():
     plan = plan_trials(settings("resources.gpus_per_trial=1"), TWO_BY_TWO_GPU)
-    assert (plan.workers, plan.gpus_per_worker, plan.max_concurrent) == (1, 1.0, 4)
+    assert (plan.size.workers, plan.size.gpus_per_worker, plan.max_concurrent) == (1, 1.0, 4)
 
 
 def test_half_gpu_packs_eight():
@@ -29,7 +29,7 @@ def test_half_gpu_packs_eight():
 
 def test_two_gpus_is_ddp_with_two_workers_on_one_node():
     plan = plan_trials(settings("resources.gpus_per_trial=2"), TWO_BY_TWO_GPU)
-    assert (plan.workers, plan.gpus_per_worker, plan.max_concurrent) == (2, 1.0, 2)
+    assert (plan.size.workers, plan.size.gpus_per_worker, plan.max_concurrent) == (2, 1.0, 2)
 
 
 def test_impossible_request_is_an_error_naming_the_largest_node():
@@ -48,7 +48,7 @@ def test_cpus_bound_concurrency_and_the_driver_holds_none():
 
 def test_no_gpu_in_the_cluster_falls_back_to_cpu_with_a_warning():
     plan = plan_trials(settings("resources.gpus_per_trial=1"), [{"CPU": 2}])
-    assert plan.gpus_per_worker == 0 and plan.max_concurrent == 2
+    assert plan.size.gpus_per_worker == 0 and plan.max_concurrent == 2
     assert "has no GPU: trials run on CPU" in plan.warning
 
 
@@ -127,7 +127,7 @@ HEAD_ONLY = [{"CPU": 2}]
 def test_gpu_trials_wait_for_the_gpu_nodes_the_autoscaler_can_launch():
     plan = plan_trials(settings("resources.gpus_per_trial=1", "cluster.address=auto"), HEAD_ONLY,
                        _view(_gpu_type(2)), wanted=4)
-    assert (plan.gpus_per_worker, plan.max_concurrent, plan.warning) == (1.0, 2, None)
+    assert (plan.size.gpus_per_worker, plan.max_concurrent, plan.warning) == (1.0, 2, None)
     assert plan.scale.to_launch == {"gpu_worker": 2}
     assert plan.waiting == "waiting for 2 GPU node(s) (type gpu_worker) from the autoscaler"
 
@@ -149,7 +149,7 @@ def test_a_joined_cluster_that_can_never_have_a_gpu_is_an_error_that_says_how_to
 def test_cpu_on_purpose_on_a_joined_cluster_launches_nothing():
     plan = plan_trials(settings("resources.gpus_per_trial=0", "cluster.address=auto"), HEAD_ONLY,
                        _view(_gpu_type(2)), wanted=2)
-    assert plan.gpus_per_worker == 0 and plan.max_concurrent == 2 + 2 and plan.waiting is None
+    assert plan.size.gpus_per_worker == 0 and plan.max_concurrent == 2 + 2 and plan.waiting is None
 
 
 def test_a_trial_no_node_type_can_hold_is_an_error_before_any_trial():

@@ -160,7 +160,6 @@ class Settings:
     cluster: ClusterConfig
     out_dir: Optional[str] = None
     resume: bool = False
-    pins: Optional[Any] = None  # storage=s3: object versions pinned by the driver's preflight
 
 
 

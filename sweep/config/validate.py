@@ -117,11 +117,15 @@ def _check_halving(h: HalvingConfig) -> None:
 def _check_halving_trials(s: Settings) -> None:
     """Seed halving pauses trials at its rung; a paused multi-GPU (DDP) trial would leave its Train
     worker group running (resources.gpus_per_trial=auto is checked again once the plan is made)."""
-    if s.sweep.scheduler != "seed_halving":
-        return
     ddp = [t.name for t in s.tasks
            if isinstance(s.resources.gpus_for(t.name), (int, float)) and s.resources.gpus_for(t.name) > 1]
-    _check(not ddp, "sweep.scheduler", f"seed_halving cannot pause the multi-GPU (DDP) trials of {', '.join(ddp)}; "
+    check_halving_trials(s.sweep.scheduler, ddp)
+
+
+def check_halving_trials(scheduler: str, ddp_tasks: list[str]) -> None:
+    """The rule itself, for the config's fixed GPUs here and the plan's chosen ones (``auto``) later."""
+    _check(scheduler != "seed_halving" or not ddp_tasks, "sweep.scheduler",
+           f"seed_halving cannot pause the multi-GPU (DDP) trials of {', '.join(sorted(ddp_tasks))}; "
            "give them 1 GPU (resources.gpus_per_trial=1) or use sweep.scheduler=asha")
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from sweep.config.settings import AUTO, Settings
 from sweep.plan.costs import TaskSize
-from sweep.plan.makespan import Plan, TrialWork, auto_shares, format_duration, make_plan, order_longest_first
+from sweep.plan.makespan import MakespanPlan, TrialWork, auto_shares, format_duration, make_plan, order_longest_first
 from sweep.plan.scale import AutoscalerView
 
 
@@ -42,7 +42,7 @@ def cluster_gpus(nodes: Sequence[Mapping[str, float]], autoscaler: AutoscalerVie
 class Dispatch:
     order: tuple[TrialWork, ...]  # give Tune the trials in this order
     gpus: dict[str, float]  # per task: GPUs per trial to ask for (before plan_trials' no-GPU fallback)
-    plan: Plan | None  # the predicted makespan (None: see why_no_plan)
+    plan: MakespanPlan | None  # the predicted makespan (None: see why_no_plan)
     why_no_plan: str = ""
 
     def describe(self, sizes: Mapping[str, TaskSize] | None = None, params: int | None = None) -> list[str]:

@@ -145,7 +145,7 @@ ORDERS = ("longest_first", "given")
 
 
 @dataclass(frozen=True)
-class Placement:
+class Slot:
     trial: TrialWork
     share: float
     node: int
@@ -216,7 +216,7 @@ def check_fits(shares: Mapping[str, float], tasks: Iterable[str], sizes: Sequenc
 
 
 def timeline(trials: Sequence[TrialWork], shares: Mapping[str, float], total_gpus: int, gpus_per_node: int = 8,
-             order: Order = "longest_first", speedup: Speedup = DEFAULT_SPEEDUP) -> list[Placement]:
+             order: Order = "longest_first", speedup: Speedup = DEFAULT_SPEEDUP) -> list[Slot]:
     """Every trial's node, GPUs, start and end under greedy dispatch with backfill (module docstring)."""
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
@@ -224,8 +224,8 @@ def timeline(trials: Sequence[TrialWork], shares: Mapping[str, float], total_gpu
     check_fits(shares, (t.task for t in trials), sizes)
     pending = order_longest_first(trials, shares, speedup) if order == "longest_first" else list(trials)
     cluster = Cluster.of(sizes)
-    running: list[tuple[float, int, Placement]] = []  # heap by end time, then start sequence
-    done: list[Placement] = []
+    running: list[tuple[float, int, Slot]] = []  # heap by end time, then start sequence
+    done: list[Slot] = []
     now, seq = 0.0, 0
     while pending or running:
         pending, started = _start_what_fits(pending, shares, cluster, now, speedup)
@@ -243,7 +243,7 @@ def timeline(trials: Sequence[TrialWork], shares: Mapping[str, float], total_gpu
 
 
 def _start_what_fits(pending: list[TrialWork], shares: Mapping[str, float], cluster: Cluster, now: float,
-                     speedup: Speedup) -> tuple[list[TrialWork], list[Placement]]:
+                     speedup: Speedup) -> tuple[list[TrialWork], list[Slot]]:
     """Try pending trials in order; start each that fits now. Returns (still pending, started)."""
     waiting, started = [], []
     smallest_failed = math.inf  # the cluster only fills during a pass: a share that failed once fails again
@@ -255,7 +255,7 @@ def _start_what_fits(pending: list[TrialWork], shares: Mapping[str, float], clus
             waiting.append(t)
             continue
         end = now + speedup.seconds(t.gpu_seconds, share)
-        started.append(Placement(t, share, spot[0], spot[1], now, end))
+        started.append(Slot(t, share, spot[0], spot[1], now, end))
     return waiting, started
 
 
@@ -375,7 +375,7 @@ def _best_step(trials: Sequence[TrialWork], shares: dict[str, int], current: flo
 
 
 @dataclass(frozen=True)
-class TaskPlan:
+class TaskShare:
     task: str
     trials: int
     gpus: float  # each trial's share
@@ -383,8 +383,8 @@ class TaskPlan:
 
 
 @dataclass(frozen=True)
-class Plan:
-    tasks: tuple[TaskPlan, ...]
+class MakespanPlan:
+    tasks: tuple[TaskShare, ...]
     shares: dict[str, float]
     order: tuple[TrialWork, ...]  # dispatch order: submit the trials to Tune in this order
     makespan: float  # predicted, by simulate()
@@ -422,7 +422,7 @@ def format_duration(seconds: float) -> str:
 
 def make_plan(trials: Sequence[TrialWork], total_gpus: int, gpus_per_node: int = 8,
               shares: Mapping[str, float] | float | Literal["auto"] = "auto",
-              speedup: Speedup = DEFAULT_SPEEDUP, choices: Iterable[int] = (1, 2, 4, 8)) -> Plan:
+              speedup: Speedup = DEFAULT_SPEEDUP, choices: Iterable[int] = (1, 2, 4, 8)) -> MakespanPlan:
     """The plan for a sweep: shares per task ("auto": ``auto_shares``; a number: the same for every
     task; a mapping: as given), longest-first dispatch order, predicted makespan and lower bound.
 
@@ -441,15 +441,15 @@ def make_plan(trials: Sequence[TrialWork], total_gpus: int, gpus_per_node: int =
     makespan = simulate(order, chosen, total_gpus, gpus_per_node, "given", speedup)
     bound = tight_lower_bound(trials, total_gpus, max(node_sizes(total_gpus, gpus_per_node)), speedup)
     in_order = list(dict.fromkeys(t.task for t in order))  # the plan lists tasks as they are dispatched
-    return Plan(_task_plans(trials, in_order, chosen, speedup), chosen, tuple(order), makespan, bound,
+    return MakespanPlan(_task_plans(trials, in_order, chosen, speedup), chosen, tuple(order), makespan, bound,
                 total_gpus, gpus_per_node)
 
 
 def _task_plans(trials: Sequence[TrialWork], tasks: list[str], shares: Mapping[str, float],
-                speedup: Speedup) -> tuple[TaskPlan, ...]:
+                speedup: Speedup) -> tuple[TaskShare, ...]:
     plans = []
     for task in tasks:
         mine = [t for t in trials if t.task == task]
         mean = sum(speedup.seconds(t.gpu_seconds, shares[task]) for t in mine) / len(mine)
-        plans.append(TaskPlan(task, len(mine), shares[task], mean))
+        plans.append(TaskShare(task, len(mine), shares[task], mean))
     return tuple(plans)

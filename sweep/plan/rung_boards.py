@@ -16,14 +16,13 @@ that evaluation, and resumes the kept trials once the task is decided.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from sweep.plan.rungs import GO_ON, RungEntry, Verdict, asha_verdict, halving_verdicts, keep_count, past_rung
+from sweep.trials import Report
 
 ASHA_NAMESPACE = "sweep"  # the Ray namespace of the named rungs actor (the driver creates it, trials look it up)
-RUNG = "rung"  # on a trial's report and history row: this evaluation was a decision point
 
 
 class EarlyStop(Exception):
@@ -53,17 +52,14 @@ class EvalPoint:
         return RungEntry(self.trial_id, self.seed, self.score, self.eval_loss, self.trivial)
 
     @classmethod
-    def from_report(cls, task: str, seed: int, report: dict[str, Any]) -> "EvalPoint | None":
+    def from_report(cls, report: Report) -> "EvalPoint | None":
         """The point in a trial's report (or history row); None for a report that is no evaluation."""
-        if "score" not in report or "step" not in report:
+        if not report.is_evaluation:
             return None
-        loss = report.get("eval/eval_loss")
-        trivial = report.get("trivial_score")
-        return cls(task=task, trial_id=str(report["trial_id"]), seed=seed, epoch=int(report["epoch"]),
-                   step=int(report["step"]), progress=float(report["progress"]),
-                   end_of_epoch=bool(report["end_of_epoch"]), score=float(report["score"]),
-                   eval_loss=None if loss is None or loss != loss else float(loss),
-                   trivial=None if trivial is None or trivial != trivial else float(trivial))
+        return cls(task=str(report.task), trial_id=report.trial_id, seed=int(report.seed or 0),
+                   epoch=int(report.epoch or 0), step=int(report.step), progress=float(report.progress or 0.0),
+                   end_of_epoch=bool(report.end_of_epoch), score=float(report.score),
+                   eval_loss=report.metrics.get("eval_loss"), trivial=report.trivial_score)
 
 
 class AshaRungs:
@@ -166,13 +162,12 @@ def recorded_rungs(histories) -> tuple[list[EvalPoint], list[tuple[str, str]]]:
     evaluation, and the (task, trial) pairs that failed on their own before reaching a rung (a
     seed-halving decision must not wait for them)."""
     points, gone = [], []
-    for trial_id, rows in histories.all().items():  # history.TrialHistories: a folder or s3://…
-        first = next((r for r in rows if "task" in r), None)
+    for trial_id, rows in histories.all().items():  # trials.TrialHistories: a folder or s3://…
+        first = next((r for r in rows if r.task is not None), None)
         if first is None:
             continue
-        task, seed = str(first["task"]), int(first["seed"])
-        rungs = [p for p in (EvalPoint.from_report(task, seed, r) for r in rows if r.get(RUNG)) if p is not None]
+        rungs = [p for p in (EvalPoint.from_report(r) for r in rows if r.rung) if p is not None]
         points += rungs
-        if not rungs and rows[-1].get("trial_error"):  # trial.TRIAL_ERROR (trial.py imports Ray)
-            gone.append((task, trial_id))
+        if not rungs and rows[-1].trial_error:
+            gone.append((str(first.task), trial_id))
     return points, gone

@@ -1,5 +1,5 @@
 """What an autoscaling Ray cluster can grow to, in plain Python (no Ray import): ``NodeType``,
-``TrialNeeds``, ``plan_scale`` (how many trials fit now / at the cluster's maximum, which node types
+``TrialSize``, ``plan_scale`` (how many trials fit now / at the cluster's maximum, which node types
 must be launched), ``NodeWait`` (the waiting text and ``ScaleTimeoutError``), ``AutoscalerView`` and
 the texts the progress line and the errors use. ``sweep/run/autoscale.py`` fills these from a live
 cluster.
@@ -43,13 +43,28 @@ class NodeType:
 
 
 @dataclass(frozen=True)
-class TrialNeeds:
-    """What one trial holds: ``workers`` Train workers, each ``cpus`` CPU and ``gpus`` GPU, all on one node
-    (the plan's packing, as ``sweep.plan.sizes._fits``)."""
+class TrialSize:
+    """What one trial holds: ``workers`` Train workers (DDP when > 1), each ``cpus_per_worker`` CPU and
+    ``gpus_per_worker`` GPU, all on one node. Chosen once per task by ``sizes.plan_trials``; the
+    autoscaler request, Tune's resource request and the trial itself all read this one value."""
 
     workers: int
     cpus_per_worker: float
     gpus_per_worker: float = 0.0
+
+    @property
+    def in_trial_process(self) -> bool:
+        """One worker: the loop runs in the Tune trial's own (reused) process, Train's local mode."""
+        return self.workers == 1
+
+    @property
+    def process_resources(self) -> dict[str, float]:
+        """What the Tune trial's own process asks for. One worker: the trial's CPU/GPU, since the loop
+        runs there. DDP: nothing (its Train workers hold the resources); Ray refuses an empty request,
+        so 1 MiB of logical memory, and the 2-CPU deadlock of docs/architecture.md §6 cannot happen."""
+        if self.in_trial_process:
+            return {"CPU": self.cpus_per_worker, "GPU": self.gpus_per_worker}
+        return {"CPU": 0, "memory": 2**20}
 
     @property
     def bundle(self) -> dict[str, float]:
@@ -60,7 +75,7 @@ class TrialNeeds:
         return b
 
 
-def trials_fit_on(resources: Mapping[str, float], needs: TrialNeeds) -> int:
+def trials_fit_on(resources: Mapping[str, float], needs: TrialSize) -> int:
     """How many whole trials fit on one node of these (total) resources."""
     fit = math.inf
     for key, amount in needs.bundle.items():
@@ -95,7 +110,7 @@ class ScalePlan:
 
 
 def plan_scale(alive: Sequence[Mapping[str, float]], node_types: Iterable[NodeType],
-               alive_counts: Mapping[str, int], needs: TrialNeeds, wanted: int,
+               alive_counts: Mapping[str, int], needs: TrialSize, wanted: int,
                max_total_workers: int | None = None) -> ScalePlan:
     """Trials that fit now, at the cluster's maximum, and the nodes to launch to run ``wanted`` at once.
 
@@ -229,7 +244,7 @@ def group_bundles(bundles: Iterable[Mapping[str, float]]) -> list[tuple[dict[str
     return out
 
 
-def trial_bundles(needs: TrialNeeds, trials: int) -> list[dict[str, float]]:
+def trial_bundles(needs: TrialSize, trials: int) -> list[dict[str, float]]:
     """What to ask the autoscaler for: one bundle per concurrent trial (a whole trial on one node)."""
     return [dict(needs.bundle) for _ in range(max(trials, 0))]
 

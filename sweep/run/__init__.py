@@ -3,7 +3,10 @@
 - ``autoscale.py``:   the autoscaler read from a live cluster: what it can launch, what it is launching
 - ``cluster_request.py``: one standing autoscaler request per cluster, the sum of every sweep's
 - ``gate.py``:        Tune's trial generator in dispatch order, shut while a DDP trial places its workers
-- ``tuner.py``:       connect, plan, one Tune run for every trial (or resume it), records from results
+- ``connect.py``:     join the cluster or start a local Ray; the alive nodes (listed here only)
+- ``sweep_plan.py``:  the driver's ``SweepPlan`` before any trial: storage, every node staged, sizes, order, ETA
+- ``tuner.py``:       one Tune run for every trial (or resume it): the trainable, callbacks, the Tuner, fit
+- ``records.py``:     Tune's results and the trials' histories -> one ``TrialRecord`` per trial; checkpoint folders
 - ``trial.py``:       one trial: the Tune function (``train_driver_fn``) running a TorchTrainer whose
                       workers run ``train_fn_per_worker`` with a typed ``TrialContext``
 - ``halving_scheduler.py``: Tune's side of seed halving: pause a trial at the rung until its task is decided

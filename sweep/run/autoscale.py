@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from sweep.plan.scale import AutoscalerView, NodeType, NodeWait, counts_by_shape, node_types_from_config
+from sweep.run.connect import alive_node_resources
 
 
 def _gcs_address(gcs_address: str | None) -> str:
@@ -133,12 +134,6 @@ def read_config_file(path: str) -> dict:
 
     with open(path) as f:
         return yaml.safe_load(f) or {}
-
-
-def alive_node_resources() -> list[dict[str, float]]:
-    import ray
-
-    return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
 
 
 def _alive_counts(client, gcs_address: str, version: str | None, types: Sequence[NodeType]) -> dict[str, int]:

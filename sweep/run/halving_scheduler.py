@@ -14,7 +14,7 @@ from ray.tune.schedulers import FIFOScheduler
 
 from sweep.plan.rung_boards import ASHA_NAMESPACE, EvalPoint
 from sweep.plan.rungs import past_rung
-from sweep.run.trial import trial_of
+from sweep.trials import Report, trial_of
 
 
 class SeedHalvingScheduler(FIFOScheduler):
@@ -45,8 +45,8 @@ class SeedHalvingScheduler(FIFOScheduler):
     def on_trial_result(self, tune_controller, trial, result: dict) -> str:
         import ray
 
-        task, seed, _ = trial_of(trial.config)
-        point = EvalPoint.from_report(task, seed, result)
+        task = trial_of(trial.config)[0]
+        point = EvalPoint.from_report(Report.from_row(result))
         if point is None or not past_rung(point.progress, self.at) or task in self.decided:
             return self.CONTINUE
         verdict = ray.get(self.board.at_eval.remote(point))

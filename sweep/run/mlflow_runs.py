@@ -26,8 +26,8 @@ from typing import Any
 from ray.tune import Callback
 
 from sweep.config.settings import Settings
-from sweep.run.trial import TRIAL_ERROR, trial_of
 from sweep.secrets import scrub
+from sweep.trials import Report, trial_of
 
 log = logging.getLogger(__name__)
 
@@ -39,19 +39,19 @@ def run_name(task: str, seed: int, trial_id: str) -> str:
     return f"{task}-seed{seed}-{trial_id}"
 
 
-def evaluation_metrics(report: dict[str, Any], train) -> tuple[int, dict[str, float]] | None:
+def evaluation_metrics(report: Report, train) -> tuple[int, dict[str, float]] | None:
     """(step, metrics) of one evaluation report as the trial's run logs it; None for a report that
     is no evaluation (a DDP trial's workers-ready report, a trial's error row).
 
     The step is the epoch with one evaluation per epoch, else the training step (with a fractional
     ``epoch`` metric to plot against)."""
-    if "score" not in report or "step" not in report or report.get("score") is None:
+    if not report.is_evaluation:
         return None
     once_per_epoch = train.eval_every is None and train.evals_per_epoch == 1
-    step = int(report["epoch"] if once_per_epoch else report["step"])
-    metrics = {"train_loss": report.get("train_loss"), "score": report["score"],
-               "epoch": report["step"] / report["steps_total"] * train.epochs if report.get("steps_total") else None,
-               **{k[len("eval/"):]: v for k, v in report.items() if k.startswith("eval/")}}
+    step = int(report.epoch if once_per_epoch else report.step)
+    metrics = {"train_loss": report.train_loss, "score": report.score,
+               "epoch": report.step / report.steps_total * train.epochs if report.steps_total else None,
+               **report.metrics}
     return step, {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and v == v}
 
 
@@ -67,7 +67,7 @@ class TrialRuns(Callback):
     def __init__(self, settings: Settings, tracking, launch_id: str, rungs_board=None) -> None:
         self.settings, self.tracking, self.launch_id, self.board = settings, tracking, launch_id, rungs_board
         self.loggers: dict[str, Any] = {}  # Tune trial id -> TrialLogger (used on the worker thread only)
-        self.last: dict[str, dict[str, Any]] = {}  # Tune trial id -> its last evaluation report
+        self.last: dict[str, Report] = {}  # Tune trial id -> its last evaluation report
         self.busy_s = 0.0  # the driver's time spent in this callback's hooks (bench_tracking reads it)
         self.calls: queue.Queue | None = None
         self.thread: threading.Thread | None = None  # started with the first call
@@ -85,7 +85,7 @@ class TrialRuns(Callback):
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         with self._timed():
-            report = {k: v for k, v in result.items() if k != "config"}
+            report = Report.from_row(result)
             evaluation = evaluation_metrics(report, self._train(trial.config))
             if evaluation is not None:
                 self.last[trial.trial_id] = report
@@ -93,8 +93,8 @@ class TrialRuns(Callback):
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
         with self._timed():
-            report = self.last.get(trial.trial_id) or {}
-            error = (trial.last_result or {}).get(TRIAL_ERROR)
+            report = self.last.get(trial.trial_id) or Report(trial.trial_id)
+            error = Report.from_row(trial.last_result or {"trial_id": trial.trial_id}).trial_error
             stopped = self._stopped(trial.trial_id, report) if not error else None
             self._queue(self._end, trial.trial_id, trial.config, "FAILED" if error else "FINISHED", error, stopped)
 
@@ -197,16 +197,16 @@ class TrialRuns(Callback):
             logger.tags.update(placed)
         logger.start()  # creates the run, or finds it again (a retried, paused or resumed trial)
 
-    def _result(self, trial_id: str, config: dict[str, Any], report: dict[str, Any],
+    def _result(self, trial_id: str, config: dict[str, Any], report: Report,
                 evaluation: tuple[int, dict[str, float]] | None) -> None:
         logger = self._logger(trial_id, config)
-        placed = {k: v for k, v in (("node", report.get("node_ip") or report.get("node")), ("host", report.get("host")),
-                                    ("device", report.get("device"))) if v}
+        placed = {k: v for k, v in (("node", report.node_ip or report.node), ("host", report.host),
+                                    ("device", report.device)) if v}
         # the first report of each run of the trial says where it runs (a retry may be on another
         # node): the run's tags follow (one get_run and one tag batch per placement)
         if not logger.began or any(logger.tags.get(k) != v for k, v in placed.items()):
             self._start(trial_id, config, placed)
-        if evaluation is not None and report.get("launch_id") in (None, self.launch_id):
+        if evaluation is not None and report.launch_id in (None, self.launch_id):
             logger.log_evaluation(*evaluation)  # a finished trial reported again from its history: logged before
 
     def _end(self, trial_id: str, config: dict[str, Any], status: str, error: str | None,
@@ -216,7 +216,7 @@ class TrialRuns(Callback):
             logger.start()
         logger.end(status, error, tags=stopped)
 
-    def _stopped(self, trial_id: str, report: dict[str, Any]) -> dict[str, Any] | None:
+    def _stopped(self, trial_id: str, report: Report) -> dict[str, Any] | None:
         """The run's stop tags when the rungs stopped the trial (None: it ran to the end)."""
         if self.board is None:
             return None
@@ -229,7 +229,7 @@ class TrialRuns(Callback):
             return None
         if verdict is None or verdict.go_on:
             return None
-        return {"sweep.stopped": verdict.stop_text, "sweep.stopped_at_step": report.get("step")}
+        return {"sweep.stopped": verdict.stop_text, "sweep.stopped_at_step": report.step}
 
 
 def _error_of(trial) -> str:

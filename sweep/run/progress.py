@@ -12,7 +12,7 @@ from ray.tune import Callback
 
 from sweep.config.settings import Settings
 from sweep.results.records import rank_key
-from sweep.run.trial import TRIAL_ERROR, trial_key, trial_of
+from sweep.trials import Report, trial_key, trial_of
 
 
 def _clock(seconds: float) -> str:
@@ -65,13 +65,14 @@ class SweepProgress(Callback):
 
     def on_trial_result(self, iteration: int, trials: list, trial, result: dict, **info: Any) -> None:
         task, seed, _ = trial_of(trial.config)
-        if self.forecast is not None and "train_tokens" in result:
-            self.forecast.observe(task, result["train_tokens"], result.get("train_seconds", 0))
-            if "progress" in result:  # evaluations may fall inside an epoch: the share of steps done
-                self.forecast.advance(trial.trial_id, trial_key(trial.config), result["progress"])
-            elif "epoch" in result and self.epochs:
-                self.forecast.advance(trial.trial_id, trial_key(trial.config), result["epoch"] / self.epochs)
-        value = result.get(f"eval/{self.metric.get(task)}")
+        report = Report.from_row(result)
+        if self.forecast is not None and report.train_tokens is not None:
+            self.forecast.observe(task, report.train_tokens, report.train_seconds or 0)
+            if report.progress is not None:  # evaluations may fall inside an epoch: the share of steps done
+                self.forecast.advance(trial.trial_id, trial_key(trial.config), report.progress)
+            elif report.epoch is not None and self.epochs:
+                self.forecast.advance(trial.trial_id, trial_key(trial.config), report.epoch / self.epochs)
+        value = report.metrics.get(self.metric.get(task))
         if task in self.metric and value is not None:
             old = self.best.get(task)
             # the same order as the final choice
@@ -88,7 +89,7 @@ class SweepProgress(Callback):
     def on_trial_complete(self, iteration: int, trials: list, trial, **info: Any) -> None:
         self._finish(trial)
         # a trial that failed on its own data/config ends without an error for Tune (never retried)
-        if (trial.last_result or {}).get(TRIAL_ERROR):
+        if Report.from_row(trial.last_result or {"trial_id": trial.trial_id}).trial_error:
             self.failed += 1
         self.print_line()
 

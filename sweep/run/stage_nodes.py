@@ -1,11 +1,13 @@
 """Staging on every node: at sweep start one task pinned to each alive node, all in parallel; later
 by the first trial on a node that joined mid-sweep (an autoscaled GPU node).
 
-``run_tune`` runs it before it plans (the plan reads the staged data) and before the first trial;
-each trial stages through the same ``stage_here`` (a no-op on a staged node). Each node also checks
-every task's data files (and an LM block size against the staged model), so a missing file fails
-the sweep before any trial asks for a GPU. With ``storage=local`` the folders the config names on
-the driver's machine reach the nodes that do not see them through Ray's object store
+``sweep_plan.plan_sweep`` runs it before it plans (the plan reads the staged data) and before the
+first trial; each trial stages through the same ``stage_here`` (a no-op on a staged node), with
+the ``Staging`` value the driver made once: the pins of its preflight, its shipped folders, the
+relay. Each node also checks every task's data files (and an LM block size against the staged
+model), so a missing file fails the sweep before any trial asks for a GPU. With ``storage=local``
+the folders the config names on the driver's machine reach the nodes that do not see them through
+Ray's object store
 (``sweep.storage.shipping``). Progress lines (downloads, shipped folders, a late node's staging)
 reach the driver's terminal through a small actor that lives as long as the sweep (the workers'
 own output is not forwarded unless ``cluster.verbose=true``).
@@ -16,7 +18,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
@@ -25,8 +27,20 @@ from ray.tune import Callback
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from sweep.config.settings import Settings
+from sweep.run.connect import alive_nodes
+from sweep.storage.staging import LocalSources, SourcePins
 
 RELAY_EVERY_S = 2.0  # how often the driver prints the nodes' progress lines while it waits
+Shipments = dict[str, tuple[str, Any]]  # config key -> (the folder on the driver, its ObjectRef)
+
+
+@dataclass(frozen=True)
+class Staging:
+    """What a node needs to stage the sweep's sources, made once by the driver and passed down."""
+
+    pins: SourcePins | None = None  # storage=s3: the object versions the driver's preflight pinned
+    shipments: Shipments | None = None  # storage=local: the driver's folders, for nodes that lack them
+    relay: Any = None  # the ProgressRelay actor: the nodes' lines reach the driver's terminal
 
 
 @dataclass(frozen=True)
@@ -36,6 +50,7 @@ class NodeStaging:
     downloaded: int  # bytes fetched from S3 on this node by this staging
     seconds: float
     received: int = 0  # bytes of the driver's own folders shipped to this node through Ray
+    sources: LocalSources | None = None  # the folders on that node
 
     def line(self) -> str:
         moved = [f"{n / 2**20:.1f} MiB {how}" for n, how in ((self.downloaded, "downloaded"),
@@ -60,9 +75,6 @@ class ProgressRelay:
     def take(self) -> list[str]:
         lines, self.lines = self.lines, []
         return lines
-
-
-Shipments = dict[str, tuple[str, Any]]  # config key -> (the folder on the driver, its ObjectRef)
 
 
 def ship_sources(settings: Settings) -> Shipments:
@@ -110,36 +122,38 @@ def this_node() -> tuple[str, str]:
     return node, f"node {node[:8]} ({ray.util.get_node_ip_address()}, {socket.gethostname()})"
 
 
-def stage_here(settings: Settings, relay=None, shipments: Shipments | None = None):
+def stage_here(settings: Settings, staging: Staging) -> NodeStaging:
     """This node's sources (shipped, downloaded or already here) and what that took; progress
-    lines go to the driver through ``relay``."""
+    lines go to the driver through the relay."""
     from sweep.storage.staging import ensure_local
 
     started = time.monotonic()
     node, where = this_node()
+    relay = staging.relay
     progress = (lambda line: relay.post.remote(f"node {node[:8]}: {line}")) if relay is not None else None
-    received = receive_sources(settings, shipments, where, progress)
-    sources = ensure_local(settings, progress)
-    return sources, NodeStaging(node, socket.gethostname(), sources.downloaded, time.monotonic() - started, received)
+    received = receive_sources(settings, staging.shipments, where, progress)
+    sources = ensure_local(settings, staging.pins, progress)
+    return NodeStaging(node, socket.gethostname(), sources.downloaded, time.monotonic() - started, received, sources)
 
 
-def stage_this_node(settings: Settings, relay=None, shipments: Shipments | None = None) -> NodeStaging:
+def stage_this_node(settings: Settings, staging: Staging) -> NodeStaging:
     from sweep.storage.staging import check_tasks_here
 
-    sources, staged = stage_here(settings, relay, shipments)
-    check_tasks_here(settings, sources)
-    if relay is not None:
-        ray.get(relay.sync.remote())  # our lines are in before the driver sees us done
+    staged = stage_here(settings, staging)
+    check_tasks_here(settings, staged.sources)
+    if staging.relay is not None:
+        ray.get(staging.relay.sync.remote())  # our lines are in before the driver sees us done
     return staged
 
 
-def stage_for_trial(settings: Settings, relay=None, shipments: Shipments | None = None):
+def stage_for_trial(settings: Settings, staging: Staging | None) -> LocalSources:
     """A trial's sources: a no-op on a node staged at the start; on a node that joined later (an
     autoscaled GPU node) the staging happens here, and the driver's terminal shows it."""
-    sources, staged = stage_here(settings, relay, shipments)
-    if relay is not None and (staged.downloaded or staged.received):
-        relay.post.remote(staged.line())
-    return sources
+    staging = staging or Staging()
+    staged = stage_here(settings, staging)
+    if staging.relay is not None and (staged.downloaded or staged.received):
+        staging.relay.post.remote(staged.line())
+    return staged.sources
 
 
 class StagingLines(Callback):
@@ -172,19 +186,22 @@ class RelayLines:
             print(f"staging: {line}", flush=True)
 
 
-def stage_all_nodes(settings: Settings, relay=None, shipments: Shipments | None = None) -> list[NodeStaging]:
-    """Stage on every alive node at once; the first node's error is raised as itself."""
+def stage_all_nodes(settings: Settings, staging: Staging | None = None) -> list[NodeStaging]:
+    """Stage on every alive node at once; the first node's error is raised as itself. Without a
+    relay in ``staging`` (a script, a test) one lives for this call."""
     task = ray.remote(num_cpus=0, max_retries=0)(stage_this_node)
-    nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
-    pins = settings.pins
+    nodes = [n["NodeID"] for n in alive_nodes()]
+    staging = staging or Staging()
+    pins = staging.pins
     if pins is not None:  # long downloads: say what is happening before the wait
         sources = [s for s in (pins.model, pins.data) if s is not None]
         what = ", ".join(f"{s.uri} ({s.size / 2**20:.1f} MiB)" for s in sources)
         print(f"staging: {what} on {len(nodes)} node(s)…", flush=True)
-    own_relay = relay is None  # the sweep passes the relay that outlives this (nodes that join later)
-    relay = ProgressRelay.remote() if own_relay else relay
+    own_relay = staging.relay is None  # the sweep passes the relay that outlives this (nodes that join later)
+    relay = ProgressRelay.remote() if own_relay else staging.relay
+    staging = replace(staging, relay=relay)
     refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
-        settings, relay, shipments) for node in nodes]
+        settings, staging) for node in nodes]
     lines = RelayLines(relay)
     try:
         pending = refs

@@ -18,9 +18,10 @@ to run it:
 
 Either way the trainable sees the trial's failure first and sorts it (``failures.trial_error``): an
 error of the trial's own data, config or model limits ends the trial at once, failed, unretried
-(``TRIAL_ERROR`` in its last report and history row); anything else is raised and retried.
+(``trial_error`` in its last report and history row); anything else is raised and retried.
 
-Everything below the worker loop is plain Python (``sweep.train.loop``).
+What a trial reports and keeps is the Ray-free contract of ``sweep/trials.py`` (``Report``); the
+worker loop below it is plain Python (``sweep.train.loop``).
 """
 
 from __future__ import annotations
@@ -50,52 +51,20 @@ from sweep.config.tasks import TaskSpec
 from sweep.disk import folder_size, writing
 from sweep.errors import DiskFullError
 from sweep.failures import error_line, trial_error
-from sweep.plan.rung_boards import ASHA_NAMESPACE, RUNG, EarlyStop, EvalPoint
+from sweep.plan.rung_boards import ASHA_NAMESPACE, EarlyStop, EvalPoint
 from sweep.plan.rungs import past_rung
-from sweep.run.gate import WORKERS_READY
-from sweep.trials import TrialHistories
+from sweep.plan.scale import TrialSize
+from sweep.plan.sizes import SweepStorage
+from sweep.trials import (
+    CHECKPOINT_MARKER,
+    CHECKPOINT_RANK,
+    Report,
+    TrialHistories,
+    checkpoint_rank,
+    trial_of,
+)
 
-# Reported every evaluation; the checkpoint manager keeps the best by it (plus the latest, for a
-# restart). Among equal scores the EARLIER evaluation ranks higher, as in finetune's own choice.
-CHECKPOINT_RANK = "checkpoint_rank"
-CHECKPOINT_MARKER = "sweep_epoch.json"  # in each checkpoint folder: which evaluation (epoch, step) it holds
-TRIAL_DONE = "trial_done"  # on the last history row of a trial that ended
-TRIAL_ERROR = "trial_error"  # the one-line error of a trial that failed on its own data/config/model
-STOPPED = "stopped"  # on the last history row of a trial the rungs stopped: why (degenerate / below median …)
 PROCESS_STARTED = psutil.Process().create_time()  # this worker process's start (before its imports)
-
-
-def checkpoint_rank(score: float, progress: float) -> float:
-    """The score, the earlier evaluation first among equal ones (progress: step / planned steps, <= 1)."""
-    return score - 1e-9 * progress
-
-
-def trial_of(config: dict[str, Any]) -> tuple[str, int, dict[str, Any]]:
-    """A Tune trial's (task, seed, hparams) from its config: ``trial`` is the point of the dispatch
-    order (task, seed, grid values), ``hparams`` the search samples (tuner.param_space)."""
-    point = config["trial"]
-    return point["task"], int(point["seed"]), {**(point.get("grid") or {}), **(config.get("hparams") or {})}
-
-
-def trial_key(config: dict[str, Any]) -> str:
-    """The dispatch point a trial runs (task, seed, grid values), as one hashable key."""
-    return json.dumps(config["trial"], sort_keys=True)
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where a task's trials run: decided once by the plan, the same for every trial of the task."""
-
-    workers: int
-    gpus_per_worker: float
-    cpus_per_worker: float
-    storage_path: str  # Train's storage for this sweep's trials (a folder or s3://…)
-    histories: TrialHistories  # the trials' own evaluation records, in the sweep's storage
-
-    @property
-    def in_trial_process(self) -> bool:
-        """One worker: the loop runs in the Tune trial's own (reused) process, Train's local mode."""
-        return self.workers == 1
 
 
 @dataclass(frozen=True)
@@ -110,9 +79,13 @@ class TrialContext:
     launch_id: str  # the driver invocation that ran it (a resumed sweep has a new one)
     driver_started: float
     histories: TrialHistories
+    size: TrialSize
     rungs_board: str | None = None
-    in_trial_process: bool = False  # Train's local mode: report to Tune directly
-    staging: Any = None  # (the driver's staging-lines relay, the driver's shipped folders): stage_nodes
+    staging: Any = None  # stage_nodes.Staging: the driver's pins, shipped folders and lines relay
+
+    @property
+    def in_trial_process(self) -> bool:  # Train's local mode: report to Tune directly
+        return self.size.in_trial_process
 
     @property
     def spec(self) -> TaskSpec:
@@ -123,10 +96,10 @@ class TrialContext:
         """The trial's recipe: the sweep's ``train`` with this trial's grid/search values on top."""
         return replace(self.settings.train, **self.hparams)
 
-    def read_history(self) -> list[dict[str, Any]]:
+    def read_history(self) -> list[Report]:
         return self.histories.read(self.trial_id)
 
-    def write_history(self, rows: list[dict[str, Any]]) -> None:
+    def write_history(self, rows: list[Report]) -> None:
         self.histories.write(self.trial_id, rows)
 
 
@@ -145,43 +118,39 @@ class EvaluationReporter:
         self.node_ip = ray.util.get_node_ip_address()
         self.device = _device_name()
         history = ctx.read_history() if self.resumed and rank == 0 else []
-        self.history = [row for row in history if row.get("step", 0) <= resumed_at]
+        self.history = [row for row in history if (row.step or 0) <= resumed_at]
         self.board = ray.get_actor(ctx.rungs_board, namespace=ASHA_NAMESPACE) if ctx.rungs_board else None
         halving = ctx.settings.sweep.halving if ctx.settings.sweep.scheduler == "seed_halving" else None
         self.rung_at = halving.at if halving is not None else None
-        self.rung_seen = any(row.get(RUNG) for row in self.history)
+        self.rung_seen = any(row.rung for row in self.history)
         self.stopped: dict[str, Any] = {}  # the rungs' reason, once they stop the trial
 
-    def __call__(self, epoch, save) -> None:
-        metrics = self.metrics(epoch)
+    def __call__(self, evaluation, save) -> None:
+        report = self.report_of(evaluation)
         # A history row says its checkpoint is registered (a killer, a resumed sweep rely on it), so
         # it comes after the report; but seed halving's pause ends the trial inside the report of
         # its rung evaluation, whose row therefore comes first (a retry drops rows past its checkpoint).
-        rung = metrics[RUNG]
-        if rung:
-            self.record(metrics)
-        self.report(metrics, epoch, save)
-        if not rung:
-            self.record(metrics)
-        self.ask_rungs(epoch)
+        if report.rung:
+            self.record(report)
+        self.report(report, evaluation, save)
+        if not report.rung:
+            self.record(report)
+        self.ask_rungs(report)
 
-    def metrics(self, epoch) -> dict[str, Any]:
-        return {
-            "trial_id": self.ctx.trial_id, "task": self.ctx.task, "seed": self.ctx.seed,
-            "epoch": epoch.epoch, "train_loss": epoch.train_loss, "score": epoch.score,
-            "step": epoch.step, "steps_total": epoch.steps_total, "progress": epoch.progress,
-            "end_of_epoch": epoch.end_of_epoch, "trivial_score": epoch.trivial_score,
-            RUNG: self.is_rung(epoch),
-            CHECKPOINT_RANK: checkpoint_rank(epoch.score, epoch.progress),
-            "train_seconds": epoch.train_seconds, "eval_seconds": epoch.eval_seconds,
-            "train_tokens": epoch.train_tokens, "node": self.node, "node_ip": self.node_ip,
-            "host": platform.node(), "device": self.device,
-            "resumed": self.resumed, "launch_id": self.ctx.launch_id,
-            # where a trial's time goes: driver start -> worker process -> imports -> loop -> epochs
-            "driver_started": self.ctx.driver_started, "process_started": PROCESS_STARTED,
-            **self.timing, "reported_at": time.time(),
-            **{f"eval/{k}": v for k, v in epoch.metrics.items()},
-        }
+    def report_of(self, evaluation) -> Report:
+        return Report(
+            trial_id=self.ctx.trial_id, task=self.ctx.task, seed=self.ctx.seed, launch_id=self.ctx.launch_id,
+            epoch=evaluation.epoch, train_loss=evaluation.train_loss, score=evaluation.score,
+            step=evaluation.step, steps_total=evaluation.steps_total, progress=evaluation.progress,
+            end_of_epoch=evaluation.end_of_epoch, trivial_score=evaluation.trivial_score,
+            rung=self.is_rung(evaluation), checkpoint_rank=checkpoint_rank(evaluation.score, evaluation.progress),
+            metrics=dict(evaluation.metrics), train_seconds=evaluation.train_seconds,
+            eval_seconds=evaluation.eval_seconds, train_tokens=evaluation.train_tokens,
+            node=self.node, node_ip=self.node_ip, host=platform.node(), device=self.device, resumed=self.resumed,
+            # where a trial's time goes: driver start -> worker process -> imports -> loop -> evaluations
+            driver_started=self.ctx.driver_started, process_started=PROCESS_STARTED, **self.timing,
+            reported_at=time.time(),
+        )
 
     def is_rung(self, epoch) -> bool:
         """Seed halving's decision point: the trial's first evaluation at or past fraction ``at``."""
@@ -192,9 +161,10 @@ class EvaluationReporter:
 
     checkpoint_bytes = 0  # the last checkpoint's size: what the next one needs
 
-    def report(self, metrics: dict[str, Any], epoch, save) -> None:
+    def report(self, row: Report, evaluation, save) -> None:
         # In the trial's own process Tune takes the report (ray.train.report refuses there).
         report = tune.report if self.ctx.in_trial_process else ray.train.report
+        metrics = row.to_row()
         if self.rank != 0:  # every worker reports; only rank 0 writes the model
             report(metrics)
             return
@@ -206,13 +176,13 @@ class EvaluationReporter:
             with writing("a checkpoint", folder.parent, staged, key="TMPDIR"):
                 save(folder)
                 # found again without Tune's log (a plain write: the whole folder is private until reported)
-                (folder / CHECKPOINT_MARKER).write_text(json.dumps({"epoch": epoch.epoch, "step": epoch.step}))
+                (folder / CHECKPOINT_MARKER).write_text(json.dumps({"epoch": row.epoch, "step": row.step}))
             self.checkpoint_bytes = folder_size(folder)
             storage = _checkpoint_storage(self.ctx)
             before = _checkpoints_in(storage)
             try:
                 key = "cluster.storage_path" if self.ctx.settings.cluster.storage_path else "out_dir"
-                with writing(f"the checkpoint of epoch {epoch.epoch}", storage, self.checkpoint_bytes, key=key):
+                with writing(f"the checkpoint of epoch {row.epoch}", storage, self.checkpoint_bytes, key=key):
                     report(metrics, checkpoint=Checkpoint.from_directory(folder))  # persisted before it returns
             except DiskFullError:
                 for half in _checkpoints_in(storage) - before:  # Ray's half-copied folder
@@ -221,20 +191,18 @@ class EvaluationReporter:
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
-    def record(self, metrics: dict[str, Any]) -> None:
-        """The trial's own durable record of its epochs: Tune's progress.csv of a driver that was
+    def record(self, report: Report) -> None:
+        """The trial's own durable record of its evaluations: Tune's progress.csv of a driver that was
         killed may miss the last rows, and resume reads this instead."""
         if self.rank == 0:
-            self.history.append({k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool))})
+            self.history.append(report)
             self.ctx.write_history(self.history)
 
-    def ask_rungs(self, epoch) -> None:
+    def ask_rungs(self, report: Report) -> None:
         """Raise EarlyStop when the rungs stop the trial: every rank gets the same answer."""
         if self.board is None:
             return
-        point = EvalPoint(task=self.ctx.task, trial_id=self.ctx.trial_id, seed=self.ctx.seed, epoch=epoch.epoch,
-                          step=epoch.step, progress=epoch.progress, end_of_epoch=epoch.end_of_epoch,
-                          score=epoch.score, eval_loss=epoch.metrics.get("eval_loss"), trivial=epoch.trivial_score)
+        point = EvalPoint.from_report(report)
         verdict = ray.get(self.board.at_eval.remote(point))
         while verdict is None:  # seed halving: Tune pauses a trial that must wait; a DDP rank may still ask
             time.sleep(1.0)
@@ -251,9 +219,9 @@ class EvaluationReporter:
 
     def end(self, status: str, stop: EarlyStop | None = None) -> None:
         if stop is not None:
-            last = self.history[-1] if self.history else {}
-            self.stopped = {STOPPED: stop.verdict.stop_text, "stopped_at_step": last.get("step"),
-                            "stopped_at_progress": last.get("progress")}
+            last = self.history[-1] if self.history else None
+            self.stopped = {"stopped": stop.verdict.stop_text, "stopped_at_step": last.step if last else None,
+                            "stopped_at_progress": last.progress if last else None}
         if status == "FINISHED":
             self.mark_done()
 
@@ -262,7 +230,7 @@ class EvaluationReporter:
         resumed sweep whose Tune state missed the end (Tune saves it every 10 s at most) does not
         run it again."""
         if self.rank == 0 and self.history:
-            self.history[-1].update({TRIAL_DONE: True, **self.stopped})
+            self.history[-1] = self.history[-1].ended(**self.stopped)
             self.ctx.write_history(self.history)
 
 
@@ -290,14 +258,14 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     timing = {"imported": time.time(), "pid": os.getpid(),
               "rss_at_start_mb": psutil.Process().memory_info().rss / 2**20}
     ctx: TrialContext = config["context"]
-    sources = stage_for_trial(ctx.settings, *(ctx.staging or (None, None)))  # a no-op on a node staged at the start
+    sources = stage_for_trial(ctx.settings, ctx.staging)  # a no-op on a node staged at the start
     if ctx.in_trial_process:  # ray.train's API refuses to run inside a Tune function: one worker, rank 0
         rank, world = 0, 1
     else:
         train_ctx = ray.train.get_context()
         rank, world = train_ctx.get_world_rank(), train_ctx.get_world_size()
     if not ctx.in_trial_process:  # every worker reports (Train V2); the sweep's dispatch waits for this one
-        ray.train.report({"trial_id": ctx.trial_id, WORKERS_READY: 1})
+        ray.train.report(Report(trial_id=ctx.trial_id, workers_ready=1).to_row())
     timing["loop_started"] = time.time()
     device = _device(ctx.in_trial_process)
     resume_dir = _restore_latest(ctx.in_trial_process)
@@ -351,10 +319,10 @@ def _free_for_the_next_trial() -> None:
         torch.cuda.empty_cache()
 
 
-def _finished_before(ctx: TrialContext) -> dict[str, Any] | None:
-    """The last epoch's record of a trial that already ended (in an earlier launch), else None."""
+def _finished_before(ctx: TrialContext) -> Report | None:
+    """The last evaluation's record of a trial that already ended (in an earlier launch), else None."""
     rows = ctx.read_history()
-    return rows[-1] if rows and rows[-1].get(TRIAL_DONE) else None
+    return rows[-1] if rows and rows[-1].trial_done else None
 
 
 def _restore_latest(in_trial_process: bool) -> Path | None:
@@ -394,23 +362,22 @@ def _has_nccl() -> bool:
     return torch.distributed.is_nccl_available()
 
 
-def train_driver_fn(config: dict[str, Any], settings: Settings, placements: dict[str, Placement], launch_id: str,
-                    rungs_board: str | None = None, staging=None) -> None:
+def train_driver_fn(config: dict[str, Any], settings: Settings, sizes: dict[str, TrialSize], storage: SweepStorage,
+                    launch_id: str, rungs_board: str | None = None, staging=None) -> None:
     """The Tune trainable: one TorchTrainer run for this (task, seed, hparams)."""
     trial_id = tune.get_context().get_trial_id()
     task, seed, hparams = trial_of(config)
-    placement = placements[task]
     ctx = TrialContext(
         settings=settings, task=task, seed=seed, hparams=hparams,
-        trial_id=trial_id, launch_id=launch_id, driver_started=time.time(), histories=placement.histories,
-        rungs_board=rungs_board, staging=staging, in_trial_process=placement.in_trial_process,
+        trial_id=trial_id, launch_id=launch_id, driver_started=time.time(), histories=storage.histories,
+        size=sizes[task], rungs_board=rungs_board, staging=staging,
     )
     done = _finished_before(ctx)
     if done is not None:  # finished before a killed driver's Tune state recorded it: report, don't rerun
-        tune.report(done)
+        tune.report(done.to_row())
         return
     try:
-        _fit(ctx, placement)
+        _fit(ctx, storage.train)
     except Exception as error:
         own = trial_error(error)
         if own is None:
@@ -422,20 +389,21 @@ def _end_failed(ctx: TrialContext, error: BaseException) -> None:
     """The trial failed on its own data, config or the model's limits: a retry would fail the same
     way. Its history and its last report say so (records_from_results marks it ERROR), and the
     trainable returns instead of raising, so neither Tune nor Train runs it again (nor a resume)."""
-    row = {"trial_id": ctx.trial_id, "task": ctx.task, "seed": ctx.seed, "launch_id": ctx.launch_id,
-           TRIAL_ERROR: error_line(error), TRIAL_DONE: True, "reported_at": time.time()}
+    row = Report(trial_id=ctx.trial_id, task=ctx.task, seed=ctx.seed, launch_id=ctx.launch_id,
+                 trial_error=error_line(error), trial_done=True, reported_at=time.time())
     ctx.write_history([*ctx.read_history(), row])
-    tune.report(row)
+    tune.report(row.to_row())
 
 
-def _fit(ctx: TrialContext, placement: Placement) -> None:
-    """One TorchTrainer run of the trial; raises what the trial's loop raised (Train wraps it for DDP)."""
-    if placement.in_trial_process:
+def _fit(ctx: TrialContext, train_storage: str) -> None:
+    """One TorchTrainer run of the trial; raises what the trial's loop raised (Train wraps it for DDP).
+    ``train_storage``: Train's storage for the sweep's trials (a folder or s3://…)."""
+    if ctx.in_trial_process:
         # Local mode: the loop runs right here; this process holds the trial's CPU/GPU (tune.with_resources).
         TorchTrainer(train_fn_per_worker, train_loop_config={"context": ctx},
                      scaling_config=ScalingConfig(num_workers=0)).fit()
         return
-    workers, gpus = placement.workers, placement.gpus_per_worker
+    workers, gpus = ctx.size.workers, ctx.size.gpus_per_worker
     trainer = TorchTrainer(
         train_fn_per_worker,
         train_loop_config={"context": ctx},
@@ -445,12 +413,12 @@ def _fit(ctx: TrialContext, placement: Placement) -> None:
         scaling_config=ScalingConfig(
             num_workers=workers,
             use_gpu=gpus > 0,
-            resources_per_worker={"CPU": placement.cpus_per_worker, "GPU": gpus},
+            resources_per_worker={"CPU": ctx.size.cpus_per_worker, "GPU": gpus},
             placement_strategy="STRICT_PACK",  # a trial's DDP workers share one node
         ),
         run_config=ray.train.RunConfig(
             name=f"trial-{ctx.trial_id}",  # unique per trial: Train V2 resumes a run whose name it has seen
-            storage_path=placement.storage_path,
+            storage_path=train_storage,
             callbacks=[TuneReportCallback()],
             checkpoint_config=CheckpointConfig(
                 num_to_keep=1, checkpoint_score_attribute=CHECKPOINT_RANK, checkpoint_score_order="max",

@@ -6,9 +6,10 @@ folder under ``storage.model_dir``, a tiny model built offline, or a model shipp
 
 ``storage=s3``: the model (``storage.model_key``, default the model's name) and the data
 (``storage.data_key``, default ``glue_data``) are objects in ``storage.bucket``. The driver's
-``preflight`` checks them and pins their versions (ETags) before any trial; each node then stages
-each pinned object once into its cache (``sweep.storage.node_cache``), and a trial's ``ensure_local`` is a
-no-op that makes no request when its node already holds them.
+``preflight`` checks them and pins their versions (ETags) before any trial; the pins travel down
+as a value (``DriverSources``, then ``run/stage_nodes.Staging``), each node stages each pinned
+object once into its cache (``sweep.storage.node_cache``), and a trial's ``ensure_local`` is a no-op
+that makes no request when its node already holds them.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from sweep.config.settings import Settings, StorageConfig
 from sweep.errors import StagingError
 from sweep.files import atomic_folder, is_model_folder
 
-__all__ = ["StagingError", "LocalSources", "SourcePins", "ensure_local", "preflight", "cache_root"]
+__all__ = ["StagingError", "LocalSources", "SourcePins", "DriverSources", "ensure_local", "preflight", "cache_root"]
 
 SYNTHETIC_VERSION = "v2"  # bump when the generator changes, so old caches are not reused
 NODE_CACHE_ENV = "SWEEP_NODE_CACHE_DIR"  # set on a node (pod spec, raylet env): its own cache folder
@@ -44,6 +45,15 @@ class SourcePins:
 
     model: object | None  # sweep.storage.s3.RemoteSource (None: the model comes from model.path)
     data: object
+
+
+@dataclass(frozen=True)
+class DriverSources:
+    """What the driver's check of the sources found (``app.check_sources``), passed down as a value
+    to the staging on every node and to the plan: nothing below re-derives it."""
+
+    pins: SourcePins | None = None  # storage=s3: the object versions every node stages
+    local: LocalSources | None = None  # storage=local: the folders on the driver's machine
 
 
 def cache_root(storage: StorageConfig) -> Path:
@@ -141,12 +151,11 @@ def model_folder_in(folder: Path, label: str) -> Path:
     )
 
 
-def _stage_s3(settings: Settings, progress: Callable[[str], None] | None) -> LocalSources:
+def _stage_s3(settings: Settings, pins: SourcePins, progress: Callable[[str], None] | None) -> LocalSources:
     from sweep.storage.node_cache import stage
     from sweep.storage.s3 import fetch, make_client, print_progress
 
     storage = settings.storage
-    pins = settings.pins or preflight(settings)
     cache = cache_root(storage)
     limit = int(storage.max_unpack_gb * GiB)
     clients: list = []  # made on the first download: a node that holds everything makes no request
@@ -194,13 +203,17 @@ def missing_folder_error(missing: dict[str, str], where: str) -> StagingError:
     )
 
 
-def ensure_local(settings: Settings, progress: Callable[[str], None] | None = None) -> LocalSources:
+def ensure_local(settings: Settings, pins: SourcePins | None = None,
+                 progress: Callable[[str], None] | None = None) -> LocalSources:
     """The model and data folders on this machine (a no-op when they are already there).
 
-    ``progress`` gets a line now and then while a long S3 download runs (default: printed).
+    ``pins``: with storage=s3, the object versions to stage (the driver's preflight; a sweep always
+    passes them). A caller staging on its own (a script, ``storage=s3`` outside a sweep) passes
+    none and the preflight runs here first. ``progress`` gets a line now and then while a long S3
+    download runs (default: printed).
     """
     if settings.storage.kind == "s3":
-        return _stage_s3(settings, progress)
+        return _stage_s3(settings, pins if pins is not None else preflight(settings), progress)
     from sweep.models.source import resolve_model_dir  # transformers: only where a model is resolved
     from sweep.storage.shipping import with_copies
 
@@ -209,3 +222,21 @@ def ensure_local(settings: Settings, progress: Callable[[str], None] | None = No
     staged = Path(os.path.expanduser(settings.storage.model_dir)) if settings.storage.model_dir else None
     model_dir = resolve_model_dir(asdict(settings.model), cache, staged)
     return LocalSources(model_dir=model_dir, data_dir=local_data_dir(settings.storage))
+
+
+def check_sources(settings: Settings) -> DriverSources:
+    """Every missing source before any trial or GPU is asked for; what was found travels down as a value.
+
+    Local storage: the folders here, each task's files read. S3: credentials, endpoint, bucket and
+    every key checked, their versions pinned (the nodes stage them; the driver downloads nothing).
+    """
+    if settings.storage.kind == "s3":
+        pins = preflight(settings)
+        for source in (pins.model, pins.data):
+            if source is not None:
+                print(f"storage: {source.uri} ({source.form}, {source.size / 2**20:.1f} MiB, ETag {source.etag[:12]})")
+        return DriverSources(pins=pins)
+    local = ensure_local(settings)
+    check_tasks_here(settings, local)  # every missing task file before any trial starts
+    check_output_bucket(settings.storage)
+    return DriverSources(local=local)

@@ -1,0 +1,48 @@
+"""Joining the cluster (or starting a local Ray) and what it holds now: the one place that lists alive nodes."""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from typing import Any
+
+from sweep.config.settings import Settings
+
+
+def quiet_ray() -> None:
+    """Keep the known deprecation and Train-V2 notices out of the user's terminal."""
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    for name in ("ray", "ray.tune", "ray.train", "ray.data"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def connect(settings: Settings) -> bool:
+    """Join the cluster named by cluster.address, or start a local Ray; True: this call started Ray."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    kwargs: dict[str, Any] = {"log_to_driver": settings.cluster.verbose, "logging_level": logging.ERROR,
+                              "configure_logging": True}
+    if settings.cluster.address:
+        ray.init(address=settings.cluster.address, **kwargs)
+    else:
+        ray.init(num_cpus=settings.cluster.num_cpus, include_dashboard=False, **kwargs)
+    return True
+
+
+def alive_nodes() -> list[dict[str, Any]]:
+    """Ray's record of every alive node (``NodeID``, ``Resources``, ...)."""
+    import ray
+
+    return [n for n in ray.nodes() if n.get("Alive")]
+
+
+def alive_node_resources() -> list[dict[str, float]]:
+    """The alive nodes' total resources (CPU, GPU, memory, ...), one dict per node."""
+    return [dict(n["Resources"]) for n in alive_nodes()]

@@ -1,0 +1,138 @@
+"""What the driver decides before the first trial, as one ``SweepPlan``: the cluster it sees, where
+trials write, every node staged, each task's GPUs and trial size, the dispatch order, how many at
+once, the ETA. The arithmetic is plain Python in ``sweep/plan/``; this module feeds it what Ray
+reports and prints the plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from sweep.config.settings import AUTO, Settings
+from sweep.config.validate import check_halving_trials
+from sweep.plan.costs import Forecast, grid_points, measure_sizes, sweep_trials
+from sweep.plan.dispatch import ClusterGPUs, Dispatch, cluster_gpus, dispatch
+from sweep.plan.scale import AutoscalerView, TrialSize
+from sweep.plan.sizes import SweepStorage, TaskPlan, many_nodes, plan_trials, storage_path, sweep_storage, trial_count
+from sweep.run.connect import alive_node_resources
+from sweep.run.stage_nodes import ProgressRelay, Staging, ship_sources, stage_all_nodes
+from sweep.storage.staging import DriverSources
+from sweep.trials import point_of, trial_key
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    total: int  # trials in the sweep
+    nodes: list[dict[str, float]]  # the alive nodes' resources when the sweep started
+    autoscaler: AutoscalerView | None  # None: a local Ray, or no autoscaler the driver can read
+    storage: SweepStorage  # where the trials write what the driver reads back
+    tasks: dict[str, TaskPlan]  # each task's trials on this cluster
+    dispatch: Dispatch  # each task's GPUs per trial and the order Tune gets the trials in
+    concurrency: int  # trials at once
+    forecast: Forecast  # the progress line's ETA
+    staging: Staging  # what a trial on a node that joined later needs to stage there
+
+    @property
+    def sizes(self) -> dict[str, TrialSize]:
+        return {task: p.size for task, p in self.tasks.items()}
+
+    @property
+    def first(self) -> TaskPlan:
+        """The plan of the first trials Tune starts: their size drives the wait for launched nodes."""
+        return self.tasks[self.dispatch.order[0].task]
+
+    @property
+    def asked(self) -> list[dict[str, float]]:
+        """What to ask the autoscaler for up front: every concurrent trial's bundle ([] without one)."""
+        if self.autoscaler is None or not self.autoscaler.can_launch:
+            return []
+        return [self.tasks[t.task].size.bundle for t in self.dispatch.order[:self.concurrency]]
+
+
+def plan_sweep(settings: Settings, sources: DriverSources, out_dir: Path) -> SweepPlan:
+    """Plan the sweep on the connected cluster; every error a person can fix comes before any trial."""
+    nodes, total = alive_node_resources(), trial_count(settings)
+    autoscaler = _autoscaler(settings)
+    # where trials write what this driver reads back: a place every node reaches, before any staging
+    storage = sweep_storage(storage_path(settings, out_dir, len(nodes), autoscaler))
+    fixed = {spec.name: plan_trials(settings, nodes, autoscaler, wanted=total, task=spec.name)
+             for spec in settings.tasks if settings.resources.gpus_for(spec.name) != AUTO}  # no node holds one: now
+    staging = Staging(
+        pins=sources.pins,
+        # storage=local on nodes with their own disks: the driver's folders travel through Ray to those that lack them
+        shipments=ship_sources(settings) if many_nodes(len(nodes), autoscaler, settings.cluster.node_types) else {},
+        relay=ProgressRelay.remote(),  # the nodes' staging lines, at the start and from nodes that join later
+    )
+    staged = stage_all_nodes(settings, staging)  # every node, before the plan reads sizes
+    sizes, params = _staged_sizes(settings, sources, staged)
+    cluster = cluster_gpus(nodes, autoscaler, total)
+    chosen = dispatch(settings, sweep_trials(settings, sizes, params), cluster)
+    tasks = {task: fixed.get(task) or plan_trials(settings, nodes, autoscaler, wanted=total, task=task,
+                                                  gpus_per_trial=share)
+             for task, share in chosen.gpus.items()}
+    check_halving_trials(settings.sweep.scheduler, [task for task, p in tasks.items() if p.size.workers > 1])
+    concurrency = min(max(p.max_concurrent for p in tasks.values()), total)
+    plan = SweepPlan(total, nodes, autoscaler, storage, tasks, chosen, concurrency,
+                     _forecast(settings, chosen, params, cluster, concurrency), staging)
+    print_plan(settings, plan, chosen.describe(sizes, params))
+    return plan
+
+
+def _autoscaler(settings: Settings) -> AutoscalerView | None:
+    """Only a cluster the sweep joined can have an autoscaler; the local Ray it starts itself has none."""
+    from sweep.run.autoscale import declared_view, read_autoscaler
+
+    if not settings.cluster.address:
+        return None
+    autoscaler = read_autoscaler()
+    if not autoscaler.node_types and settings.cluster.node_types:
+        autoscaler = declared_view(autoscaler, settings.cluster.node_types)
+    return autoscaler
+
+
+def _staged_sizes(settings: Settings, sources: DriverSources, staged):
+    """Each task's size and the model's parameters, read where the sources are staged: here for local
+    storage (the driver's own folders); for S3 on the first node that staged them (the driver
+    downloads nothing)."""
+    if sources.local is not None:
+        return measure_sizes(settings, sources.local)
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    first = staged[0]
+    on_node = NodeAffinitySchedulingStrategy(first.node, soft=False)
+    return ray.get(ray.remote(num_cpus=0)(measure_sizes).options(scheduling_strategy=on_node)
+                   .remote(settings, first.sources))
+
+
+def _forecast(settings: Settings, chosen: Dispatch, params: int, cluster: ClusterGPUs, concurrency: int) -> Forecast:
+    """The progress line's ETA: every trial's predicted cost (Tune repeats the grid per search sample)."""
+    points = grid_points(settings)
+    every = list(chosen.order) * settings.sweep.num_samples
+    return Forecast(every, [trial_key({"trial": point_of(t.task, t.seed, points[t.point])}) for t in every],
+                    chosen.gpus if cluster.total else {}, params, cluster.total or concurrency,
+                    on_gpus=cluster.total > 0)
+
+
+def print_plan(settings: Settings, plan: SweepPlan, describe: list[str]) -> None:
+    for warning in dict.fromkeys(p.warning for p in plan.tasks.values() if p.warning):
+        print(f"warning: {warning}")
+    for line in describe:
+        print(f"plan: {line}")
+    scale = plan.first.scale
+    grows = f" (+ up to {scale.fits_at_max - scale.fits_now} trial(s) on launched nodes)" if scale else ""
+    print(f"sweep: {plan.total} trials ({len(settings.tasks)} task(s) x {len(settings.sweep.seeds)} seed(s)"
+          f"{' x grid' if settings.sweep.grid else ''}), up to {plan.concurrency} at once on {len(plan.nodes)} node(s)"
+          f"{grows}; " + _describe_sizes(plan.tasks))
+
+
+def _describe_sizes(plans: dict[str, TaskPlan]) -> str:
+    """'1 worker(s) x (1 CPU, 0 GPU) each', or per task when the tasks differ."""
+    def size(p: TaskPlan) -> str:
+        return f"{p.size.workers} worker(s) x ({p.size.cpus_per_worker:g} CPU, {p.size.gpus_per_worker:g} GPU)"
+
+    sizes = {task: size(p) for task, p in plans.items()}
+    if len(set(sizes.values())) == 1:
+        return f"{next(iter(sizes.values()))} each"
+    return "per trial: " + ", ".join(f"{task} {text}" for task, text in sizes.items())
