@@ -22,11 +22,12 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 from transformers import get_linear_schedule_with_warmup, set_seed
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
+from sweep.config.model_limits import usable_positions
 from sweep.config.settings import TrainConfig
 from sweep.config.tasks import TaskSpec
-from sweep.data.collate import make_collator, make_lm_collator
+from sweep.data.collate import count_tokens, make_collator, make_lm_collator
 from sweep.data.glue import load_task_data, tokenize_task
-from sweep.data.lm import check_block_fits, lm_blocks, max_positions
+from sweep.data.lm import check_block_fits, lm_blocks
 from sweep.train.loading import load_for_task, pick_device
 from sweep.train.metrics import merge_splits, perplexity, selection_score, task_metrics, trivial_score
 
@@ -261,7 +262,7 @@ def setup(spec: TaskSpec, model_dir: Path, data_dir: Path, train: TrainConfig, s
     set_seed(seed)  # before the model is built: the seed fixes the new head's weights
     tokenizer, model = load_for_task(Path(resume_from or model_dir), spec)
     if spec.kind == "causal_lm":  # before any data work: a block the model cannot hold
-        check_block_fits(train.block_size, max_positions(model.config), Path(model_dir).name)
+        check_block_fits(train.block_size, usable_positions(model.config), Path(model_dir).name)
     model.to(device)
     if dist.wrap_model is not None:
         model = dist.wrap_model(model)
@@ -370,8 +371,9 @@ class _Segment:
 
 
 def _train_step(run: Run, batch: dict[str, torch.Tensor], segment: _Segment) -> None:
-    segment.real_tokens += int(batch["attention_mask"].sum())
-    segment.padded_tokens += batch["attention_mask"].numel()
+    tokens = count_tokens(batch)
+    segment.real_tokens += tokens.real
+    segment.padded_tokens += tokens.padded
     batch = _to(batch, run.device)
     with _autocast(run.device, run.amp_dtype):
         loss = run.model(**batch).loss
