@@ -26,6 +26,7 @@ from sweep.config.settings import (
 )
 from sweep.config.tasks import CONF_DIR, TaskConfigError, tasks_from_config
 from sweep.errors import ConfigError
+from sweep.failures import first_line
 from sweep.secrets import secret_name
 
 CHOICES = {
@@ -48,7 +49,7 @@ def _typed(group: str, schema: type, node: Any) -> Any:
     except OmegaConfBaseException as e:
         key = f"{group}.{e.full_key}" if getattr(e, "full_key", None) else group
         # OmegaConf's first line says what was wrong; keep it, drop its multi-line trailer.
-        reason = str(e).splitlines()[0]
+        reason = first_line(e)
         if "not in" in reason:  # an unknown key: say which keys exist
             reason += f" (keys of {group}: {', '.join(schema.__dataclass_fields__)})"
         raise ConfigError(f"{key}: {reason}") from None
