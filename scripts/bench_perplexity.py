@@ -3,7 +3,7 @@
 The shared copy of WikiText-2 has no train file, so the model trains on ``wiki.valid.tokens`` and
 is scored on ``wiki.test.tokens`` (every token of it, blocks of ``--block-size``), as the sweep does with
 ``task=wikitext-2 task.wikitext-2.train_split=valid task.wikitext-2.eval_splits=[test]``. Before and
-after go through the same evaluation code (``sweep.train.loop.evaluate``), in the same run.
+after go through the same evaluation code (``sweep.train.evaluate.evaluate``), in the same run.
 
 Token perplexity depends on the tokenizer (tiny-gpt2 has a 2,000-token BPE trained on synthetic
 text), so a word-level perplexity is printed too: the same total loss over the test split's words
@@ -33,8 +33,9 @@ from sweep.config.validate import compose, compose_settings
 from sweep.data.collate import make_lm_collator
 from sweep.data.lm import lm_blocks
 from sweep.models.source import resolve_model_dir
-from sweep.train.loading import load_for_task
-from sweep.train.loop import evaluate, finetune, pick_device, quiet_progress_bars
+from sweep.train.evaluate import evaluate
+from sweep.train.loading import load_for_task, pick_device
+from sweep.train.loop import finetune, quiet_progress_bars
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_SPLIT, TEST_SPLIT = "valid", "test"

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from sweep.errors import ConfigError, DataFormatError, DiskFullError, ModelSourceError, StagingError, TrackingError
+from sweep.secrets import scrub
 
 # Our own verdicts on the trial's inputs: never retried, whatever else went wrong with them.
 SWEEP_TRIAL_ERRORS = (ConfigError, DataFormatError, ModelSourceError, StagingError)
@@ -65,6 +66,21 @@ def trial_error(error: BaseException) -> BaseException | None:
 
 def is_retryable(error: BaseException) -> bool:
     return trial_error(error) is None
+
+
+def first_line(error: BaseException, limit: int | None = None, scrubbed: bool = False) -> str:
+    """The first line of the error's message, or its type name when it has none, cut to ``limit``
+    characters. ``scrubbed``: secrets and URL passwords replaced (sweep.secrets.scrub) in the whole
+    message before it is cut, so a cut never leaves the start of a secret behind."""
+    text = scrub(str(error)) if scrubbed else str(error)
+    return (text.splitlines()[0] if text else type(error).__name__)[:limit]
+
+
+def last_line(error: BaseException, limit: int = 500) -> str:
+    """The last line of an error Ray wrapped in several layers (a trial's Tune error): its root
+    cause, which is what a person needs; the error's repr when it has no message."""
+    lines = str(error).strip().splitlines()
+    return lines[-1][:limit] if lines else repr(error)
 
 
 def error_line(error: BaseException) -> str:

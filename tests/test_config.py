@@ -267,6 +267,22 @@ def test_a_built_model_holds_exactly_what_its_builder_promises(tiny_roberta_dir)
             model(input_ids=torch.full((1, positions + 1), 5))
 
 
+def test_usable_positions_reads_a_config_json_and_a_loaded_config_alike():
+    """One rule for the positions: the CLI's check reads config.json (a dict), the trial and the
+    server read the loaded model's config object; GPT-2 names them n_positions, RoBERTa loses its offset."""
+    from transformers import BertConfig, GPT2Config, RobertaConfig
+
+    from sweep.config.model_limits import usable_positions
+
+    gpt2 = GPT2Config(n_positions=256)
+    assert usable_positions(gpt2) == usable_positions(gpt2.to_dict()) == 256
+    roberta = RobertaConfig(max_position_embeddings=130, pad_token_id=1)
+    assert usable_positions(roberta) == usable_positions(roberta.to_dict()) == 128
+    bert = BertConfig(max_position_embeddings=96, pad_token_id=0)
+    assert usable_positions(bert) == usable_positions(bert.to_dict()) == 96
+    assert usable_positions({"model_type": "gpt2"}) is None
+
+
 # ---- the command line, checked before Hydra runs the job (sweep.config.command_line) ----------------
 
 def test_the_command_line_check_lets_every_kind_of_good_argument_through(tmp_path):

@@ -9,7 +9,8 @@ from transformers import AutoModelForSequenceClassification
 
 from configs import train_config
 from sweep.config.tasks import load_task
-from sweep.train.loop import finetune
+from sweep.data.collate import count_tokens
+from sweep.train.loop import finetune, setup
 
 QUICK = train_config(lr=5e-3, batch_size=16, epochs=3, max_seq_length=64, max_train_samples=160, max_eval_samples=64)
 
@@ -50,13 +51,17 @@ def test_regression_and_two_eval_splits(synthetic_glue_dir, tiny_roberta_dir, ca
 @pytest.mark.parametrize("padding", ["dynamic", "max_length"])
 def test_padding_modes_count_tokens(synthetic_glue_dir, tiny_roberta_dir, cache_dir, padding):
     cfg = replace(QUICK, epochs=1, padding=padding, max_train_samples=32)
-    epoch = finetune(load_task("SST-2"), tiny_roberta_dir, synthetic_glue_dir, cfg, seed=38,
-                     cache_dir=cache_dir).epochs[0]
+    spec = load_task("SST-2")
+    epoch = finetune(spec, tiny_roberta_dir, synthetic_glue_dir, cfg, seed=38, cache_dir=cache_dir).epochs[0]
     assert 0 < epoch.train_tokens <= epoch.padded_tokens
     if padding == "max_length":
         assert epoch.padded_tokens == 32 * 64
     else:
         assert epoch.padded_tokens < 32 * 64
+    # the loop counts with the collator's count_tokens: the same batches (same seed) give the same sums
+    counts = [count_tokens(batch) for batch in setup(spec, tiny_roberta_dir, synthetic_glue_dir, cfg, seed=38,
+                                                       cache_dir=cache_dir).train_loader]
+    assert (epoch.train_tokens, epoch.padded_tokens) == (sum(c.real for c in counts), sum(c.padded for c in counts))
 
 
 class _Stop(Exception):

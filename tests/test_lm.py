@@ -27,8 +27,9 @@ from sweep.data.synthetic import write_synthetic_wikitext
 from sweep.errors import ConfigError, DataFormatError
 from sweep.models.source import resolve_model_dir
 from sweep.results.records import MADE_BY, load_records
+from sweep.train.evaluate import evaluate
 from sweep.train.loading import load_for_task
-from sweep.train.loop import evaluate, finetune
+from sweep.train.loop import finetune
 from sweep.train.tiny_exports import TINY_GPT2
 
 QUICK_LM = train_config(lr=5e-3, batch_size=16, epochs=3, block_size=64)

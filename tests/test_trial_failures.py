@@ -8,7 +8,7 @@ import pytest
 
 from sweep.config.tasks import load_task
 from sweep.errors import ConfigError, DataFormatError, DiskFullError, ModelSourceError, TrackingError
-from sweep.failures import error_line, is_retryable, trial_error
+from sweep.failures import error_line, first_line, is_retryable, trial_error
 
 
 def raised(fn) -> BaseException:
@@ -42,6 +42,19 @@ def test_a_bad_label_is_the_trials_own_error_with_its_line(tmp_path):
     assert trial_error(error) is error and not is_retryable(error)
     line = error_line(error)
     assert line.startswith("DataFormatError: ") and "train.tsv:4" in line and "'maybe'" in line
+
+
+def test_first_line_is_the_messages_first_line_else_the_type_scrubbed_before_the_cut(monkeypatch):
+    """The one-line reason the tracker, the uploads, the plan and the CLI print for a caught error."""
+    assert first_line(ValueError("row 3: no label 'maybe'\nTraceback (most recent call last): ...")) == (
+        "row 3: no label 'maybe'")
+    assert first_line(ValueError()) == "ValueError"
+    assert first_line(OSError("x" * 400), 300) == "x" * 300
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t-" + "k" * 40)
+    leaky = OSError("refused " + "y" * 280 + " s3cr3t-" + "k" * 40 + "\nmore")
+    assert first_line(leaky, 300, scrubbed=True) == "refused " + "y" * 280 + " ***"
+    assert "s3cr3t" in first_line(leaky, 300)  # unscrubbed where asked (costs, the Ray probe: no secrets there)
+    assert first_line(OSError("sqlite://u:pw@host/db"), scrubbed=True) == "sqlite://u:***@host/db"
 
 
 def test_a_sequence_longer_than_the_models_positions_is_not_retried():

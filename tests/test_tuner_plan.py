@@ -107,6 +107,19 @@ def test_bad_sweep_options(override, expected):
     assert str(e.value).startswith(expected), str(e.value)
 
 
+def test_seed_halving_refuses_the_ddp_trials_an_auto_plan_chose():
+    """validate cannot know what gpus_per_trial=auto becomes; the tuner asks the same check again
+    with the plan's shares, before any trial."""
+    from sweep.config.validate import check_halving_trials
+
+    s = settings("sweep.scheduler=seed_halving", "resources.gpus_per_trial=auto")  # passes validate
+    check_halving_trials(s, {"WNLI": 1.0})
+    with pytest.raises(ConfigError, match=r"^sweep.scheduler: seed_halving cannot pause the multi-GPU \(DDP\) "
+                                          r"trials of WNLI; give them 1 GPU"):
+        check_halving_trials(s, {"WNLI": 2.0})
+    check_halving_trials(settings("sweep.scheduler=asha", "resources.gpus_per_trial=auto"), {"WNLI": 2.0})
+
+
 # ---- an autoscaling cluster: what it can launch counts, GPU trials never silently become CPU ----
 
 def _view(*types, alive_counts=None):

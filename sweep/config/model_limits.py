@@ -31,13 +31,24 @@ def position_offset(model_type: str, pad_token_id: int | None) -> int:
     return (pad_token_id or 0) + 1 if model_type in PADDING_OFFSET_TYPES else 0
 
 
-def usable_positions(config: Mapping[str, Any]) -> int | None:
-    """Tokens one sequence can hold, from a model's config.json (GPT-2: n_positions; others:
-    max_position_embeddings, less RoBERTa's offset); None when the config does not say."""
-    total = config.get("n_positions") or config.get("max_position_embeddings")
+def usable_positions(config: Mapping[str, Any] | Any) -> int | None:
+    """Tokens one sequence can hold, from a model's config: its config.json as a dict, or the loaded
+    config object (anything with attributes; no transformers import here). GPT-2: n_positions;
+    others: max_position_embeddings, less RoBERTa's offset. None when the config does not say."""
+    if isinstance(config, Mapping):
+        get = config.get
+    else:
+        def get(key: str) -> Any:
+            return getattr(config, key, None)
+    total = get("n_positions") or get("max_position_embeddings")
     if not isinstance(total, int):
         return None
-    return total - position_offset(str(config.get("model_type", "")), config.get("pad_token_id"))
+    return total - position_offset(str(get("model_type") or ""), get("pad_token_id"))
+
+
+def too_long(where: str, value: Any, model: str, positions: int) -> str:
+    """The one message for a train length longer than the model holds (checked here and in each trial)."""
+    return f"{where}: {value} is more than {model} holds ({positions} positions); use at most {positions}"
 
 
 def folder_positions(model_dir: str | Path) -> int | None:
@@ -99,8 +110,7 @@ def check_fits(settings: Settings, positions: int | None) -> None:
     for key in keys:
         for where, value in _tried_values(settings, key):
             if isinstance(value, (int, float)) and value > positions:
-                raise ConfigError(f"{where}: {value} is more than {settings.model.name} holds "
-                                  f"({positions} positions); use at most {positions}")
+                raise ConfigError(too_long(where, value, settings.model.name, positions))
 
 
 def check_lengths(settings: Settings) -> None:

@@ -80,6 +80,9 @@ class TaskSpec:
         return len(self.text_columns) == 2
 
 
+Bad = Callable[[str, str], TaskConfigError]  # (key, why) -> the error naming task.<name>.<key>
+
+
 def task_from_config(cfg: Mapping[str, Any] | Any) -> TaskSpec:
     """Build a TaskSpec from one task's config node, with errors that name the bad key."""
     d = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
@@ -102,37 +105,11 @@ def task_from_config(cfg: Mapping[str, Any] | Any) -> TaskSpec:
     eval_files = d.get("eval_files") or {}
     if not isinstance(eval_files, Mapping) or not eval_files:
         raise bad("eval_files", "needs at least one split name -> file, e.g. {dev: dev.tsv}")
-    holdout = _holdout_fraction(d, lm, eval_files, bad)
+    holdout = _holdout_fraction(d, lm, eval_files, bad)  # the checks in this order: the first error is the one said
+    labels = _labels(d, kind, bad)
     text_columns = tuple(d.get("text_columns") or ())
-    labels = d.get("labels")
-    if kind == "classification":
-        if not labels or len(labels) < 2:
-            raise bad("labels", "a classification task needs a list of at least two labels")
-        labels = tuple(str(x) for x in labels)
-    elif labels is not None:
-        raise bad("labels", f"a {kind} task has no label list; set it to null")
-    if kind != "causal_lm":
-        if len(text_columns) not in (1, 2):
-            raise bad("text_columns", f"needs one or two column names, got {list(text_columns)}")
-        if not d.get("label_column"):
-            raise bad("label_column", "needs the name of the label column")
-    header = bool(d.get("header", True))
-    columns = tuple(d["columns"]) if d.get("columns") else None
-    if kind != "causal_lm" and not header:
-        if not columns:
-            raise bad("columns", "a file without a header row needs 'columns' naming each column")
-        missing = [c for c in (*text_columns, d["label_column"]) if c not in columns]
-        if missing:
-            raise bad("columns", f"does not name {missing}")
-    hf = d.get("hf")
-    hf_layout = None
-    if hf:
-        names = hf.get("label_names")
-        hf_layout = HFLayout(
-            config=str(hf["config"]),
-            text_columns=tuple(hf.get("text_columns") or ()),
-            label_names=tuple(str(x) for x in names) if names else None,
-        )
+    header, columns = _columns(d, kind, text_columns, bad)
+    hf = _hf_layout(d.get("hf"))
     return TaskSpec(
         name=name,
         kind=kind,
@@ -146,14 +123,58 @@ def task_from_config(cfg: Mapping[str, Any] | Any) -> TaskSpec:
         labels=labels,
         metric=d.get("metric", "perplexity" if lm else "acc"),
         mode=mode,
-        hf=hf_layout,
+        hf=hf,
         path=_absolute(d.get("path")),
         holdout_fraction=holdout,
         split_file=d.get("split_file"),
     )
 
 
-def _files_of_splits(d: dict[str, Any], bad: Callable[[str, str], TaskConfigError]) -> dict[str, Any]:
+def _labels(d: dict[str, Any], kind: str, bad: Bad) -> tuple[str, ...] | None:
+    """A classification task's label strings (at least two); other kinds have none."""
+    labels = d.get("labels")
+    if kind == "classification":
+        if not labels or len(labels) < 2:
+            raise bad("labels", "a classification task needs a list of at least two labels")
+        return tuple(str(x) for x in labels)
+    if labels is not None:
+        raise bad("labels", f"a {kind} task has no label list; set it to null")
+    return None
+
+
+def _columns(d: dict[str, Any], kind: str, text_columns: tuple[str, ...],
+             bad: Bad) -> tuple[bool, tuple[str, ...] | None]:
+    """(header, columns): a GLUE-style file's text and label columns, named by its header row or by
+    ``columns`` (a file without one); a causal LM corpus has no columns to check."""
+    header = bool(d.get("header", True))
+    columns = tuple(d["columns"]) if d.get("columns") else None
+    if kind == "causal_lm":
+        return header, columns
+    if len(text_columns) not in (1, 2):
+        raise bad("text_columns", f"needs one or two column names, got {list(text_columns)}")
+    if not d.get("label_column"):
+        raise bad("label_column", "needs the name of the label column")
+    if not header:
+        if not columns:
+            raise bad("columns", "a file without a header row needs 'columns' naming each column")
+        missing = [c for c in (*text_columns, d["label_column"]) if c not in columns]
+        if missing:
+            raise bad("columns", f"does not name {missing}")
+    return header, columns
+
+
+def _hf_layout(hf: Mapping[str, Any] | None) -> HFLayout | None:
+    if not hf:
+        return None
+    names = hf.get("label_names")
+    return HFLayout(
+        config=str(hf["config"]),
+        text_columns=tuple(hf.get("text_columns") or ()),
+        label_names=tuple(str(x) for x in names) if names else None,
+    )
+
+
+def _files_of_splits(d: dict[str, Any], bad: Bad) -> dict[str, Any]:
     """``split_file`` + ``train_split`` + ``eval_splits`` -> ``train_file`` and ``eval_files``.
 
     Lists replace each other whole in Hydra overrides (dicts merge), so choosing splits reads
@@ -183,8 +204,7 @@ def _files_of_splits(d: dict[str, Any], bad: Callable[[str, str], TaskConfigErro
     }
 
 
-def _holdout_fraction(d: dict[str, Any], lm: bool, eval_files: Mapping[str, Any],
-                      bad: Callable[[str, str], TaskConfigError]) -> float:
+def _holdout_fraction(d: dict[str, Any], lm: bool, eval_files: Mapping[str, Any], bad: Bad) -> float:
     """An eval split with file null is cut from the end of the train text (causal LM only)."""
     held_out = [split for split, file in eval_files.items() if file is None]
     if not held_out:

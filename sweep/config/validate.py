@@ -7,6 +7,7 @@ the key and what is allowed, raised before any data is read or any Ray resource 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -26,6 +27,7 @@ from sweep.config.settings import (
 )
 from sweep.config.tasks import CONF_DIR, TaskConfigError, tasks_from_config
 from sweep.errors import ConfigError
+from sweep.failures import first_line
 from sweep.secrets import secret_name
 
 CHOICES = {
@@ -48,7 +50,7 @@ def _typed(group: str, schema: type, node: Any) -> Any:
     except OmegaConfBaseException as e:
         key = f"{group}.{e.full_key}" if getattr(e, "full_key", None) else group
         # OmegaConf's first line says what was wrong; keep it, drop its multi-line trailer.
-        reason = str(e).splitlines()[0]
+        reason = first_line(e)
         if "not in" in reason:  # an unknown key: say which keys exist
             reason += f" (keys of {group}: {', '.join(schema.__dataclass_fields__)})"
         raise ConfigError(f"{key}: {reason}") from None
@@ -97,7 +99,7 @@ def _check_ranges(s: Settings) -> None:
     _check_hparams(s)
 
     _check_resources(s)
-    _check_halving_trials(s)
+    check_halving_trials(s)
 
     _check(s.cluster.scale_timeout_s > 0, "cluster.scale_timeout_s",
            f"must be > 0 seconds, got {s.cluster.scale_timeout_s}")
@@ -114,18 +116,16 @@ def _check_halving(h: HalvingConfig) -> None:
            f"must be a whole number of trials per task (>= 1) or a share in (0, 1), e.g. 2 or 0.5; got {h.keep}")
 
 
-def _check_halving_trials(s: Settings) -> None:
+def check_halving_trials(s: Settings, gpus: Mapping[str, float | str] | None = None) -> None:
     """Seed halving pauses trials at its rung; a paused multi-GPU (DDP) trial would leave its Train
-    worker group running (resources.gpus_per_trial=auto is checked again once the plan is made)."""
-    ddp = [t.name for t in s.tasks
-           if isinstance(s.resources.gpus_for(t.name), (int, float)) and s.resources.gpus_for(t.name) > 1]
-    check_halving_trials(s.sweep.scheduler, ddp)
-
-
-def check_halving_trials(scheduler: str, ddp_tasks: list[str]) -> None:
-    """The rule itself, for the config's fixed GPUs here and the plan's chosen ones (``auto``) later."""
-    _check(scheduler != "seed_halving" or not ddp_tasks, "sweep.scheduler",
-           f"seed_halving cannot pause the multi-GPU (DDP) trials of {', '.join(sorted(ddp_tasks))}; "
+    worker group running. ``gpus``: each task's GPUs per trial; by default as configured (here, in
+    validate: "auto" is not known yet), else as the plan chose them (the tuner, before any trial)."""
+    if s.sweep.scheduler != "seed_halving":
+        return
+    shares = {t.name: s.resources.gpus_for(t.name) for t in s.tasks} if gpus is None else gpus
+    ddp = [t.name for t in s.tasks  # more than 1 GPU: DDP workers (in the tasks' order)
+           if isinstance(n := shares.get(t.name), (int, float)) and n > 1]
+    _check(not ddp, "sweep.scheduler", f"seed_halving cannot pause the multi-GPU (DDP) trials of {', '.join(ddp)}; "
            "give them 1 GPU (resources.gpus_per_trial=1) or use sweep.scheduler=asha")
 
 

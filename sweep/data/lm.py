@@ -16,7 +16,6 @@ import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -24,6 +23,7 @@ from datasets import Dataset, DatasetDict, DatasetInfo, Features, Sequence, Valu
 from datasets.table import InMemoryTable
 from transformers import PreTrainedTokenizerBase
 
+from sweep.config.model_limits import too_long
 from sweep.config.tasks import TaskSpec
 from sweep.data.cache import cache_stats, cached_dataset, content_key, tokenizer_identity
 from sweep.errors import ConfigError, DataFormatError
@@ -100,17 +100,11 @@ def _empty(spec: TaskSpec, split: str, files: list[Path]) -> DataFormatError:
     return DataFormatError(f"{where}: empty corpus: split {split!r} of task {spec.name} holds no text")
 
 
-def max_positions(config: dict[str, Any] | Any) -> int | None:
-    """Positions a model can attend over, from its config (GPT-2: n_positions; others: max_position_embeddings)."""
-    get = config.get if isinstance(config, dict) else lambda k: getattr(config, k, None)
-    return get("n_positions") or get("max_position_embeddings")
-
-
 def check_block_fits(block_size: int, positions: int | None, model: str) -> None:
+    """In the trial, against the loaded model's positions (``usable_positions``): what
+    sweep.config.model_limits checks before any trial, with the same message."""
     if positions is not None and block_size > positions:
-        # the wording of sweep.config.model_limits, which checks the same before any trial
-        raise BlockSizeError(f"train.block_size: {block_size} is more than {model} holds "
-                             f"({positions} positions); use at most {positions}")
+        raise BlockSizeError(too_long("train.block_size", block_size, model, positions))
 
 
 # --------------------------------------------------------------------------------------------

@@ -7,7 +7,9 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from filelock import FileLock
@@ -19,6 +21,7 @@ from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
     GPT2TokenizerFast,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     RobertaConfig,
@@ -184,45 +187,43 @@ def _check_vocab(hf_tok: PreTrainedTokenizerBase, vocab_size: int, arch: str) ->
 # ---------------------------------------------------------------------------------------------
 # Tiny model configs: 4*hidden intermediate size, special-token ids from the tokenizer.
 
-def _roberta_model(
-    tok: PreTrainedTokenizerBase, h: int, layers: int, heads: int, pos: int
-) -> PreTrainedModel:
-    config = RobertaConfig(
-        vocab_size=len(tok), hidden_size=h, num_hidden_layers=layers, num_attention_heads=heads,
-        intermediate_size=4 * h, max_position_embeddings=pos, type_vocab_size=1,
-        pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-    )
-    return RobertaForMaskedLM(config)
+# The config's own names for (hidden size, layers, heads, intermediate size, positions).
+BERT_SIZE_NAMES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                   "max_position_embeddings")
+GPT2_SIZE_NAMES = ("n_embd", "n_layer", "n_head", "n_inner", "n_positions")
 
 
-def _gpt2_model(
-    tok: PreTrainedTokenizerBase, h: int, layers: int, heads: int, pos: int
-) -> PreTrainedModel:
-    config = GPT2Config(
-        vocab_size=len(tok), n_embd=h, n_layer=layers, n_head=heads, n_inner=4 * h, n_positions=pos,
-        bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id,
-    )
-    return GPT2LMHeadModel(config)
+@dataclass(frozen=True)
+class _Body:
+    """One architecture's config and model classes, its names for the sizes, and its special ids."""
+
+    config: type[PretrainedConfig]
+    model: type[PreTrainedModel]
+    size_names: tuple[str, ...]
+    special_ids: Callable[[PreTrainedTokenizerBase], dict[str, Any]]
+
+    def build(self, tok: PreTrainedTokenizerBase, h: int, layers: int, heads: int, pos: int) -> PreTrainedModel:
+        sizes = dict(zip(self.size_names, (h, layers, heads, 4 * h, pos), strict=True))
+        return self.model(self.config(vocab_size=len(tok), **sizes, **self.special_ids(tok)))
 
 
-def _bert_model(
-    tok: PreTrainedTokenizerBase, h: int, layers: int, heads: int, pos: int
-) -> PreTrainedModel:
-    config = BertConfig(
-        vocab_size=len(tok), hidden_size=h, num_hidden_layers=layers, num_attention_heads=heads,
-        intermediate_size=4 * h, max_position_embeddings=pos, pad_token_id=tok.pad_token_id,
-    )
-    return BertForMaskedLM(config)
+_ROBERTA = _Body(RobertaConfig, RobertaForMaskedLM, BERT_SIZE_NAMES, lambda tok: {
+    "type_vocab_size": 1, "pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id,
+    "eos_token_id": tok.eos_token_id})
+# GPT-2 has no pad token: eos stands for all three
+_GPT2 = _Body(GPT2Config, GPT2LMHeadModel, GPT2_SIZE_NAMES, lambda tok: dict.fromkeys(
+    ("bos_token_id", "eos_token_id", "pad_token_id"), tok.eos_token_id))
+_BERT = _Body(BertConfig, BertForMaskedLM, BERT_SIZE_NAMES, lambda tok: {"pad_token_id": tok.pad_token_id})
 
 
 TokenizerBuilder = Callable[[Iterable[str], int, int], PreTrainedTokenizerBase]
 ModelBuilder = Callable[[PreTrainedTokenizerBase, int, int, int, int], PreTrainedModel]
 # arch -> (tokenizer builder, model builder, positions the tokenizer may use)
 _BUILDERS: dict[str, tuple[TokenizerBuilder, ModelBuilder, Callable[[int], int]]] = {
-    "roberta": (_roberta_tokenizer, _roberta_model,
+    "roberta": (_roberta_tokenizer, _ROBERTA.build,
                 lambda pos: pos - position_offset("roberta", ROBERTA_SPECIALS.index("<pad>"))),
-    "gpt2": (_gpt2_tokenizer, _gpt2_model, lambda pos: pos),
-    "bert": (_bert_tokenizer, _bert_model, lambda pos: pos),
+    "gpt2": (_gpt2_tokenizer, _GPT2.build, lambda pos: pos),
+    "bert": (_bert_tokenizer, _BERT.build, lambda pos: pos),
 }
 
 

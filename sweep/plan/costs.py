@@ -20,6 +20,7 @@ from typing import Any
 from sweep.config.settings import Settings, TrainConfig
 from sweep.config.tasks import TaskSpec
 from sweep.errors import DataFormatError
+from sweep.failures import first_line
 from sweep.plan.makespan import DEFAULT_SPEEDUP, CostModel, Speedup, TrialWork
 
 SAMPLE_ROWS = 512  # enough for a mean within a few percent; tokenizing all of MNLI would take a minute
@@ -114,7 +115,7 @@ def measure_sizes(settings: Settings, sources) -> tuple[dict[str, TaskSize], int
         try:
             sizes[spec.name] = task_size(spec, data_dir, tokenizer, settings.train)
         except (DataFormatError, OSError, ValueError) as e:  # a plan is no reason to stop the other tasks
-            failed[spec.name] = str(e).splitlines()[0] if str(e) else type(e).__name__
+            failed[spec.name] = first_line(e)
     known = list(sizes.values())
     rows = round(sum(s.rows for s in known) / len(known)) if known else 1
     tokens = sum(s.mean_tokens for s in known) / len(known) if known else 1.0

@@ -26,7 +26,7 @@ from typing import Any
 from ray.tune import Callback
 
 from sweep.config.settings import Settings
-from sweep.secrets import scrub
+from sweep.failures import first_line
 from sweep.trials import Report, trial_of
 
 log = logging.getLogger(__name__)
@@ -149,7 +149,7 @@ class TrialRuns(Callback):
             return find_child_run(t.uri, t.experiment_id, t.parent_run_id, run_name(task, seed, trial_id)) or ""
         except Exception as e:  # the store is away: the record has no run id, registration says so
             log.warning("tracking: cannot look up the run of trial %s (%s)", trial_id,
-                        scrub(str(e)).splitlines()[0][:200])
+                        first_line(e, 200, scrubbed=True))
             return ""
 
     def _queue(self, call, *args) -> None:
@@ -169,7 +169,7 @@ class TrialRuns(Callback):
                 call(*args)
             except Exception as e:  # a store that refused a call: the sweep goes on, the line says what
                 log.warning("tracking: MLflow call for trial %s failed (%s)", args[0],
-                            scrub(str(e)).splitlines()[0][:300])
+                            first_line(e, 300, scrubbed=True))
 
     def _train(self, config: dict[str, Any]):
         _, _, hparams = trial_of(config)

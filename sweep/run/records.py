@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sweep.config.settings import Settings
+from sweep.failures import last_line
 from sweep.plan.sizes import TaskPlan
 from sweep.results.records import TrialRecord
 from sweep.trials import CHECKPOINT_MARKER, Report, TrialHistories, trial_of
@@ -44,7 +45,7 @@ def records_from_results(grid, settings: Settings, plans: dict[str, TaskPlan], h
             record.status, record.error = "ERROR", own_error
         elif result.error is not None or record.score is None:
             record.status = "ERROR"
-            record.error = _error_text(result.error) if result.error is not None else "trial reported no result"
+            record.error = last_line(result.error) if result.error is not None else "trial reported no result"
         records.append(record)
     return records
 
@@ -204,8 +205,3 @@ def _local_path(path: Any) -> str | None:
         return None
     return path[len("file://"):] if path.startswith("file://") else path
 
-
-def _error_text(error: BaseException) -> str:
-    # The root cause's last line is what a person needs; Ray wraps it in several layers.
-    text = str(error).strip().splitlines()
-    return text[-1][:500] if text else repr(error)

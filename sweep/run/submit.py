@@ -260,7 +260,9 @@ def short_reason(error: BaseException) -> str:
         return found[-1].strip()
     if "timed out" in text.lower() or type(error).__name__.endswith("Timeout"):
         return f"no answer within {PROBE_TIMEOUT_S:.0f} s"
-    return text.splitlines()[0][:200] if text else type(error).__name__
+    from sweep.failures import first_line
+
+    return first_line(error, 200)
 
 
 def check_token_env(env: Mapping[str, str]) -> None:

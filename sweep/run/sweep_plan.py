@@ -71,7 +71,7 @@ def plan_sweep(settings: Settings, sources: DriverSources, out_dir: Path) -> Swe
     tasks = {task: fixed.get(task) or plan_trials(settings, nodes, autoscaler, wanted=total, task=task,
                                                   gpus_per_trial=share)
              for task, share in chosen.gpus.items()}
-    check_halving_trials(settings.sweep.scheduler, [task for task, p in tasks.items() if p.size.workers > 1])
+    check_halving_trials(settings, chosen.gpus)  # "auto" as the plan chose it
     concurrency = min(max(p.max_concurrent for p in tasks.values()), total)
     plan = SweepPlan(total, nodes, autoscaler, storage, tasks, chosen, concurrency,
                      _forecast(settings, chosen, params, cluster, concurrency), staging)

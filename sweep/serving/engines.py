@@ -27,7 +27,7 @@ from transformers import (
 )
 from transformers.generation.streamers import BaseStreamer
 
-from sweep.config.model_limits import position_offset
+from sweep.config.model_limits import usable_positions
 from sweep.models.quiet import quiet_transformers
 from sweep.serving.generation import finish_completion, streamable_text
 from sweep.serving.protocol import Classification, Completion, GenerationParams
@@ -62,11 +62,9 @@ def model_kind(model_dir: Path) -> str:
 
 def context_length(model: PreTrainedModel, tokenizer_limit: int) -> int:
     """Tokens the model can attend to: the position table, less RoBERTa's padding offset."""
-    config = model.config
-    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    positions = usable_positions(model.config)
     if positions is None:
         raise ModelKindError(f"{type(model).__name__}: config has no max_position_embeddings")
-    positions -= position_offset(config.model_type, config.pad_token_id)
     return min(positions, tokenizer_limit) if tokenizer_limit < _NO_LIMIT else positions
 
 

@@ -133,6 +133,28 @@ def _usage(job: OpenAIJob, results: Sequence[Generated]) -> UsageInfo:
     return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
+def _completion(model: str, job: OpenAIJob, results: Sequence[Generated]) -> Completion:
+    return Completion(
+        id=f"cmpl-{uuid.uuid4().hex}",
+        created=int(time.time()),
+        model=model,
+        choices=[CompletionChoice(index=i, text=r.text, logprobs=None, finish_reason=r.finish_reason)
+                 for i, r in enumerate(results)],
+        usage=_usage(job, results),
+    )
+
+
+def _chat_completion(model: str, job: OpenAIJob, results: Sequence[Generated]) -> ChatCompletion:
+    return ChatCompletion(
+        id=f"chatcmpl-{uuid.uuid4().hex}",
+        created=int(time.time()),
+        model=model,
+        choices=[ChatCompletionChoice(index=i, message=ChatMessage(role="assistant", content=r.text), logprobs=None,
+                                      finish_reason=r.finish_reason) for i, r in enumerate(results)],
+        usage=_usage(job, results),
+    )
+
+
 class _Chunks:
     """The stream's JSON chunks, for a completion or a chat completion."""
 
@@ -188,20 +210,9 @@ class OpenAIGeneratorModel(GeneratorModel, OpenAIGenerativeModel):
     ) -> AsyncGenerator[str, None] | Completion | ErrorResponse:
         try:
             prompts = completion_prompts(request.prompt)
-            job = openai_job(request, prompts, self.engine.count_tokens, self.engine.context_length, request.max_tokens)
         except RequestError as e:
             return error_response(str(e))
-        if job.stream:
-            return self._stream(job, _Chunks(self.name, chat=False))
-        results = await self._complete(job, context)
-        return Completion(
-            id=f"cmpl-{uuid.uuid4().hex}",
-            created=int(time.time()),
-            model=self.name,
-            choices=[CompletionChoice(index=i, text=r.text, logprobs=None, finish_reason=r.finish_reason)
-                     for i, r in enumerate(results)],
-            usage=_usage(job, results),
-        )
+        return await self._answer(request, prompts, request.max_tokens, "max_tokens", context, chat=False)
 
     async def create_chat_completion(
         self, request: ChatCompletionRequest, raw_request: Request | None = None, context: dict[str, Any] | None = None
@@ -222,23 +233,23 @@ class OpenAIGeneratorModel(GeneratorModel, OpenAIGenerativeModel):
             max_tokens, field = request.max_completion_tokens, "max_completion_tokens"
         else:
             max_tokens, field = request.max_tokens, "max_tokens"
+        return await self._answer(request, [prompt], max_tokens, field, context, chat=True)
+
+    # -- generation -----------------------------------------------------------------------------
+
+    async def _answer(self, request: Any, prompts: list[str], max_tokens: int | None, field: str,
+                      context: dict[str, Any] | None, chat: bool
+                      ) -> AsyncGenerator[str, None] | Completion | ChatCompletion | ErrorResponse:
+        """Both endpoints once the prompts are known: the job (or the request's error), then a stream
+        or the finished rows as a (chat) completion."""
         try:
-            job = openai_job(request, [prompt], self.engine.count_tokens, self.engine.context_length, max_tokens, field)
+            job = openai_job(request, prompts, self.engine.count_tokens, self.engine.context_length, max_tokens, field)
         except RequestError as e:
             return error_response(str(e))
         if job.stream:
-            return self._stream(job, _Chunks(self.name, chat=True))
+            return self._stream(job, _Chunks(self.name, chat=chat))
         results = await self._complete(job, context)
-        return ChatCompletion(
-            id=f"chatcmpl-{uuid.uuid4().hex}",
-            created=int(time.time()),
-            model=self.name,
-            choices=[ChatCompletionChoice(index=i, message=ChatMessage(role="assistant", content=r.text), logprobs=None,
-                                          finish_reason=r.finish_reason) for i, r in enumerate(results)],
-            usage=_usage(job, results),
-        )
-
-    # -- generation -----------------------------------------------------------------------------
+        return (_chat_completion if chat else _completion)(self.name, job, results)
 
     async def _complete(self, job: OpenAIJob, context: dict[str, Any] | None) -> list[Generated]:
         """Not streamed: the rows join the micro-batcher like v2 requests with the same settings."""

@@ -37,6 +37,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
+from sweep.failures import first_line
 from sweep.secrets import scrub
 
 DB_NAME = "mlflow.db"
@@ -171,7 +172,7 @@ def upload_mlflow(tracking_uri: str | None, output_prefix: str, endpoint: str | 
         shown_endpoint = endpoint_url(endpoint)
         done = upload_store(make_client(endpoint, region), tracking_uri, dest)
     except Exception as e:  # noqa: BLE001 - the sweep's results are written; this must not fail it
-        reason = scrub(str(e).splitlines()[0] if str(e) else type(e).__name__)
+        reason = first_line(e, scrubbed=True)
         emit(f"warning: the MLflow store {scrub(tracking_uri)} was not uploaded to {dest}/ ({reason}); "
              f"upload it by hand, on the head before the cluster goes: {by_hand(tracking_uri, dest, endpoint, region)}")
         return None
@@ -194,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         done = upload_store(make_client(args.endpoint, args.region), args.tracking_uri, args.dest.rstrip("/"))
     except Exception as e:  # noqa: BLE001
-        print(f"error: {scrub(str(e).splitlines()[0] if str(e) else type(e).__name__)}", file=sys.stderr)
+        print(f"error: {first_line(e, scrubbed=True)}", file=sys.stderr)
         return 1
     print(f"uploaded: {DB_NAME} and {done.artifact_files} artifact files -> {done.dest}/")
     return 0

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from sweep.errors import TrackingError
+from sweep.failures import first_line
 from sweep.files import write_json
 from sweep.results.records import TaskSummary, TrialRecord
 from sweep.secrets import scrub
@@ -200,7 +201,7 @@ class SweepTracker(_Tracked):
                     spool.keep(pending[i:])
                     return len(pending) - i
                 log.warning("tracking: the MLflow store refused a kept call of %s (%s); dropped",
-                            path.name, scrub(str(e)).splitlines()[0][:300])
+                            path.name, first_line(e, 300, scrubbed=True))
         spool.keep([])
         return 0
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sweep.errors import TrackingError
+from sweep.failures import first_line
 from sweep.secrets import scrub
 from sweep.tracking.sender import _Sender
 from sweep.tracking.spool import Spool, read_records, spool_files, unreachable
@@ -54,7 +55,7 @@ def replay(where: Path, uri: str | None = None) -> Replayed:
                     return Replayed(uri, sent, _count(files), path)
                 refused.append(record)  # kept for a look, not in the way of the rest
                 log.warning("replay: %s refused a %s call of run %s: %s", scrub(uri), record.get("op"),
-                            record.get("run_name"), scrub(str(e)).splitlines()[0][:300])
+                            record.get("run_name"), first_line(e, 300, scrubbed=True))
         Spool(path).keep(refused)
     return Replayed(uri, sent, _count(files), next((p for p in files if p.exists()), None))
 

@@ -15,6 +15,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric
 from mlflow.exceptions import MlflowException
 
+from sweep.failures import first_line
 from sweep.secrets import scrub
 from sweep.tracking.spool import Record, Spool, spool_for, unreachable
 from sweep.tracking.store import _client, _log_params, _quote, _retry, _set_tags, ensure_experiment
@@ -209,7 +210,7 @@ class _Tracked:
                     self._went_away(e)
                     return False
                 log.warning("tracking: the MLflow store refused a kept call (%s: %s); dropped",
-                            record["op"], scrub(str(e)).splitlines()[0][:300])
+                            record["op"], first_line(e, 300, scrubbed=True))
         self.spool.keep([])
         self._backlog = False
         self._quiet_s = QUIET_S
@@ -221,7 +222,7 @@ class _Tracked:
         if time.monotonic() >= self._quiet_until:
             where = self.spool.path if self.spool is not None else "nowhere"
             log.warning("tracking: MLflow at %s did not answer (%s); calls kept in %s, training goes on",
-                        scrub(self.uri), scrub(str(error)).splitlines()[0][:200], where)
+                        scrub(self.uri), first_line(error, 200, scrubbed=True), where)
         self._quiet_until = time.monotonic() + self._quiet_s
         self._quiet_s = min(self._quiet_s * 2, QUIET_MAX_S)  # a long outage is probed less and less often
 

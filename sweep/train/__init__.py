@@ -1,6 +1,7 @@
 """Training without Ray: the loop one trial runs, its model and metrics, and the no-Ray baseline.
 
 - ``loop.py``:         ``finetune``: tokenized data -> a trained model, evaluated at each evaluation point
+- ``evaluate.py``:     one split's metrics from a model (``evaluate``), and the autocast training shares
 - ``loading.py``:      a model folder -> tokenizer and model with the task's head; the device
 - ``metrics.py``:      GLUE metrics, perplexity, the selection score and the trivial (majority) score
 - ``sequential.py``:   every trial one after another in this process (the baseline the benchmarks compare to)

@@ -7,7 +7,6 @@ the same machine gives the same metrics.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
@@ -22,13 +21,15 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 from transformers import get_linear_schedule_with_warmup, set_seed
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
+from sweep.config.model_limits import usable_positions
 from sweep.config.settings import TrainConfig
 from sweep.config.tasks import TaskSpec
-from sweep.data.collate import make_collator, make_lm_collator
+from sweep.data.collate import count_tokens, make_collator, make_lm_collator
 from sweep.data.glue import load_task_data, tokenize_task
-from sweep.data.lm import check_block_fits, lm_blocks, max_positions
+from sweep.data.lm import check_block_fits, lm_blocks
+from sweep.train.evaluate import autocast, autocast_dtype, evaluate, to_device
 from sweep.train.loading import load_for_task, pick_device
-from sweep.train.metrics import merge_splits, perplexity, selection_score, task_metrics, trivial_score
+from sweep.train.metrics import merge_splits, selection_score, trivial_score
 
 log = logging.getLogger(__name__)
 
@@ -100,17 +101,6 @@ def quiet_progress_bars() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
-def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype for a precision setting; None means plain fp32."""
-    if device.type != "cuda" or precision == "fp32":
-        return None
-    if precision == "fp16":
-        return torch.float16
-    if precision == "bf16" or torch.cuda.is_bf16_supported():
-        return torch.bfloat16
-    return torch.float16  # auto on an older GPU without bf16
-
-
 def _subsample(ds, limit: int | None):
     # A fixed shuffle (seed 0), independent of the trial seed: every seed sees the same subset.
     if limit is None or len(ds) <= limit:
@@ -135,10 +125,6 @@ def _optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.
 def _fused_ok(params: list[torch.Tensor]) -> bool:
     """Fused AdamW needs floating-point tensors on a device with the kernel; else torch's default."""
     return bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
-
-
-def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
 def prepare_data(spec: TaskSpec, tokenizer, data_dir: Path, train: TrainConfig, cache_dir: Path | None):
@@ -192,41 +178,6 @@ def _train_sampler(ds, train: TrainConfig, seed: int, generator: torch.Generator
     return RandomSampler(ds, generator=generator)
 
 
-@torch.no_grad()
-def evaluate(model, loader, spec: TaskSpec, device, amp_dtype) -> dict[str, float]:
-    """Metrics of one split: GLUE metrics from logits, or perplexity from the mean token loss."""
-    model.eval()
-    logits, labels = [], []
-    loss_sum, loss_count = 0.0, 0
-    for batch in loader:
-        batch = _to(batch, device)
-        with _autocast(device, amp_dtype):
-            out = model(**batch)
-        if spec.kind == "causal_lm":
-            # out.loss is the mean over predicted tokens (each but a block's first, padding excluded):
-            # weight it by their count for the mean over the whole split
-            n = int((batch["labels"][:, 1:] != -100).sum())
-        else:
-            n = len(batch["labels"])  # out.loss is the mean over the batch's rows
-            logits.append(out.logits.float().cpu().numpy())
-            labels.append(batch["labels"].cpu().numpy())
-        loss_sum += float(out.loss) * n
-        loss_count += n
-    mean_loss = loss_sum / max(loss_count, 1)
-    if spec.kind == "causal_lm":
-        return {"eval_loss": mean_loss, "perplexity": perplexity(mean_loss)}
-    preds = np.concatenate(logits)
-    if spec.kind == "regression":
-        preds = preds.reshape(-1)
-    return {**task_metrics(spec, preds, np.concatenate(labels)), "eval_loss": mean_loss}
-
-
-def _autocast(device: torch.device, dtype: torch.dtype | None):
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
-
 @dataclass
 class Run:
     """Everything one fine-tuning run holds between evaluations (what torchtune's recipes keep on ``self``)."""
@@ -261,7 +212,7 @@ def setup(spec: TaskSpec, model_dir: Path, data_dir: Path, train: TrainConfig, s
     set_seed(seed)  # before the model is built: the seed fixes the new head's weights
     tokenizer, model = load_for_task(Path(resume_from or model_dir), spec)
     if spec.kind == "causal_lm":  # before any data work: a block the model cannot hold
-        check_block_fits(train.block_size, max_positions(model.config), Path(model_dir).name)
+        check_block_fits(train.block_size, usable_positions(model.config), Path(model_dir).name)
     model.to(device)
     if dist.wrap_model is not None:
         model = dist.wrap_model(model)
@@ -370,10 +321,11 @@ class _Segment:
 
 
 def _train_step(run: Run, batch: dict[str, torch.Tensor], segment: _Segment) -> None:
-    segment.real_tokens += int(batch["attention_mask"].sum())
-    segment.padded_tokens += batch["attention_mask"].numel()
-    batch = _to(batch, run.device)
-    with _autocast(run.device, run.amp_dtype):
+    tokens = count_tokens(batch)
+    segment.real_tokens += tokens.real
+    segment.padded_tokens += tokens.padded
+    batch = to_device(batch, run.device)
+    with autocast(run.device, run.amp_dtype):
         loss = run.model(**batch).loss
     run.optimizer.zero_grad(set_to_none=True)
     run.scaler.scale(loss).backward()
