@@ -152,7 +152,7 @@ def record_in_mlflow(settings: Settings, tracker, records: list[TrialRecord], su
         return
     if unsent:
         print(f"tracking: {unsent} MLflow calls could not be sent; replay them with: "
-              f"python -m sweep.tracking replay {path}")
+              f"python -m sweep replay {path}")
 
 
 def check_sources(settings: Settings) -> Settings:
