@@ -151,7 +151,7 @@ def record_in_mlflow(settings: Settings, tracker, records: list[TrialRecord], su
         return
     if unsent:
         print(f"tracking: {unsent} MLflow calls could not be sent; replay them with: "
-              f"python -m sweep.tracking replay {path}")
+              f"python -m sweep replay {path}")
 
 
 def upload_outputs(settings: Settings, out_dir: Path) -> None:

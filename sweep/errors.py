@@ -1,7 +1,7 @@
 """The error types every layer raises for a person's mistake, kept apart so that the driver (and
 ``python -m sweep``'s one-line error) can catch them without importing torch, transformers or Ray.
 
-Each message names what was wrong and what to do; ``__main__`` prints it as one line, exit 2.
+Each message names what was wrong and what to do; the command (sweep/cli/) prints it as one line, exit 2.
 """
 
 

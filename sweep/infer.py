@@ -1,6 +1,6 @@
-"""python -m sweep.infer: one inference call to a model server (the code is in sweep/serving/infer.py)."""
+"""python -m sweep.infer: ``sweep infer`` (sweep/cli/infer.py), one inference call to a model server."""
 
-from sweep.serving.infer import main
+from sweep.cli.infer import main
 
 if __name__ == "__main__":
-    main()
+    main(prog="python -m sweep.infer")

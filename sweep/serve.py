@@ -1,6 +1,6 @@
-"""python -m sweep.serve: serve a fine-tuned model over KServe's protocols (the code is in sweep/serving/serve.py)."""
+"""python -m sweep.serve: ``sweep serve`` (sweep/cli/serve.py), the spelling the manifests and the image run."""
 
-from sweep.serving.serve import main
+from sweep.cli.serve import main
 
 if __name__ == "__main__":
-    main()
+    main(prog="python -m sweep.serve")

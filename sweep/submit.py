@@ -1,5 +1,6 @@
-"""python -m sweep.submit --address http://HEAD:8265 -- <overrides>: the sweep as a Ray Job (see sweep.run.submit)."""
-from sweep.run.submit import main
+"""python -m sweep.submit: ``sweep submit`` (sweep/cli/submit.py), the sweep as a Ray Job on a running cluster."""
+
+from sweep.cli.submit import main
 
 if __name__ == "__main__":
-    main()
+    main(prog="python -m sweep.submit")

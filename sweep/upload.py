@@ -1,10 +1,8 @@
-"""python -m sweep.upload: pack folders and upload them to S3 for storage=s3.
-
-The code is in sweep/storage/upload.py."""
+"""python -m sweep.upload: ``sweep upload`` (sweep/cli/upload.py), folders packed and uploaded for storage=s3."""
 
 import sys
 
-from sweep.storage.upload import main
+from sweep.cli.upload import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog="python -m sweep.upload"))

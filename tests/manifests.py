@@ -270,8 +270,8 @@ def fill_runtime_template(args: list[str], isvc_meta: dict[str, Any]) -> list[st
 
 def server_options(args: list[str]) -> dict[str, Any]:
     """The model server's own parse of its key=value arguments (raises its UsageError)."""
-    from sweep.serving.cli_args import parse_key_values
-    from sweep.serving.serve import OPTIONS
+    from sweep.cli.key_values import parse_key_values
+    from sweep.cli.serve import OPTIONS
 
     return parse_key_values(args, OPTIONS)
 
@@ -288,7 +288,7 @@ def runtime_command_errors(container: dict[str, Any], at: str, isvc_meta: dict[s
                            extra_args: list[str] = ()) -> tuple[list[str], dict[str, Any] | None]:
     """The container runs `python -m sweep.serve`, its arguments (then ``extra_args``, as KServe appends
     an InferenceService's model.args) parse with the server's options, and model= is the storage mount."""
-    from sweep.serving.cli_args import UsageError
+    from sweep.cli.key_values import UsageError
 
     argv = [*(container.get("command") or []), *(container.get("args") or [])]
     if argv[:len(SERVER_COMMAND)] != SERVER_COMMAND:

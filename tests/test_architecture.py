@@ -21,7 +21,7 @@ LAYERS = (
     ("sweep.storage",), ("sweep.train",), ("sweep.plan",), ("sweep.serving",), ("sweep.run",),
     ("sweep.app", "sweep.__main__", "sweep.cli", "sweep.submit", "sweep.serve", "sweep.infer", "sweep.upload"),
 )
-PACKAGES = ("config", "data", "models", "train", "plan", "results", "storage", "run", "serving")
+PACKAGES = ("config", "data", "models", "train", "plan", "results", "storage", "run", "serving", "cli")
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:

@@ -155,7 +155,7 @@ def test_a_disagreeing_default_is_caught(monkeypatch):
 
 
 def test_plus_experiment_still_means_the_preset():
-    from sweep.__main__ import plain_experiment
+    from sweep.cli.run import plain_experiment
 
     assert plain_experiment(["sweep", "+experiment=demo", "task=RTE"]) == ["sweep", "experiment=demo", "task=RTE"]
     assert validate(_compose("experiment=demo")).model.name == "tiny-roberta"

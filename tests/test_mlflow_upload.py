@@ -136,8 +136,8 @@ def test_a_failed_upload_is_one_line_and_the_printed_command_does_it(moto_server
     assert SECRET_KEY not in line and ACCESS_KEY not in line
     command = line.split("upload it by hand, on the head before the cluster goes: ", 1)[1]
     words = shlex.split(command)
-    assert words[:3] == ["python", "-m", "sweep.storage.mlflow_upload"]
-    assert words[3:] == [uri, "s3://no-such-bucket/run1/mlflow", "--region", "us-east-1"]
+    assert words[:4] == ["python", "-m", "sweep", "upload-mlflow"]
+    assert words[4:] == [uri, "s3://no-such-bucket/run1/mlflow", "--region", "us-east-1"]
     # The command, once the bucket exists, uploads what the sweep could not.
     boto3.client("s3").create_bucket(Bucket="no-such-bucket")
     done = subprocess.run([sys.executable, *words[1:]], capture_output=True, text=True, timeout=60)

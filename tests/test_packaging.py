@@ -45,3 +45,7 @@ def test_a_wheel_installed_elsewhere_composes_the_default_config(tmp_path: Path)
     r = subprocess.run([str(venv / "bin" / "sweep"), "experiment=demo", "--cfg", "job"], cwd=tmp_path,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "name: tiny-roberta" in r.stdout, r.stderr
+    # The console script is the whole command: its subcommands come with the wheel (sweep/cli/).
+    r = subprocess.run([str(venv / "bin" / "sweep"), "submit", "--help"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("usage: sweep submit "), r.stderr

@@ -23,9 +23,9 @@ import pytest
 import yaml
 
 from serve_fixtures import Server, free_port, serving, start_server
+from sweep.cli.key_values import UsageError, parse_key_values
 from sweep.results.records import MADE_BY
 from sweep.serving.batcher import MicroBatcher
-from sweep.serving.cli_args import UsageError, parse_key_values
 from sweep.serving.generation import finish_completion
 from sweep.serving.protocol import (
     GenerationParams,
@@ -242,7 +242,8 @@ def test_completion_ends_at_eos_or_length() -> None:
 # Command line and model sources.
 
 def test_key_value_arguments() -> None:
-    from sweep.serving.serve import DEFAULT_PORT, OPTIONS
+    from sweep.cli.serve import OPTIONS
+    from sweep.serving.serve import DEFAULT_PORT
 
     options = parse_key_values(["model=/m", "port=9000", "batching=false", "max_latency_ms=2.5"], OPTIONS)
     assert options["model"] == "/m" and options["port"] == 9000 and options["batching"] is False
@@ -331,7 +332,8 @@ def _kserve_container() -> dict[str, Any]:
 def test_inferenceservice_runs_the_same_server_command_and_port() -> None:
     """The InferenceService selects the runtime; the runtime runs this server on its ports (the
     schemas and KServe's own rules: tests/test_kserve_manifests.py)."""
-    from sweep.serving.serve import DEFAULT_PORT, OPTIONS
+    from sweep.cli.serve import OPTIONS
+    from sweep.serving.serve import DEFAULT_PORT
 
     runtime = yaml.safe_load((DEPLOY / "servingruntime.yaml").read_text())
     isvc = yaml.safe_load((DEPLOY / "inferenceservice.yaml").read_text())
@@ -361,7 +363,8 @@ def test_inferenceservice_runs_the_same_server_command_and_port() -> None:
 
 
 def test_containerfile_serves_with_the_command_the_deploy_yaml_names() -> None:
-    from sweep.serving.serve import DEFAULT_PORT, OPTIONS
+    from sweep.cli.serve import OPTIONS
+    from sweep.serving.serve import DEFAULT_PORT
 
     lines = (REPO / "deploy" / "Containerfile").read_text().splitlines()
     instruction = {line.split()[0]: line.split(None, 1)[1]

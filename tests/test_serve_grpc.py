@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from serve_fixtures import Server, free_port, serving, start_server, wait_grpc_ready
+from sweep.cli.key_values import parse_key_values
 from sweep.serving.batcher import MicroBatcher
-from sweep.serving.cli_args import parse_key_values
 from sweep.serving.protocol import parameters_for_grpc, parameters_from_grpc
 from sweep.train.tiny_exports import export_tiny_classifier, export_tiny_lm
 from test_serve import CLASSIFIER_NAME, LM_NAME, RecordingModel, output, texts
@@ -32,7 +32,8 @@ REPO = Path(__file__).resolve().parents[1]
 # Without a server.
 
 def test_grpc_options_and_defaults() -> None:
-    from sweep.serving.serve import DEFAULT_GRPC_PORT, OPTIONS
+    from sweep.cli.serve import OPTIONS
+    from sweep.serving.serve import DEFAULT_GRPC_PORT
 
     defaults = parse_key_values(["model=/m"], OPTIONS)
     assert defaults["grpc"] is True and defaults["grpc_port"] == DEFAULT_GRPC_PORT == 8081

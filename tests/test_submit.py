@@ -22,6 +22,7 @@ from unittest import mock
 
 import pytest
 
+from sweep.cli.submit import parse_args
 from sweep.run.submit import (
     WORKING_DIR_EXCLUDES,
     Command,
@@ -35,7 +36,6 @@ from sweep.run.submit import (
     error_line,
     output_locations,
     override_value,
-    parse_args,
     runtime_env,
     server_said,
     short_reason,

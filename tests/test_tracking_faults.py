@@ -1,5 +1,5 @@
 """A tracking server that goes away: calls wait on disk, training goes on, and they arrive later
-(the server comes back, or `python -m sweep.tracking replay FILE` into another one). Real
+(the server comes back, or `sweep replay FILE` into another one). Real
 `mlflow server` processes, killed with SIGKILL and started again on the same port and store."""
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def test_calls_left_unsent_replay_into_a_fresh_server_with_the_same_histories(se
               if r["op"] == "metrics" and r["run_name"] == "WNLI-seed39" and r["metrics"][0][0] == "score"}
     copy = shutil.copy(path, tmp_path / "copy.jsonl")
 
-    replay = [sys.executable, "-m", "sweep.tracking", "replay"]
+    replay = [sys.executable, "-m", "sweep", "replay"]  # sweep replay
     r = subprocess.run([*replay, str(path)], capture_output=True, text=True, timeout=120)  # to the store still down
     assert r.returncode == 1
     assert f"replay: {left} calls not sent (the store did not answer or refused them); they stay in {path}" in r.stderr

@@ -5,7 +5,7 @@ Hydra reports an unknown key (``train.lrr=3``), a key of another task (``task.pa
 makes its run folder (``outputs/<date>/<time>``) before the job can refuse a bad value. So the same
 overrides are composed here first, with Hydra's compose API on the config tree ``hydra.main`` reads,
 then validated (with the lengths the model holds); each failure is a ``ConfigError`` naming the key
-and what is allowed, which ``__main__`` prints as one line, exit 2. Nothing here loads torch or Ray.
+and what is allowed, which ``sweep run`` (sweep/cli/run.py) prints as one line, exit 2. Nothing here loads torch or Ray.
 """
 
 from __future__ import annotations

@@ -16,5 +16,5 @@
 - ``disk_stop.py``:   a trial's full disk ends the sweep with its one line (resume=true finishes it)
 - ``stage_nodes.py``: staging on every node before the first trial (and on nodes that join later),
                       the driver's folders shipped through Ray, the nodes' progress lines
-- ``submit.py``:      ``python -m sweep.submit``: a sweep as a Ray Job on a running cluster
+- ``submit.py``:      a sweep as a Ray Job on a running cluster, and its jobs (the command: ``sweep submit``)
 """

@@ -1,23 +1,24 @@
 """Submit the sweep to a running Ray cluster as a Ray Job, and follow it (the second of the three
-places in docs/architecture.md §6).
+places in docs/architecture.md §6). The command is ``sweep submit`` (sweep/cli/submit.py, also
+``python -m sweep.submit``):
 
-    python -m sweep.submit --address http://HEAD:8265 [--working-dir DIR] [--no-wait] [--job-id ID] -- task=RTE ...
-    python -m sweep.submit status JOB_ID | logs JOB_ID [--follow] | stop JOB_ID | list     [--address URL]
+    sweep submit --address http://HEAD:8265 [--working-dir DIR] [--no-wait] [--job-id ID] -- task=RTE ...
+    sweep submit status JOB_ID | logs JOB_ID [--follow] | stop JOB_ID | list     [--address URL]
 
 Ray's Jobs API (``JobSubmissionClient``), the way CodeFlare SDK's job.submit/status/logs/stop work.
 The job runs ``python -m sweep <overrides>`` on the head. ``--address`` defaults to $RAY_API_SERVER_ADDRESS,
-then $RAY_ADDRESS (Ray's own order). Authentication is Ray's: with RAY_AUTH_MODE=token its client sends the
-token from RAY_AUTH_TOKEN, the file RAY_AUTH_TOKEN_PATH names, or ~/.ray/auth_token. Without it nothing is
-sent: like `ray job submit`, a local token never goes to an address the user did not mean it for.
+then $RAY_ADDRESS (Ray's own order: ``dashboard_url``). Authentication is Ray's: with RAY_AUTH_MODE=token its
+client sends the token from RAY_AUTH_TOKEN, the file RAY_AUTH_TOKEN_PATH names, or ~/.ray/auth_token. Without
+it nothing is sent: like `ray job submit`, a local token never goes to an address the user did not mean it for.
 The cluster needs ray[default] (its dashboard serves the Jobs API); this client needs only requests/aiohttp.
 
-The first half (arguments, the entrypoint, the upload's excludes, messages) is plain Python the unit
-tests call without Ray; only the second half talks to the cluster.
+The first half (the address, the entrypoint, the upload's excludes, messages) is plain Python the unit
+tests call without Ray; only the second half talks to the cluster. ``ACTIONS`` maps a ``Command``'s
+action to what does it (each returns the exit status).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
 
-PROG = "python -m sweep.submit"
+PROG = "python -m sweep.submit"  # in the commands printed to follow, check or stop a job
 # Left out of a --working-dir upload: environments, run outputs, stores and caches (Ray caps a
 # working_dir at 100 MiB, and none of these belong on the cluster). gitignore syntax, any depth.
 WORKING_DIR_EXCLUDES = (".venv", "outputs", "multirun", "mlflow.db", "mlruns", "mlartifacts", ".git",
@@ -51,7 +52,7 @@ TOKEN_HELP = ("set RAY_AUTH_MODE=token and the cluster's token in RAY_AUTH_TOKEN
 
 
 class SubmitError(Exception):
-    """A person's mistake or an unreachable cluster: printed as one ``error:`` line, exit 2."""
+    """A person's mistake or an unreachable cluster: the command prints it as one ``error:`` line, exit 2."""
 
 
 @dataclass(frozen=True)
@@ -68,57 +69,6 @@ class Command:
 
 
 # ---------------------------------------------------------------- plain Python: no Ray below here
-
-
-def build_parser() -> argparse.ArgumentParser:
-    # --address is accepted before and after the subcommand; SUPPRESS keeps a subparser from
-    # resetting what the top level already parsed.
-    address = argparse.ArgumentParser(add_help=False)
-    address.add_argument("--address", default=argparse.SUPPRESS,
-                         help="the Ray dashboard, http://HEAD:8265 (default: $RAY_API_SERVER_ADDRESS, $RAY_ADDRESS)")
-    parser = argparse.ArgumentParser(
-        prog=PROG, parents=[address],
-        description="Submit the sweep to a running Ray cluster (Ray's Jobs API) and follow it. "
-                    "The sweep's Hydra overrides go after `--`.",
-        epilog=f"example: {PROG} --address http://127.0.0.1:8265 --working-dir . -- "
-               "task=RTE model=tiny-roberta storage.output_prefix=s3://bucket/rte cluster.address=auto")
-    parser.add_argument("--working-dir", type=Path, default=None,
-                        help="upload this project folder as the job's working directory")
-    parser.add_argument("--no-wait", action="store_true", help="print the job id and return; do not follow")
-    parser.add_argument("--job-id", default=None, help="the submission id to use (default: Ray makes one)")
-    sub = parser.add_subparsers(dest="action", metavar="{status,logs,stop,list}")
-    sub.add_parser("status", parents=[address], help="the job's status").add_argument("job_id")
-    logs = sub.add_parser("logs", parents=[address], help="the job's log so far (--follow: until it ends)")
-    logs.add_argument("job_id")
-    logs.add_argument("--follow", action="store_true")
-    sub.add_parser("stop", parents=[address], help="stop the job and wait until it ended").add_argument("job_id")
-    sub.add_parser("list", parents=[address], help="every job on the cluster")
-    return parser
-
-
-def parse_args(argv: Sequence[str], env: Mapping[str, str]) -> Command:
-    """The command line as a Command; the overrides are everything after the first ``--``."""
-    argv = list(argv)
-    split = argv.index("--") if "--" in argv else len(argv)
-    options, overrides = argv[:split], tuple(argv[split + 1:])
-    stray = [a for a in options if "=" in a and not a.startswith("-")]
-    if stray:  # argparse would call them an "invalid choice" of subcommand
-        raise SubmitError(f"put the sweep's overrides after `--`: {PROG} --address URL -- {' '.join(stray)}")
-    args = build_parser().parse_args(options)
-    action = args.action or "submit"
-    if action != "submit" and overrides:
-        raise SubmitError(f"`{action}` takes no sweep overrides (got {' '.join(overrides)})")
-    if action == "submit" and not overrides:
-        raise SubmitError(f"no sweep overrides after `--`: {PROG} --address URL -- +experiment=demo ...")
-    working_dir = args.working_dir
-    if working_dir is not None:
-        if not working_dir.is_dir():
-            raise SubmitError(f"--working-dir {working_dir}: not a folder")
-        working_dir = working_dir.resolve()
-    return Command(action=action, address=dashboard_url(getattr(args, "address", None), env),
-                   job_id=args.job_id,  # a subcommand's JOB_ID, or submit's --job-id
-                   overrides=overrides, working_dir=working_dir, wait=not args.no_wait,
-                   follow=getattr(args, "follow", False))
 
 
 def dashboard_url(address: str | None, env: Mapping[str, str]) -> str:
@@ -472,17 +422,3 @@ def run_list(command: Command) -> int:
 
 
 ACTIONS = {"submit": run_submit, "status": run_status, "logs": run_logs, "stop": run_stop, "list": run_list}
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    try:
-        command = parse_args(sys.argv[1:] if argv is None else argv, os.environ)
-        check_token_env(os.environ)
-        code = ACTIONS[command.action](command)
-    except SubmitError as e:
-        print(f"error: {e}", file=sys.stderr)
-        code = EXIT_USAGE
-    except KeyboardInterrupt:  # before a job id was known (following handles its own Ctrl-C)
-        print("\ninterrupted", file=sys.stderr)
-        code = EXIT_DETACHED
-    sys.exit(code)

@@ -1,9 +1,9 @@
-"""The model server (``python -m sweep.serve``) and its client (``python -m sweep.infer``).
+"""The model server (``sweep serve``) and its client (``sweep infer``); their command lines are in sweep/cli/.
 
-- ``serve.py``:       the command: arguments -> a model source -> a KServe ModelServer
+- ``serve.py``:       ``ServeOptions`` -> a model source -> a KServe ModelServer (the command: sweep/cli/serve.py)
 - ``kserve_model.py``: the kserve.Model subclasses that answer the Open Inference Protocol
 - ``openai_model.py``: the causal LM over KServe's OpenAI endpoints too (completions, chat, streaming)
-- ``infer.py``:       one inference call to a running server
+- ``infer.py``:       one inference call to a running server (the command: sweep/cli/infer.py)
 - ``tiny.py``:        tiny trained-shape models built offline (tests, demos)
 
 - ``source.py``:     where the model comes from (folder, ``models:/name@alias``, ``s3://``) and its name
@@ -12,7 +12,6 @@
 - ``batcher.py``:    the asyncio micro-batcher that merges concurrent requests into one forward pass
 - ``engines.py``:    the loaded classifier / causal LM and one batched forward pass each
 - ``generation.py``: what a generated sequence becomes: text cut at a stop sequence, token counts
-- ``cli_args.py``:   ``key=value`` command-line arguments
 - ``server_metrics.py``: the ``sweep_`` Prometheus metrics on ``GET /metrics``
 - ``kserve_import.py``: import kserve without it reading our ``sys.argv``
 """

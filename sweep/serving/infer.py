@@ -1,23 +1,22 @@
-"""python -m sweep.infer --url http://127.0.0.1:8080 --model NAME "The meaning of life is"
+"""One inference call to a model server (``sweep serve``, or the same server running as a KServe
+InferenceService); the command is ``sweep infer`` (sweep/cli/infer.py, also ``python -m sweep.infer``).
 
-One inference call to a model server (``python -m sweep.serve``, or the same server running as a
-KServe InferenceService): prints the completion of a causal LM, or ``label<TAB>score`` of a
-classifier, one line per text. What kind of model it is comes from ``GET /v2/models/NAME``.
-``--grpc HOST:PORT`` makes the same call over the v2 gRPC protocol (KServe's InferenceGRPCClient):
-the same request, the answer turned into the REST response it equals, printed the same way.
-``--stream`` asks a causal LM through the server's OpenAI completions endpoint with
-``stream=true`` instead, printing the tokens as they arrive.
+What kind of model it is comes from ``GET /v2/models/NAME``: a causal LM answers completions, a
+classifier ``label<TAB>score`` (``format_response``). ``infer_grpc`` makes the same call over the v2
+gRPC protocol (KServe's InferenceGRPCClient): the same request, the answer turned into the REST
+response it equals. ``stream_completions`` asks a causal LM through the server's OpenAI completions
+endpoint with ``stream=true`` instead, writing the tokens as they arrive.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 import httpx
@@ -27,6 +26,19 @@ from sweep.serving.protocol import STOP, TEXT, TEXT_PAIR, parameters_for_grpc, t
 
 class InferError(RuntimeError):
     """The call failed: the server is unreachable or refused the request (its message included)."""
+
+
+@dataclass(frozen=True)
+class InferOptions:
+    """How to ask: a classifier's text pairs, a causal LM's generation settings, how long to wait."""
+
+    pair: tuple[str, ...] = ()  # second text of each pair, one per text (RTE, MRPC, ...)
+    max_new_tokens: int = 32
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    seed: int | None = None  # makes sampling reproducible
+    stop: tuple[str, ...] = ()  # stop sequences
+    timeout: float = 60.0  # seconds
 
 
 def _bytes_tensor(name: str, texts: Sequence[str]) -> dict[str, Any]:
@@ -65,31 +77,32 @@ def model_kind(output_names: Iterable[str]) -> str:
     return "generator" if "text" in set(output_names) else "classifier"
 
 
-def build_request(kind: str, texts: Sequence[str], args: argparse.Namespace) -> dict[str, Any]:
+def build_request(kind: str, texts: Sequence[str], options: InferOptions) -> dict[str, Any]:
     """The v2 request as REST sends it (gRPC sends the same, converted by ``_grpc_request``)."""
     if kind == "classifier":
         inputs = [_bytes_tensor(TEXT, texts)]
-        if args.pair:
-            inputs.append(_bytes_tensor(TEXT_PAIR, args.pair))
+        if options.pair:
+            inputs.append(_bytes_tensor(TEXT_PAIR, options.pair))
         return {"inputs": inputs}
-    if args.pair:
+    if options.pair:
         raise InferError("--pair is for classifiers; this model generates text")
-    parameters: dict[str, Any] = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
-                                  "top_p": args.top_p}
-    if args.seed is not None:
-        parameters["seed"] = args.seed
+    parameters: dict[str, Any] = {"max_new_tokens": options.max_new_tokens, "temperature": options.temperature,
+                                  "top_p": options.top_p}
+    if options.seed is not None:
+        parameters["seed"] = options.seed
     inputs = [_bytes_tensor(TEXT, texts)]
-    if args.stop:
-        inputs.append(_bytes_tensor(STOP, args.stop))
+    if options.stop:
+        inputs.append(_bytes_tensor(STOP, options.stop))
     return {"inputs": inputs, "parameters": parameters}
 
 
-def infer(url: str, model: str | None, texts: Sequence[str], args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+def infer(url: str, model: str | None, texts: Sequence[str], options: InferOptions) -> tuple[str, dict[str, Any]]:
     """(kind, v2 response) of one call; ``kind`` is ``classifier`` or ``generator``."""
-    with _http_errors(url, args.timeout), httpx.Client(base_url=url.rstrip("/"), timeout=args.timeout) as client:
+    with (_http_errors(url, options.timeout),
+          httpx.Client(base_url=url.rstrip("/"), timeout=options.timeout) as client):
         name = pick_model(client, model)
         kind = model_kind(o["name"] for o in _get(client, f"/v2/models/{name}").get("outputs", []))
-        return kind, _check(client.post(f"/v2/models/{name}/infer", json=build_request(kind, texts, args)))
+        return kind, _check(client.post(f"/v2/models/{name}/infer", json=build_request(kind, texts, options)))
 
 
 @contextmanager
@@ -106,16 +119,16 @@ def _http_errors(url: str, timeout: float) -> Iterator[None]:
         raise InferError(f"request to {url} failed: {e}") from None
 
 
-def completion_request(model: str, prompt: str, args: argparse.Namespace) -> dict[str, Any]:
+def completion_request(model: str, prompt: str, options: InferOptions) -> dict[str, Any]:
     """The OpenAI completion request ``--stream`` sends: the settings of the v2 request, streamed."""
     body: dict[str, Any] = {
-        "model": model, "prompt": prompt, "max_tokens": args.max_new_tokens, "temperature": args.temperature,
-        "top_p": args.top_p, "stream": True, "stream_options": {"include_usage": True},
+        "model": model, "prompt": prompt, "max_tokens": options.max_new_tokens, "temperature": options.temperature,
+        "top_p": options.top_p, "stream": True, "stream_options": {"include_usage": True},
     }
-    if args.seed is not None:
-        body["seed"] = args.seed
-    if args.stop:
-        body["stop"] = args.stop
+    if options.seed is not None:
+        body["seed"] = options.seed
+    if options.stop:
+        body["stop"] = list(options.stop)
     return body
 
 
@@ -130,16 +143,18 @@ def sse_events(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
         yield json.loads(data)
 
 
-def stream_completions(url: str, model: str | None, texts: Sequence[str], args: argparse.Namespace,
+def stream_completions(url: str, model: str | None, texts: Sequence[str], options: InferOptions,
                        out: TextIO = sys.stdout) -> list[str]:
     """Print each prompt's completion to ``out`` as its tokens arrive, a line each; the notes for stderr."""
     notes = []
-    with _http_errors(url, args.timeout), httpx.Client(base_url=url.rstrip("/"), timeout=args.timeout) as client:
+    with (_http_errors(url, options.timeout),
+          httpx.Client(base_url=url.rstrip("/"), timeout=options.timeout) as client):
         name = pick_model(client, model)
         if model_kind(o["name"] for o in _get(client, f"/v2/models/{name}").get("outputs", [])) != "generator":
             raise InferError("--stream is for causal LMs; this model is a classifier")
         for text in texts:
-            with client.stream("POST", "/openai/v1/completions", json=completion_request(name, text, args)) as response:
+            request = completion_request(name, text, options)
+            with client.stream("POST", "/openai/v1/completions", json=request) as response:
                 if response.status_code >= 400:
                     response.read()
                     _check(response)
@@ -175,7 +190,7 @@ def _grpc_request(model: str, body: dict[str, Any]) -> Any:
 
 
 async def _infer_grpc(address: str, model: str, texts: Sequence[str],
-                      args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+                      options: InferOptions) -> tuple[str, dict[str, Any]]:
     import grpc
     from kserve.inference_client import InferenceGRPCClient
     from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
@@ -184,16 +199,16 @@ async def _infer_grpc(address: str, model: str, texts: Sequence[str],
     # The client has no metadata call: ask KServe's generated stub, on a channel of our own.
     async with grpc.aio.insecure_channel(address) as channel:
         metadata = await GRPCInferenceServiceStub(channel).ModelMetadata(pb.ModelMetadataRequest(name=model),
-                                                                         timeout=args.timeout)
+                                                                         timeout=options.timeout)
     kind = model_kind(o.name for o in metadata.outputs)
-    async with InferenceGRPCClient(address, timeout=args.timeout) as client:
-        response = await client.infer(_grpc_request(model, build_request(kind, texts, args)))
+    async with InferenceGRPCClient(address, timeout=options.timeout) as client:
+        response = await client.infer(_grpc_request(model, build_request(kind, texts, options)))
     body, _ = response.to_rest()  # KServe's own conversion: what the REST endpoint would have answered
     return kind, body
 
 
 def infer_grpc(address: str, model: str | None, texts: Sequence[str],
-               args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+               options: InferOptions) -> tuple[str, dict[str, Any]]:
     """(kind, v2 response as REST gives it) of one call over gRPC to ``address`` (HOST:PORT)."""
     _check_grpc_address(address)
     if not model:
@@ -205,14 +220,14 @@ def infer_grpc(address: str, model: str | None, texts: Sequence[str],
     import grpc
 
     try:
-        return asyncio.run(_infer_grpc(address, model, texts, args))
+        return asyncio.run(_infer_grpc(address, model, texts, options))
     except grpc.RpcError as e:
         code, details = e.code(), " ".join(str(e.details() or "").split())
         if code == grpc.StatusCode.UNAVAILABLE:
             raise InferError(f"cannot reach the gRPC server at {address} ({details}); "
                              "is `python -m sweep.serve` serving gRPC there?") from None
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-            raise InferError(f"no answer from {address} within {args.timeout:g} s (--timeout)") from None
+            raise InferError(f"no answer from {address} within {options.timeout:g} s (--timeout)") from None
         raise InferError(f"the server answered {code.name}: {details}") from None
 
 
@@ -230,56 +245,3 @@ def format_response(kind: str, response: dict[str, Any]) -> tuple[list[str], lis
     labels = tensor_by_name(outputs, "label") or [None] * len(scores)
     lines = [f"{label}\t{score:.4f}" if label is not None else f"{score:.4f}" for label, score in zip(labels, scores)]
     return lines, []
-
-
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m sweep.infer", description=__doc__.splitlines()[0])
-    parser.add_argument("texts", nargs="+", help="prompts (causal LM) or texts to classify")
-    parser.add_argument("--url", default="http://127.0.0.1:8080", help="the server's base URL")
-    parser.add_argument("--grpc", metavar="HOST:PORT", default=None,
-                        help="call the server's v2 gRPC service at HOST:PORT instead of REST at --url (needs --model)")
-    parser.add_argument("--model", default=None, help="the published model name (default: the server's only model)")
-    parser.add_argument("--pair", action="append", help="second text of a pair, once per text (RTE, MRPC, ...)")
-    parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
-    parser.add_argument("--stop", action="append", help="stop sequence (repeatable)")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds")
-    parser.add_argument("--json", action="store_true", help="print the raw v2 response")
-    parser.add_argument("--stream", action="store_true",
-                        help="causal LM: print tokens as they arrive (the OpenAI completions endpoint, stream=true)")
-    args = parser.parse_args(argv)
-    if args.stream and (args.grpc or args.json):
-        parser.error("--stream prints text as it arrives from the OpenAI REST endpoint: not with --grpc or --json")
-    if args.pair and len(args.pair) != len(args.texts):
-        parser.error(f"--pair given {len(args.pair)} time(s) for {len(args.texts)} text(s): one per text")
-    return args
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    args = parse_args(argv)
-    try:
-        if args.stream:
-            for note in stream_completions(args.url, args.model, args.texts, args):
-                print(note, file=sys.stderr)
-            return
-        if args.grpc:
-            kind, response = infer_grpc(args.grpc, args.model, args.texts, args)
-        else:
-            kind, response = infer(args.url, args.model, args.texts, args)
-    except InferError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
-    if args.json:
-        print(json.dumps(response, indent=2))
-        return
-    lines, notes = format_response(kind, response)
-    for line in lines:
-        print(line)
-    for note in notes:
-        print(note, file=sys.stderr)
-
-
-if __name__ == "__main__":
-    main()

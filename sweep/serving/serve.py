@@ -1,11 +1,11 @@
-"""python -m sweep.serve model=<best-model folder | models:/<name>@champion | s3://bucket/prefix> [port=8080] ...
+"""Serve one fine-tuned model: a KServe ``ModelServer`` (the runtime KServe runs for custom predictors).
 
-A KServe ``ModelServer`` (the runtime KServe runs for custom predictors) serving one fine-tuned
-model over the Open Inference Protocol v2 REST API: ``/v2/health/live``, ``/v2/health/ready``,
-``/v2/models/{name}``, ``/v2/models/{name}/ready``, ``/v2/models/{name}/infer`` (and
-``GET /v1/models``), the same v2 service over gRPC on ``grpc_port=`` (KServe's gRPC server), and
-Prometheus metrics at ``GET /metrics``. A classifier answers labels and scores for texts or text pairs; a causal LM
-answers completions with token counts. ``python -m sweep.serve --help`` lists the options.
+The command is ``sweep serve model=... [port=8080] ...`` (``python -m sweep.serve``; its ``key=value``
+arguments are read in sweep/cli/serve.py into a ``ServeOptions``). It speaks the Open Inference Protocol
+v2 REST API: ``/v2/health/live``, ``/v2/health/ready``, ``/v2/models/{name}``, ``/v2/models/{name}/ready``,
+``/v2/models/{name}/infer`` (and ``GET /v1/models``), the same v2 service over gRPC on ``grpc_port``
+(KServe's gRPC server), and Prometheus metrics at ``GET /metrics``. A classifier answers labels and
+scores for texts or text pairs; a causal LM answers completions with token counts.
 """
 
 from __future__ import annotations
@@ -13,57 +13,40 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import sys
-from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sweep.serving.cli_args import (
-    Option,
-    UsageError,
-    as_bool,
-    non_empty,
-    non_negative_float,
-    parse_key_values,
-    port_number,
-    positive_int,
-    usage,
-)
-
 DEFAULT_PORT = 8080
 DEFAULT_GRPC_PORT = 8081
-OPTIONS: dict[str, Option] = {
-    "model": Option(non_empty, None,
-                    "a folder exported by a sweep (best/<TASK>/), models:/<name>@<alias>, or s3://bucket/prefix",
-                    required=True),
-    "name": Option(non_empty, None, "name the model is published under (default: its registered name <model>-<task>)"),
-    "port": Option(port_number, DEFAULT_PORT, "HTTP port"),
-    "grpc_port": Option(port_number, DEFAULT_GRPC_PORT, "gRPC port (Open Inference Protocol v2 over gRPC)"),
-    "grpc": Option(as_bool, True, "serve gRPC too (false: REST only)"),
-    "batching": Option(as_bool, True, "merge concurrent requests into one forward pass"),
-    "max_batch_size": Option(positive_int, 32, "most texts in one forward pass"),
-    "max_latency_ms": Option(non_negative_float, 0.0,
-                             "longest an idle server holds a request back for others to join it "
-                             "(0: never; requests that arrive during a forward pass share the next one anyway)"),
-    "device": Option(non_empty, "auto", "cpu, cuda, cuda:N, or auto (a GPU when there is one)"),
-    "threads": Option(positive_int, None, "torch CPU threads (default: torch's, one per core of the machine; "
-                      "set the pod's CPU limit: more threads than free cores make every pass far slower)"),
-    "tracking_uri": Option(non_empty, None,
-                           "MLflow tracking URI for models:/ (default: $MLFLOW_TRACKING_URI, else MLflow's default)"),
-    "cache_dir": Option(non_empty, None,
-                        "where registry and S3 copies are kept (default: $SWEEP_CACHE_DIR or ~/.cache/sweep)"),
-    "log_requests": Option(as_bool, True, "log a line per request (access and timing logs)"),
-}
+
+
+class ServeError(Exception):
+    """A person's mistake (options that clash, a model that cannot be found or loaded, a taken port):
+    the command prints it as one line, exit 2."""
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What to serve and how; the command line's ``key=value`` names are these fields' names."""
+
+    model: str  # a folder exported by a sweep, models:/<name>@<alias>, or s3://bucket/prefix
+    name: str | None = None  # None: the registered name <model>-<task>
+    port: int = DEFAULT_PORT
+    grpc_port: int = DEFAULT_GRPC_PORT
+    grpc: bool = True
+    batching: bool = True
+    max_batch_size: int = 32
+    max_latency_ms: float = 0.0
+    device: str = "auto"
+    threads: int | None = None  # None: torch's default
+    tracking_uri: str | None = None
+    cache_dir: str | None = None
+    log_requests: bool = True
 
 
 def _default_cache_dir() -> Path:
     return Path(os.environ.get("SWEEP_CACHE_DIR") or Path.home() / ".cache" / "sweep")
-
-
-def _fail(message: object) -> None:
-    """A user's mistake: one line, no traceback, exit status 2 (as the main CLI)."""
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
 
 
 def _port_taken(port: int) -> bool:
@@ -78,25 +61,25 @@ def _port_taken(port: int) -> bool:
     return False
 
 
-def build_model(model_dir: Path, name: str, options: Mapping[str, Any]) -> Any:
+def build_model(model_dir: Path, name: str, options: ServeOptions) -> Any:
     """The KServe model for the folder: a classifier, or a causal LM that also speaks OpenAI's API."""
     from sweep.serving import server_metrics
     from sweep.serving.engines import CLASSIFIER, Classifier, Generator, model_kind
     from sweep.serving.kserve_model import ClassifierModel, GeneratorModel
 
-    if options["threads"]:
+    if options.threads:
         import torch
 
-        torch.set_num_threads(options["threads"])
+        torch.set_num_threads(options.threads)
     batcher_options = {
-        "enabled": options["batching"],
-        "max_batch_size": options["max_batch_size"],
-        "max_latency_ms": options["max_latency_ms"],
+        "enabled": options.batching,
+        "max_batch_size": options.max_batch_size,
+        "max_latency_ms": options.max_latency_ms,
         "observe_batch": server_metrics.batch_observer(name),
     }
     if model_kind(model_dir) == CLASSIFIER:
-        return ClassifierModel(name, Classifier(model_dir, options["device"]), batcher_options)
-    engine = Generator(model_dir, options["device"])
+        return ClassifierModel(name, Classifier(model_dir, options.device), batcher_options)
+    engine = Generator(model_dir, options.device)
     try:  # KServe's OpenAI types come from vLLM (kserve's llm extra; the Makefile installs them)
         from sweep.serving.openai_model import OpenAIGeneratorModel
     except ModuleNotFoundError as e:
@@ -108,52 +91,46 @@ def build_model(model_dir: Path, name: str, options: Mapping[str, Any]) -> Any:
     return OpenAIGeneratorModel(name, engine, batcher_options)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help", "help") for a in args):
-        print(usage("python -m sweep.serve", OPTIONS))
-        return
-    try:
-        options = parse_key_values(args, OPTIONS)
-    except UsageError as e:
-        _fail(e)
-    if options["grpc"] and options["grpc_port"] == options["port"]:
-        _fail(f"grpc_port: must differ from port (both {options['port']}); or grpc=false")
-    # Heavier imports only from here on, stage by stage, so that a mistake is reported fast.
+def serve_model(options: ServeOptions) -> None:
+    """Find the model, load it, say what is served (one line), then serve until stopped.
+
+    Every mistake a person can make is a ``ServeError``, raised before the server starts; the
+    heavier imports come stage by stage, so that a mistake is reported fast.
+    """
+    if options.grpc and options.grpc_port == options.port:
+        raise ServeError(f"grpc_port: must differ from port (both {options.port}); or grpc=false")
     from sweep.errors import StagingError
     from sweep.serving.source import ModelSourceError, published_name, resolve_model_source
 
     try:
-        cache_dir = Path(options["cache_dir"]).expanduser() if options["cache_dir"] else _default_cache_dir()
-        model_dir = resolve_model_source(options["model"], cache_dir, options["tracking_uri"])
-        name = options["name"] or published_name(model_dir, options["model"])
+        cache_dir = Path(options.cache_dir).expanduser() if options.cache_dir else _default_cache_dir()
+        model_dir = resolve_model_source(options.model, cache_dir, options.tracking_uri)
+        name = options.name or published_name(model_dir, options.model)
     except (ModelSourceError, StagingError) as e:  # StagingError: an s3:// source (credentials, key, archive)
-        _fail(e)
+        raise ServeError(str(e)) from None
     from sweep.serving.engines import ModelKindError
     from sweep.serving.kserve_model import serve
 
     try:
         model = build_model(model_dir, name, options)
     except ModelKindError as e:
-        _fail(e)
+        raise ServeError(str(e)) from None
     except (OSError, ValueError) as e:  # transformers' way of saying the folder is incomplete or corrupt
-        _fail(f"model={options['model']}: cannot load the model in {model_dir}: {' '.join(str(e).split())}")
+        raise ServeError(f"model={options.model}: cannot load the model in {model_dir}: "
+                         f"{' '.join(str(e).split())}") from None
     batching = (
-        f"batching on (up to {options['max_batch_size']} texts, waits <= {options['max_latency_ms']:g} ms)"
-        if options["batching"] else "batching off"
+        f"batching on (up to {options.max_batch_size} texts, waits <= {options.max_latency_ms:g} ms)"
+        if options.batching else "batching off"
     )
-    grpc_port = options["grpc_port"] if options["grpc"] else None
+    grpc_port = options.grpc_port if options.grpc else None
     if grpc_port and _port_taken(grpc_port):
-        _fail(f"grpc_port: port {grpc_port} is in use (another server?); choose another grpc_port= or grpc=false")
+        raise ServeError(f"grpc_port: port {grpc_port} is in use (another server?); "
+                         "choose another grpc_port= or grpc=false")
     grpc = f"gRPC v2 on port {grpc_port}" if grpc_port else "gRPC off"
     openai = ", POST /openai/v1/completions (and /chat/completions)" if hasattr(model, "create_completion") else ""
     print(
-        f"serving {name} ({model.engine.kind}, {model_dir}) on port {options['port']}: "
+        f"serving {name} ({model.engine.kind}, {model_dir}) on port {options.port}: "
         f"POST /v2/models/{name}/infer{openai}, GET /metrics; {grpc}; {batching}",
         flush=True,
     )
-    serve(model, options["port"], options["log_requests"], grpc_port)
-
-
-if __name__ == "__main__":
-    main()
+    serve(model, options.port, options.log_requests, grpc_port)

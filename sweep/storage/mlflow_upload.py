@@ -17,20 +17,18 @@ downloaded; in the copy they are relative to the folder it is opened from:
 (from another working directory the runs, params and metrics show but the artifacts are not found).
 Artifact locations outside the store's ``mlartifacts/`` are neither uploaded nor changed.
 
-By hand (the line a failed upload prints):
+By hand (the line a failed upload prints; the command is sweep/cli/upload_mlflow.py):
 
-    python -m sweep.storage.mlflow_upload sqlite:////ABS/mlflow.db s3://BUCKET/PREFIX/mlflow [--endpoint URL]
+    python -m sweep upload-mlflow sqlite:////ABS/mlflow.db s3://BUCKET/PREFIX/mlflow [--endpoint URL]
 
 The upload never fails the sweep: its results and models are already written; a failure is one line.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 import sqlite3
-import sys
 import tempfile
 from collections.abc import Callable
 from contextlib import closing
@@ -43,7 +41,7 @@ from sweep.secrets import scrub
 DB_NAME = "mlflow.db"
 ARTIFACTS = "mlartifacts"  # beside the db: sweep.tracking's _artifact_location (a test checks they agree)
 SUBDIR = "mlflow"  # under storage.output_prefix
-PROG = "python -m sweep.storage.mlflow_upload"
+PROG = "python -m sweep upload-mlflow"  # what a failed upload says to run (``sweep upload-mlflow``)
 
 
 @dataclass(frozen=True)
@@ -179,27 +177,3 @@ def upload_mlflow(tracking_uri: str | None, output_prefix: str, endpoint: str | 
     emit(f"uploaded: MLflow store ({DB_NAME}, {done.artifact_files} artifact files) -> {dest}/; open it with: "
          f"{open_command(dest, shown_endpoint)}")
     return done
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
-    parser.add_argument("tracking_uri", help="the store, sqlite:////ABSOLUTE/mlflow.db (or relative to here)")
-    parser.add_argument("dest", help="s3://BUCKET/PREFIX/mlflow: mlflow.db and mlartifacts/ go below it")
-    parser.add_argument("--endpoint", help="S3 endpoint URL (default: AWS_ENDPOINT_URL / ENDPOINT_URL / AWS)")
-    parser.add_argument("--region")
-    args = parser.parse_args(argv)
-    if sqlite_file(args.tracking_uri) is None:
-        parser.error(f"{scrub(args.tracking_uri)}: only a sqlite:/// store is uploaded")
-    from sweep.storage.s3 import make_client
-
-    try:
-        done = upload_store(make_client(args.endpoint, args.region), args.tracking_uri, args.dest.rstrip("/"))
-    except Exception as e:  # noqa: BLE001
-        print(f"error: {first_line(e, scrubbed=True)}", file=sys.stderr)
-        return 1
-    print(f"uploaded: {DB_NAME} and {done.artifact_files} artifact files -> {done.dest}/")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,7 +9,7 @@ a transient server error, so concurrent trials can share one store.
 A store that stops answering during a sweep does not stop it: with a spool folder (the sweep's
 ``out_dir/mlflow-unsent``) every call after the parent's start that gets no answer is kept on disk
 (``spool.py``), sent in order once the store answers again, and at the end of the sweep
-what is left is one file for ``python -m sweep.tracking replay FILE [--uri URI]``.
+what is left is one file for ``sweep replay FILE [--uri URI]`` (sweep/cli/replay.py).
 
 - ``store.py``:     the client, retries on a busy store, keys / flattened and scrubbed params and tags,
                     ``check_reachable`` (a server that answers, else the local fallback), ``ensure_experiment``
@@ -18,8 +18,7 @@ what is left is one file for ``python -m sweep.tracking replay FILE [--uri URI]`
 - ``parent.py``:    the driver's ``SweepTracker`` (the parent run), ``TrialTracking``, ``saved_parent``, summary metrics
 - ``trial_run.py``: a trial's ``TrialLogger`` (its nested run, tagged with node and device)
 - ``registry.py``:  ``register_best``: a new model version, alias champion only when it beats the champion
-- ``replaying.py``: ``replay`` kept calls into a store, and the command line ``main``
-- ``__main__.py``:  ``python -m sweep.tracking replay FILE [--uri URI]``
+- ``replaying.py``: ``replay`` kept calls into a store (the command: ``sweep replay``)
 
 What other modules import is re-exported here: ``from sweep.tracking import SweepTracker``.
 """

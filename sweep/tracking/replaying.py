@@ -1,12 +1,10 @@
 """Calls a sweep kept while the store did not answer, sent later: ``replay`` (into the store they were
-meant for, or another), and ``main``, the command line of ``python -m sweep.tracking replay``.
+meant for, or another). The command is ``sweep replay FILE [--uri URI]`` (sweep/cli/replay.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,9 +15,6 @@ from sweep.tracking.sender import _Sender
 from sweep.tracking.spool import Spool, read_records, spool_files, unreachable
 
 log = logging.getLogger(__name__)
-
-
-# --- replaying kept calls: python -m sweep.tracking replay FILE [--uri URI] ----------------------
 
 
 @dataclass(frozen=True)
@@ -62,27 +57,3 @@ def replay(where: Path, uri: str | None = None) -> Replayed:
 
 def _count(files: list[Path]) -> int:
     return sum(len(read_records(p)) for p in files if p.exists())
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sweep.tracking")
-    commands = parser.add_subparsers(dest="command", required=True)
-    cmd = commands.add_parser("replay", help="send the MLflow calls a sweep kept while the store did not answer")
-    cmd.add_argument("file", type=Path, help="a sweep's mlflow-unsent.jsonl (or its mlflow-unsent/ folder)")
-    cmd.add_argument("--uri", help="the tracking store to send them to (default: the one they were meant for)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    if not spool_files(args.file):
-        print(f"error: replay: {args.file} is not a file or folder of kept MLflow calls", file=sys.stderr)
-        return 2
-    try:
-        done = replay(args.file, args.uri)
-    except TrackingError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"replay: {done.sent} MLflow calls sent to {scrub(done.uri)}")
-    if done.left:
-        print(f"replay: {done.left} calls not sent (the store did not answer or refused them); "
-              f"they stay in {done.file}", file=sys.stderr)
-        return 1
-    return 0

@@ -21,7 +21,7 @@ from sweep.files import write_text
 log = logging.getLogger(__name__)
 
 SPOOL_DIR = "mlflow-unsent"  # one file per run, while the sweep runs
-UNSENT_FILE = "mlflow-unsent.jsonl"  # what is left at the end, for `python -m sweep.tracking replay`
+UNSENT_FILE = "mlflow-unsent.jsonl"  # what is left at the end, for `sweep replay` (python -m sweep replay)
 Record = dict[str, Any]
 
 # Raised by MLflow's REST client when no answer came (connection refused, timeout, 5xx after its

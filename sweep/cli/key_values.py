@@ -1,4 +1,4 @@
-"""``key=value`` command-line arguments, like the main CLI's Hydra overrides, with one-line errors."""
+"""``key=value`` command-line arguments (``sweep serve``'s), like the sweep's Hydra overrides, with one-line errors."""
 
 from __future__ import annotations
 

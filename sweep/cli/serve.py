@@ -1,0 +1,78 @@
+"""``sweep serve model=<best-model folder | models:/<name>@champion | s3://bucket/prefix> [port=8080] ...``
+
+(also ``python -m sweep.serve``, what the KServe ServingRuntime and the image run). Its arguments are
+``key=value`` like the sweep's overrides; ``--help`` lists them. The server is sweep/serving/serve.py.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import MISSING, fields
+from typing import NoReturn
+
+from sweep.cli.key_values import (
+    Option,
+    UsageError,
+    as_bool,
+    non_empty,
+    non_negative_float,
+    parse_key_values,
+    port_number,
+    positive_int,
+    usage,
+)
+from sweep.serving.serve import ServeError, ServeOptions, serve_model
+
+PROG = "sweep serve"
+_DEFAULTS = {f.name: f.default for f in fields(ServeOptions) if f.default is not MISSING}
+OPTIONS: dict[str, Option] = {
+    "model": Option(non_empty, None,
+                    "a folder exported by a sweep (best/<TASK>/), models:/<name>@<alias>, or s3://bucket/prefix",
+                    required=True),
+    "name": Option(non_empty, _DEFAULTS["name"],
+                   "name the model is published under (default: its registered name <model>-<task>)"),
+    "port": Option(port_number, _DEFAULTS["port"], "HTTP port"),
+    "grpc_port": Option(port_number, _DEFAULTS["grpc_port"], "gRPC port (Open Inference Protocol v2 over gRPC)"),
+    "grpc": Option(as_bool, _DEFAULTS["grpc"], "serve gRPC too (false: REST only)"),
+    "batching": Option(as_bool, _DEFAULTS["batching"], "merge concurrent requests into one forward pass"),
+    "max_batch_size": Option(positive_int, _DEFAULTS["max_batch_size"], "most texts in one forward pass"),
+    "max_latency_ms": Option(non_negative_float, _DEFAULTS["max_latency_ms"],
+                             "longest an idle server holds a request back for others to join it "
+                             "(0: never; requests that arrive during a forward pass share the next one anyway)"),
+    "device": Option(non_empty, _DEFAULTS["device"], "cpu, cuda, cuda:N, or auto (a GPU when there is one)"),
+    "threads": Option(positive_int, _DEFAULTS["threads"],
+                      "torch CPU threads (default: torch's, one per core of the machine; "
+                      "set the pod's CPU limit: more threads than free cores make every pass far slower)"),
+    "tracking_uri": Option(non_empty, _DEFAULTS["tracking_uri"],
+                           "MLflow tracking URI for models:/ (default: $MLFLOW_TRACKING_URI, else MLflow's default)"),
+    "cache_dir": Option(non_empty, _DEFAULTS["cache_dir"],
+                        "where registry and S3 copies are kept (default: $SWEEP_CACHE_DIR or ~/.cache/sweep)"),
+    "log_requests": Option(as_bool, _DEFAULTS["log_requests"], "log a line per request (access and timing logs)"),
+}
+
+
+def _fail(message: object) -> NoReturn:
+    """A user's mistake: one line, no traceback, exit status 2 (as the sweep's)."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def parse(argv: Sequence[str]) -> ServeOptions:
+    """The arguments as the server's options (raises ``UsageError``)."""
+    return ServeOptions(**parse_key_values(argv, OPTIONS))
+
+
+def main(argv: Sequence[str] | None = None, prog: str = PROG) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help", "help") for a in args):
+        print(usage(prog, OPTIONS))
+        return
+    try:
+        options = parse(args)
+    except UsageError as e:
+        _fail(e)
+    try:
+        serve_model(options)
+    except ServeError as e:
+        _fail(e)
