@@ -93,7 +93,8 @@ def upward_imports(package: Path = PACKAGE) -> list[str]:
 def torch_at_module_level(path: Path) -> bool:
     tree = ast.parse(path.read_text())
     top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
-    top += [n for n in tree.body if isinstance(n, ast.If) for n in ast.walk(n) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    top += [n for n in tree.body if isinstance(n, ast.If)
+            for n in ast.walk(n) if isinstance(n, (ast.Import, ast.ImportFrom))]
     names = {a.name for n in top if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module for n in top if isinstance(n, ast.ImportFrom) and n.module}
     return any(m.split(".")[0] in ("torch", "transformers") for m in names)

@@ -12,12 +12,7 @@ from pathlib import Path
 import pytest
 
 from sweep.results.records import MADE_BY, load_records
-
-
-def sweep_cmd(*args: str, cwd: Path, cache: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "SWEEP_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "sweep", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+from tests.helpers.sweeps import sweep_cmd
 
 
 def test_help_lists_every_task_and_model(tmp_path):

@@ -8,9 +8,9 @@ import pickle
 import boto3
 import pytest
 
-from s3_fixtures import moto_server, s3_env  # noqa: F401 (fixture)
 from sweep.remote_files import fetch_folder, remove_folder
 from sweep.trials import TrialHistories
+from tests.helpers.s3 import s3_env
 
 ROWS = [{"trial_id": "t1", "step": 5, "score": 0.5, "rung": False}, {"trial_id": "t1", "step": 10, "score": 0.75}]
 
@@ -34,7 +34,7 @@ def test_rows_written_on_one_side_are_read_on_the_other(histories):
     assert list(elsewhere.all()) == ["t1", "t2"] and elsewhere.all()["t2"][0]["trial_error"].startswith("DataFormat")
 
 
-def test_a_checkpoint_folder_on_s3_is_fetched_whole(moto_server, monkeypatch, tmp_path):  # noqa: F811
+def test_a_checkpoint_folder_on_s3_is_fetched_whole(moto_server, monkeypatch, tmp_path):
     s3_env(monkeypatch, moto_server)
     client = boto3.client("s3")
     client.create_bucket(Bucket="sweep-storage")

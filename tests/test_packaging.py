@@ -34,8 +34,8 @@ def test_a_wheel_installed_elsewhere_composes_the_default_config(tmp_path: Path)
     fresh_site = next((venv / "lib").glob("python3*/site-packages"))
     (fresh_site / "deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
 
-    where = subprocess.run([str(py), "-c",
-                            "import sweep, sweep.config.tasks; print(sweep.__file__); print(sweep.config.tasks.CONF_DIR)"],
+    where = subprocess.run([str(py), "-c", "import sweep, sweep.config.tasks; "
+                            "print(sweep.__file__); print(sweep.config.tasks.CONF_DIR)"],
                            cwd=tmp_path, capture_output=True, text=True, timeout=60, check=True).stdout.split()
     assert all(Path(p).is_relative_to(venv) for p in where), where
     r = subprocess.run([str(py), "-m", "sweep", "--cfg", "job"], cwd=tmp_path, capture_output=True, text=True,

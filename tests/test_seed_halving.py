@@ -16,7 +16,7 @@ import pytest
 
 from sweep.plan.rungs import BELOW_CUT, DEGENERATE
 from sweep.results.records import MADE_BY, load_records
-from test_cli import sweep_cmd
+from tests.helpers.sweeps import sweep_cmd
 
 pytestmark = pytest.mark.slow
 

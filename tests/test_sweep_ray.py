@@ -13,14 +13,15 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from configs import demo_config
-from overlap import most_at_once
 from sweep.app import run
 from sweep.config.validate import validate
 from sweep.data.synthetic import write_synthetic_glue
 from sweep.errors import ResourceError
 from sweep.results.records import MADE_BY, load_records
 from sweep.run.tuner import run_tune
+from tests.helpers.configs import demo_config
+from tests.helpers.overlap import most_at_once
+from tests.helpers.sweeps import TRAIN_WORKER, actors
 
 pytestmark = pytest.mark.slow
 
@@ -46,17 +47,6 @@ def two_gpu_nodes():
     yield cluster
     ray.shutdown()
     cluster.shutdown()
-
-
-TRAIN_WORKER = "RayTrainWorker"  # a DDP trial's workers
-
-
-def actors(class_name: str, alive_only: bool = True) -> list[dict]:
-    # The GCS's actor table (the public state API needs the dashboard, which tests don't start).
-    from ray._private import state
-
-    return [a for a in state.actors().values()
-            if a["ActorClassName"] == class_name and (a["State"] == "ALIVE" or not alive_only)]
 
 
 def holding_spans(records) -> list[tuple[float, float]]:

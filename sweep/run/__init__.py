@@ -14,4 +14,7 @@
 - ``stage_nodes.py``: staging on every node before the first trial (and on nodes that join later),
                       the driver's folders shipped through Ray, the nodes' progress lines
 - ``submit.py``:      ``python -m sweep.submit``: a sweep as a Ray Job on a running cluster
+- ``local_cluster.py``: multi-node Ray clusters on one machine (nodes with their own disks: ``unshare -m``
+                      + tmpfs; the fake-provider autoscaling cluster), ``free_port``: for the tests and
+                      scripts/chaos.py, scripts/bench_autoscale.py
 """
