@@ -22,7 +22,7 @@ from sweep.data.lm import BlockSizeError, check_block_fits, check_corpus, lm_blo
 from sweep.data.synthetic import write_synthetic_wikitext
 from sweep.errors import ConfigError, DataFormatError
 from sweep.models.source import resolve_model_dir
-from sweep.results.records import MADE_BY, load_records
+from sweep.results.records import MADE_BY, load_records, rank_key
 from sweep.train.loading import load_for_task
 from sweep.train.loop import evaluate, finetune
 from sweep.train.tiny_exports import TINY_GPT2
@@ -269,7 +269,7 @@ def assert_tracked_and_registered(db: Path, experiment: str, task: str, seeds: l
 
     rows = load_records(out / "results.json")
     assert all(r.ok and r.metrics["perplexity"] == r.score for r in rows)
-    best = min(rows, key=lambda r: (r.score, r.seed))  # mode min: the lowest perplexity, then the lower seed
+    best = max(rows, key=lambda r: rank_key("min", r.score, r.seed))  # perplexity: mode min
     made_by = json.loads((out / "best" / task / MADE_BY).read_text())
     assert int(made_by["seed"]) == best.seed
     assert (out / "best" / task / "config.json").exists() and (out / "best" / task / "tokenizer.json").exists()

@@ -17,7 +17,7 @@ from sweep.app import run
 from sweep.config.validate import validate
 from sweep.data.synthetic import write_synthetic_glue
 from sweep.errors import ResourceError
-from sweep.results.records import MADE_BY, load_records
+from sweep.results.records import MADE_BY, load_records, rank_key
 from sweep.run.tuner import run_tune
 from tests.helpers.configs import demo_config
 from tests.helpers.overlap import most_at_once
@@ -93,7 +93,7 @@ def test_two_tasks_three_seeds_end_to_end(local_ray, cache_dir, tmp_path, monkey
         scores = [r.score for r in records if r.task == s.task]
         assert s.n == 3 and s.mean == pytest.approx(statistics.fmean(scores))
         assert s.std == pytest.approx(statistics.stdev(scores)) and s.median == pytest.approx(statistics.median(scores))
-        best = max((r for r in records if r.task == s.task), key=lambda r: (r.score, -r.seed))
+        best = max((r for r in records if r.task == s.task), key=lambda r: rank_key(s.mode, r.score, r.seed))
         assert (s.best_seed, s.best_score) == (best.seed, best.score)
         made_by = (out / "best" / s.task / MADE_BY).read_text()
         assert f'"seed": {best.seed}' in made_by
