@@ -24,10 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # the cluster helper the tests use
+from sweep.run.local_cluster import GPU_TYPE, autoscaling_cluster, gpu_worker_type  # the tests' cluster too
 
-from autoscaling import GPU_TYPE, autoscaling_cluster, gpu_worker_type  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 HEAD = {"CPU": 2, "GPU": 0}
 

@@ -51,7 +51,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -66,16 +65,11 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from sweep.run.local_cluster import free_port  # noqa: E402
 from sweep.train.tiny_exports import export_tiny_classifier, export_tiny_lm  # noqa: E402
 
 GRPC_REQUESTS = 800  # per run at 64 clients (the grpc part; 1 client: an eighth)
 STREAM_REQUESTS = 32  # per run at the highest concurrency (the stream part; 1 client: a third)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -33,7 +33,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,6 +46,7 @@ from typing import Any
 import psutil
 
 from sweep.config.validate import compose_settings
+from sweep.run.local_cluster import free_port
 from sweep.run.mlflow_runs import TrialRuns, evaluation_metrics, run_name
 from sweep.tracking import SweepTracker, TrialLogger, TrialTracking
 from sweep.trials import CHECKPOINT_RANK, Report, checkpoint_rank
@@ -58,12 +58,6 @@ SERVER_START_S = 180.0  # a first start on a busy 2-core machine can take a minu
 
 
 # --- the store -----------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

@@ -4,7 +4,7 @@ faults injected on a schedule, and whether both end with the same results.
 The sweep (2 GLUE tasks x 6 seeds, a tiny model, staged from S3, logged to an ``mlflow server``) is
 run by ``python -m sweep`` joined to a 3-node Ray cluster of one-CPU nodes whose two worker nodes
 each have their OWN DISK, as pods do (``ray start`` inside ``unshare -m`` with a tmpfs over the
-driver's folder: out_dir and the caches; tests/own_disks.py): only the storage path and the MLflow
+driver's folder: out_dir and the caches; sweep/run/local_cluster.py): only the storage path and the MLflow
 server are shared, so any shortcut through the driver's disk would show. The faults, each triggered
 by the sweep's progress (epochs on record in the trials' histories) so both runs see them at the
 same point:
@@ -34,17 +34,13 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # the same service stand-ins the tests start
-
-from mlflow_fixtures import ServerProcess  # noqa: E402
-from own_disks import OwnDiskCluster, mount_namespace, namespace_refused  # noqa: E402
-from s3_fixtures import ACCESS_KEY, SECRET_KEY, FaultyProxy, start_moto, upload  # noqa: E402
-from sweep.config.tasks import load_task  # noqa: E402
-from sweep.data.synthetic import write_synthetic_glue  # noqa: E402
-from sweep.models.source import resolve_model_dir  # noqa: E402
-from sweep.results.records import best_per_task, load_records  # noqa: E402
-from sweep.train.tiny_exports import TINY_ROBERTA  # noqa: E402
+from services import FaultyProxy, ServerProcess, s3_environment, start_moto, upload  # the tests' stand-ins too
+from sweep.config.tasks import load_task
+from sweep.data.synthetic import write_synthetic_glue
+from sweep.models.source import resolve_model_dir
+from sweep.results.records import best_per_task, load_records
+from sweep.run.local_cluster import OwnDiskCluster, mount_namespace, namespace_refused
+from sweep.train.tiny_exports import TINY_ROBERTA
 
 BUCKET = "sweep-chaos"
 TASKS = ("WNLI", "RTE")
@@ -216,9 +212,11 @@ def main() -> None:
         work = Path(tmp)
         moto, s3 = start_moto(work / "moto.log")
         proxy = FaultyProxy(s3.endpoint, None, 503, 0)
-        os.environ.update({"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-                           "AWS_ENDPOINT_URL": s3.endpoint, "AWS_DEFAULT_REGION": "us-east-1"})
-        os.environ.pop("AWS_PROFILE", None)
+        for key, value in s3_environment(s3.endpoint).items():  # this process and the clusters it starts
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         try:
             data = write_synthetic_glue(work / "src", list(TASKS), n_train=args.rows, n_dev=48)
             model = resolve_model_dir(TINY_ROBERTA, work / "model-cache")

@@ -1,4 +1,5 @@
-"""Shared fixtures: generated GLUE-layout data for every task, and the real data next to the repo."""
+"""Shared fixtures: generated GLUE-layout data for every task, the real data next to the repo, the
+session's caches; and the fixtures of tests/helpers/, registered here once (``pytest_plugins``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,14 @@ import pytest
 from sweep.config.tasks import GLUE_TASKS
 from sweep.data.synthetic import write_synthetic_glue
 from sweep.train.tiny_exports import TINY_ROBERTA
+
+# Fixtures any test module may name as an argument (none imports them).
+pytest_plugins = [
+    "tests.helpers.own_disks",  # own_disk_cluster
+    "tests.helpers.s3",  # moto_server
+    "tests.helpers.sweeps",  # local_ray
+    "tests.helpers.tracking",  # mlflow_server
+]
 
 
 @pytest.fixture(scope="session")
@@ -29,7 +38,7 @@ def shared_data_dir() -> Path:
 @pytest.fixture(scope="session")
 def crds() -> dict:
     """The CRDs in ``../shared/reference/crds`` by (group, kind) (skips when this checkout lacks them)."""
-    from manifests import load_crds
+    from tests.helpers.manifests import load_crds
 
     path = Path(__file__).resolve().parents[2] / "shared" / "reference" / "crds"
     if not path.is_dir():

@@ -16,15 +16,25 @@ from pathlib import Path
 
 import pytest
 
-from autoscaling import GPU_TYPE, autoscaling_cluster, gpu_worker_type, never_starting_gpu_worker_type
-from configs import demo_config
-from overlap import most_at_once
 from sweep.app import run
 from sweep.errors import ResourceError
 from sweep.results.records import load_records
+from sweep.run.local_cluster import GPU_TYPE, autoscaling_cluster, gpu_worker_type
+from tests.helpers.configs import demo_config
+from tests.helpers.overlap import most_at_once
 
 pytestmark = pytest.mark.slow
 HEAD = {"CPU": 2, "GPU": 0}  # the head holds the trials' drivers, never a GPU trial
+
+
+def never_starting_gpu_worker_type(max_workers: int = 2) -> dict:
+    """A GPU type the autoscaler tries to launch but whose node never joins: the fake provider starts
+    the raylet with a 1 PB object store, which cannot come up (measured: launching 2 for 40 s+, no
+    node). For the "no node arrived within cluster.scale_timeout_s" case; the plan still sees a
+    1 CPU + 1 GPU type with max ``max_workers``."""
+    node_type = gpu_worker_type(max_workers=max_workers)
+    node_type["resources"]["object_store_memory"] = 10**15
+    return node_type
 
 
 def sweep_cfg(address: str, tmp_path: Path, *extra: str):

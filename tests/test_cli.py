@@ -11,13 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from sweep.results.records import MADE_BY, load_records
-
-
-def sweep_cmd(*args: str, cwd: Path, cache: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "SWEEP_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "sweep", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+from sweep.config.tasks import load_task
+from sweep.results.records import MADE_BY, load_records, rank_key
+from tests.helpers.sweeps import sweep_cmd
 
 
 def test_help_lists_every_task_and_model(tmp_path):
@@ -97,7 +93,8 @@ def test_demo_runs_and_keeps_exactly_the_best_model(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert sorted(int(r["seed"]) for r in rows) == [38, 39]
-    best_seed = max(rows, key=lambda r: (float(r["score"]), -int(r["seed"])))["seed"]
+    mode = load_task("WNLI").mode
+    best_seed = max(rows, key=lambda r: rank_key(mode, float(r["score"]), int(r["seed"])))["seed"]
     made_by = json.loads((out / "best" / "WNLI" / MADE_BY).read_text())
     assert str(made_by["seed"]) == best_seed
     assert (out / "best" / "WNLI" / "config.json").exists()

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from hydra.errors import MissingConfigException
 
-from configs import compose_config
 from sweep.config.tasks import CONF_DIR, GLUE_TASKS, load_task
 from sweep.config.validate import validate
 from sweep.errors import ConfigError
+from tests.helpers.configs import compose_config
 
 _compose = compose_config
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from configs import demo_settings
 from sweep.config.tasks import load_task
 from sweep.data.glue import load_task_data
 from sweep.data.synthetic import write_synthetic_glue
 from sweep.plan.costs import TaskSize, grid_points, model_params, sweep_trials, task_size, trial_seconds
 from sweep.plan.makespan import CostModel
 from sweep.train.loading import load_tokenizer
+from tests.helpers.configs import demo_settings
 
 
 def test_rows_and_mean_tokens_are_those_of_the_training_file(tiny_roberta_dir, tmp_path):

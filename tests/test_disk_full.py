@@ -19,6 +19,7 @@ from sweep.disk import disk_full_line, folder_size, is_disk_full
 from sweep.errors import USER_ERRORS, DiskFullError
 from sweep.files import atomic_folder, partial_folders, write_text
 from sweep.results.records import MADE_BY, TrialRecord, export_best, load_records
+from tests.helpers.sweeps import sweep_cmd
 
 MB = 2**20
 
@@ -167,8 +168,6 @@ def test_a_checkpoint_staged_on_a_full_temp_dir_is_one_line(small_disk, tiny_rob
 
 @pytest.mark.slow
 def test_sweep_on_a_full_disk_stops_with_one_line_then_resume_finishes(small_disk, tmp_path):
-    from test_cli import sweep_cmd
-
     disk = small_disk("512k")  # Tune's small files fit, a tiny-roberta checkpoint does not
     out, cache = disk / "out", tmp_path / "cache"
     args = ["experiment=demo", "tracking=none", "sweep.seeds=[38,39]", "train.epochs=1",

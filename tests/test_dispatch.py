@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from configs import demo_settings
 from sweep.errors import ConfigError, ResourceError
 from sweep.plan.dispatch import ClusterGPUs, cluster_gpus, dispatch
 from sweep.plan.makespan import TrialWork
 from sweep.plan.scale import AutoscalerView, NodeType
 from sweep.plan.sizes import plan_trials
+from tests.helpers.configs import demo_settings
 
 LONG, SHORT = 100.0, 10.0  # one-GPU seconds of an A trial and of a B trial
 

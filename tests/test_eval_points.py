@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from configs import train_config
 from sweep.config.tasks import load_task
 from sweep.config.validate import compose_settings
 from sweep.errors import ConfigError
 from sweep.train.evaluate import evaluate
 from sweep.train.loop import TRAINING_STATE, eval_points, finetune, setup
+from tests.helpers.configs import train_config
 
 # 64 rows in batches of 16: 4 batches an epoch
 QUICK = train_config(lr=5e-3, batch_size=16, epochs=2, max_seq_length=64, max_train_samples=64, max_eval_samples=64)

@@ -7,10 +7,10 @@ from dataclasses import replace
 import pytest
 from transformers import AutoModelForSequenceClassification
 
-from configs import train_config
 from sweep.config.tasks import load_task
 from sweep.data.collate import count_tokens
 from sweep.train.loop import finetune, setup
+from tests.helpers.configs import train_config
 
 QUICK = train_config(lr=5e-3, batch_size=16, epochs=3, max_seq_length=64, max_train_samples=160, max_eval_samples=64)
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from mlflow import MlflowClient
 
-from configs import compose_settings
 from sweep.app import record_in_mlflow
+from sweep.config.validate import compose_settings
 from sweep.results.records import TrialRecord, summarize, write_results
 from sweep.tracking import SweepTracker, TrialLogger
 

@@ -9,9 +9,9 @@ import pickle
 import boto3
 import pytest
 
-from s3_fixtures import moto_server, s3_env  # noqa: F401 (fixture)
 from sweep.remote_files import fetch_folder, remove_folder
 from sweep.trials import Report, TrialHistories
+from tests.helpers.s3 import s3_env
 
 ROWS = [Report("t1", step=5, score=0.5, rung=False, metrics={"accuracy": 0.5}), Report("t1", step=10, score=0.75)]
 
@@ -52,7 +52,7 @@ def test_a_report_is_the_flat_row_tune_and_the_history_hold():
     assert ended.trial_done and ended.to_row()["stopped"] == "degenerate" and "trial_done" not in row
 
 
-def test_a_checkpoint_folder_on_s3_is_fetched_whole(moto_server, monkeypatch, tmp_path):  # noqa: F811
+def test_a_checkpoint_folder_on_s3_is_fetched_whole(moto_server, monkeypatch, tmp_path):
     s3_env(monkeypatch, moto_server)
     client = boto3.client("s3")
     client.create_bucket(Bucket="sweep-storage")

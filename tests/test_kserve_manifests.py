@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from manifests import (
+from tests.helpers.manifests import (
     DEPLOYMENT_MODE,
     KSERVE_CONTAINER,
     MODEL_MOUNT,

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,7 +14,6 @@ import torch
 from mlflow import MlflowClient
 from torch.utils.data import DataLoader
 
-from configs import compose_config, train_config
 from sweep.config.tasks import load_task
 from sweep.config.validate import validate
 from sweep.data.cache import cache_stats
@@ -26,11 +22,13 @@ from sweep.data.lm import BlockSizeError, check_block_fits, check_corpus, lm_blo
 from sweep.data.synthetic import write_synthetic_wikitext
 from sweep.errors import ConfigError, DataFormatError
 from sweep.models.source import resolve_model_dir
-from sweep.results.records import MADE_BY, load_records
+from sweep.results.records import MADE_BY, load_records, rank_key
 from sweep.train.evaluate import evaluate
 from sweep.train.loading import load_for_task
 from sweep.train.loop import finetune
 from sweep.train.tiny_exports import TINY_GPT2
+from tests.helpers.configs import compose_config, train_config
+from tests.helpers.sweeps import sweep_cmd
 
 QUICK_LM = train_config(lr=5e-3, batch_size=16, epochs=3, block_size=64)
 
@@ -257,12 +255,6 @@ def test_finetune_lowers_perplexity_every_epoch(wikitext_dir, tiny_gpt2_dir, cac
 # ---- the sweep, from the command line --------------------------------------------------------
 
 
-def sweep_cli(*args: str, cwd: Path, cache: Path, timeout: float = 400) -> subprocess.CompletedProcess:
-    env = {**os.environ, "SWEEP_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "sweep", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
 def assert_tracked_and_registered(db: Path, experiment: str, task: str, seeds: list[int], out: Path) -> None:
     """Each trial's perplexity falls epoch by epoch in MLflow; the best trial's model is exported
     to best/<task>/ and registered as tiny-gpt2-<task> with the alias champion."""
@@ -278,7 +270,7 @@ def assert_tracked_and_registered(db: Path, experiment: str, task: str, seeds: l
 
     rows = load_records(out / "results.json")
     assert all(r.ok and r.metrics["perplexity"] == r.score for r in rows)
-    best = min(rows, key=lambda r: (r.score, r.seed))  # mode min: the lowest perplexity, then the lower seed
+    best = max(rows, key=lambda r: rank_key("min", r.score, r.seed))  # perplexity: mode min
     made_by = json.loads((out / "best" / task / MADE_BY).read_text())
     assert int(made_by["seed"]) == best.seed
     assert (out / "best" / task / "config.json").exists() and (out / "best" / task / "tokenizer.json").exists()
@@ -290,10 +282,10 @@ def assert_tracked_and_registered(db: Path, experiment: str, task: str, seeds: l
 def test_sweep_of_a_text_folder(tmp_path, wikitext_dir):
     corpus = text_folder(tmp_path / "corpus", wikitext_dir)
     out, db = tmp_path / "out", tmp_path / "mlflow.db"
-    r = sweep_cli("task=text", "task.path=corpus", "model=tiny-gpt2", "train=quick", "train.block_size=64",
+    r = sweep_cmd("task=text", "task.path=corpus", "model=tiny-gpt2", "train=quick", "train.block_size=64",
                   "train.max_train_samples=null", "train.epochs=3", "sweep.seeds=[38,39]",
                   f"tracking.uri=sqlite:///{db}", "tracking.experiment=lm-text", f"out_dir={out}",
-                  cwd=tmp_path, cache=tmp_path / "cache")
+                  cwd=tmp_path, cache=tmp_path / "cache", timeout=400)
     assert r.returncode == 0, r.stderr[-3000:]
     assert str(corpus) not in r.stderr
     assert "best text: seed" in r.stdout and "now champion" in r.stdout
@@ -303,17 +295,17 @@ def test_sweep_of_a_text_folder(tmp_path, wikitext_dir):
 @pytest.mark.slow
 def test_sweep_on_real_wikitext_valid_for_training_test_for_evaluation(tmp_path, shared_data_dir):
     out, db = tmp_path / "out", tmp_path / "mlflow.db"
-    r = sweep_cli("task=wikitext-2", "task.wikitext-2.train_split=valid", "task.wikitext-2.eval_splits=[test]",
+    r = sweep_cmd("task=wikitext-2", "task.wikitext-2.train_split=valid", "task.wikitext-2.eval_splits=[test]",
                   f"storage.data_dir={shared_data_dir}", "model=tiny-gpt2", "train=quick",
                   "train.max_train_samples=256", "train.max_eval_samples=64", "train.epochs=3", "sweep.seeds=[38]",
                   f"tracking.uri=sqlite:///{db}", "tracking.experiment=lm-wikitext", f"out_dir={out}",
-                  cwd=tmp_path, cache=tmp_path / "cache")
+                  cwd=tmp_path, cache=tmp_path / "cache", timeout=400)
     assert r.returncode == 0, r.stderr[-3000:]
     assert_tracked_and_registered(db, "lm-wikitext", "wikitext-2", [38], out)
 
 
 def test_cli_block_size_too_large_is_one_line_before_any_trial(tmp_path, wikitext_dir, tiny_gpt2_dir, cache_dir):
-    r = sweep_cli("task=wikitext-2", "model=tiny-gpt2", f"storage.data_dir={wikitext_dir}", "train.block_size=1024",
+    r = sweep_cmd("task=wikitext-2", "model=tiny-gpt2", f"storage.data_dir={wikitext_dir}", "train.block_size=1024",
                   "tracking=none", f"out_dir={tmp_path / 'out'}", cwd=tmp_path, cache=cache_dir, timeout=120)
     assert r.returncode == 2
     assert "error: train.block_size: 1024 is more than tiny-gpt2 holds (256 positions); use at most 256" in r.stderr

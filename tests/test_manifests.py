@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from manifests import (
+from tests.helpers.manifests import (
     ELASTIC_JOB_ANNOTATION,
     PLACEHOLDER,
     QUEUE_LABEL,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from s3_fixtures import ACCESS_KEY, SECRET_KEY, moto_server, s3_env  # noqa: F401 - moto_server is a fixture
+from scripts.services import ACCESS_KEY, SECRET_KEY
 from sweep.storage.mlflow_upload import (
     ARTIFACTS,
     DB_NAME,
@@ -23,6 +23,7 @@ from sweep.storage.mlflow_upload import (
     sweep_store,
     upload_mlflow,
 )
+from tests.helpers.s3 import s3_env
 
 EXPERIMENT = "glue-tiny-roberta"
 
@@ -75,7 +76,7 @@ def download(prefix_uri: str, target: Path) -> list[str]:
     return keys
 
 
-def test_store_uploaded_downloaded_and_opened_with_mlflow(moto_server, monkeypatch, tmp_path: Path,  # noqa: F811
+def test_store_uploaded_downloaded_and_opened_with_mlflow(moto_server, monkeypatch, tmp_path: Path,
                                                           empty_store) -> None:
     import boto3
     from mlflow import MlflowClient
@@ -122,7 +123,7 @@ def test_store_uploaded_downloaded_and_opened_with_mlflow(moto_server, monkeypat
     assert (Path(model) / "weights.txt").read_text() == "weights\n"
 
 
-def test_a_failed_upload_is_one_line_and_the_printed_command_does_it(moto_server, monkeypatch,  # noqa: F811
+def test_a_failed_upload_is_one_line_and_the_printed_command_does_it(moto_server, monkeypatch,
                                                                      tmp_path: Path, empty_store) -> None:
     import boto3
 
@@ -148,7 +149,7 @@ def test_a_failed_upload_is_one_line_and_the_printed_command_does_it(moto_server
 
 
 def test_an_unreachable_endpoint_does_not_fail_either(monkeypatch, tmp_path: Path) -> None:
-    from mlflow_fixtures import free_port
+    from sweep.run.local_cluster import free_port
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
@@ -225,13 +226,13 @@ def test_relocate_rewrites_only_locations_under_the_artifacts_root(tmp_path: Pat
 
 
 @pytest.mark.parametrize("kind", ["mlflow", "none"])
-def test_upload_outputs_sends_the_store_beside_the_results(kind, moto_server, monkeypatch,  # noqa: F811
+def test_upload_outputs_sends_the_store_beside_the_results(kind, moto_server, monkeypatch,
                                                            tmp_path: Path, empty_store) -> None:
     """sweep.app.upload_outputs: the best models and results, then (tracking=mlflow) the store."""
     import boto3
 
-    from configs import compose_settings
     from sweep.app import upload_outputs
+    from sweep.config.validate import compose_settings
 
     s3_env(monkeypatch, moto_server)
     boto3.client("s3").create_bucket(Bucket="results")

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 from ray.cluster_utils import Cluster
 
-from s3_fixtures import moto_server, s3_env, upload  # noqa: F401 (fixture)
+from scripts.services import upload
 from sweep.data.synthetic import write_synthetic_glue
 from sweep.results.records import load_records
 from sweep.storage.node_cache import MARKER
+from tests.helpers.s3 import s3_env
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +27,7 @@ FAST_HEALTH_CHECKS = {"health_check_period_ms": 500, "health_check_failure_thres
 
 
 @pytest.fixture
-def three_nodes(moto_server, monkeypatch, tmp_path, tiny_roberta_dir):  # noqa: F811
+def three_nodes(moto_server, monkeypatch, tmp_path, tiny_roberta_dir):
     """A head and two workers, one CPU each, each with its own cache folder (as separate machines)."""
     s3_env(monkeypatch, moto_server)  # before the raylets start: their workers inherit it
     data = write_synthetic_glue(tmp_path / "src", ["WNLI"], n_train=600, n_dev=32)

@@ -1,4 +1,4 @@
-"""Sweeps on a cluster whose GPU worker node has its own disk (tests/own_disks.py): every trial's
+"""Sweeps on a cluster whose GPU worker node has its own disk (tests/helpers/own_disks.py): every trial's
 MLflow run reaches the driver's store, the best model is exported and registered, the driver's own
 data folder is shipped to the node that lacks it, and an MLflow server restarted mid-sweep loses
 nothing. A shortcut through a shared disk fails these tests: the worker never sees the driver's folder.
@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from mlflow_fixtures import ServerProcess
-from own_disks import own_disk_cluster  # noqa: F401 (fixture)
+from scripts.services import ServerProcess
+from sweep.config.tasks import load_task
 from sweep.data.synthetic import write_synthetic_glue
-from sweep.results.records import load_records
+from sweep.results.records import load_records, rank_key
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -51,7 +51,7 @@ def assert_every_trial_logged(uri: str, experiment: str, records: list, evaluati
 
 
 def test_a_sweep_on_a_node_with_its_own_disk_logs_every_trial_ships_the_data_and_keeps_checkpoints_in_s3(
-        own_disk_cluster):  # noqa: F811
+        own_disk_cluster):
     """The KubeRay shape: sqlite in the driver's folder, the data only there (storage=local),
     cluster.storage_path=s3://…. The worker gets the data through Ray, every trial runs there and
     writes its checkpoints and history to S3 only; the driver reads them back from there (records,
@@ -60,8 +60,9 @@ def test_a_sweep_on_a_node_with_its_own_disk_logs_every_trial_ships_the_data_and
     import boto3
 
     cluster = own_disk_cluster
-    s3 = boto3.client("s3", endpoint_url=cluster.s3_endpoint, aws_access_key_id=cluster.env["AWS_ACCESS_KEY_ID"],
-                      aws_secret_access_key=cluster.env["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1")
+    env = cluster.env  # the moto_server every node reaches, and its keys
+    s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                      aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1")
     s3.create_bucket(Bucket="sweep-results")
     data = write_synthetic_glue(cluster.driver / "data", ["WNLI"])  # on the driver's side only
     uri = f"sqlite:///{cluster.driver / 'mlflow.db'}"
@@ -77,7 +78,7 @@ def test_a_sweep_on_a_node_with_its_own_disk_logs_every_trial_ships_the_data_and
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket="sweep-results", Prefix="ray/").get("Contents", [])]
     assert len([k for k in keys if k.startswith("ray/history/")]) == 2, keys
     assert not any("/checkpoint_" in k for k in keys), keys  # pruned there once the best was exported
-    best = max(records, key=lambda r: (r.score, -r.seed))
+    best = max(records, key=lambda r: rank_key(load_task("WNLI").mode, r.score, r.seed))
     made_by = json.loads((cluster.driver / "one" / "best" / "WNLI" / "sweep_made_by.json").read_text())
     assert made_by["seed"] == best.seed and made_by["score"] == best.score
     assert (cluster.driver / "one" / "best" / "WNLI" / "config.json").is_file()
@@ -88,7 +89,7 @@ def test_a_sweep_on_a_node_with_its_own_disk_logs_every_trial_ships_the_data_and
     assert "now champion" in done.stdout
 
 
-def test_a_node_that_lacks_the_data_is_named_when_shipping_is_off(own_disk_cluster):  # noqa: F811
+def test_a_node_that_lacks_the_data_is_named_when_shipping_is_off(own_disk_cluster):
     cluster = own_disk_cluster
     data = write_synthetic_glue(cluster.driver / "data-unshipped", ["WNLI"])
     done = cluster.sweep("tracking=none", f"storage.data_dir={data}", "storage.ship_to_nodes=false",
@@ -103,7 +104,7 @@ def test_a_node_that_lacks_the_data_is_named_when_shipping_is_off(own_disk_clust
     assert not (cluster.shared / "two" / "history").exists()
 
 
-def test_an_mlflow_server_restarted_mid_sweep_loses_nothing(own_disk_cluster):  # noqa: F811
+def test_an_mlflow_server_restarted_mid_sweep_loses_nothing(own_disk_cluster):
     """The worker node never talks to MLflow; the driver keeps what the server did not take while it
     was down and sends it when it is back: every run and every evaluation arrives, nothing is left."""
     cluster = own_disk_cluster
@@ -126,7 +127,7 @@ def test_an_mlflow_server_restarted_mid_sweep_loses_nothing(own_disk_cluster):  
         server.kill()
 
 
-def test_a_node_that_joins_mid_sweep_stages_there_and_the_driver_shows_it(own_disk_cluster):  # noqa: F811
+def test_a_node_that_joins_mid_sweep_stages_there_and_the_driver_shows_it(own_disk_cluster):
     """The head alone at the start (no GPU) with a GPU node type declared: the sweep waits; a GPU
     node with its own disk joins; the trial there receives the driver's data and its staging line
     reaches the driver's terminal. (Last in the module: it replaces the cluster's worker node.)"""

@@ -14,19 +14,21 @@ from pathlib import Path
 import boto3
 import pytest
 
-from s3_fixtures import SECRET_KEY, compose_settings, moto_server, s3_env, stage_in_process  # noqa: F401
+from scripts.services import SECRET_KEY
 from sweep.data.synthetic import write_synthetic_glue
 from sweep.errors import StagingError
 from sweep.storage.archive import UnsafeArchiveError
 from sweep.storage.node_cache import MARKER, download_prefix
 from sweep.storage.s3 import S3Error, fetch
 from sweep.storage.staging import ensure_local, preflight
+from tests.helpers.configs import demo_settings
+from tests.helpers.s3 import s3_env, stage_in_process
 
 BUCKET = "sweep-test"
 
 
 @pytest.fixture
-def s3(moto_server, monkeypatch, tmp_path, tiny_roberta_dir):  # noqa: F811
+def s3(moto_server, monkeypatch, tmp_path, tiny_roberta_dir):
     """The bucket holding tiny-roberta (a .tgz object) and glue_data (a .tgz object), uploaded by our helper."""
     s3_env(monkeypatch, moto_server)
     boto3.client("s3").create_bucket(Bucket=BUCKET)
@@ -47,7 +49,7 @@ def upload(folder: Path, *args: str, check: bool = True) -> subprocess.Completed
 
 
 def settings_for(cache: Path, *overrides: str):
-    return compose_settings("storage=s3", f"storage.bucket={BUCKET}", f"storage.cache_dir={cache}", *overrides)
+    return demo_settings("storage=s3", f"storage.bucket={BUCKET}", f"storage.cache_dir={cache}", *overrides)
 
 
 def test_staged_once_then_never_again_then_again_when_replaced(s3, tmp_path):
@@ -150,10 +152,10 @@ def test_a_download_killed_halfway_is_staged_cleanly_next_time(s3, tmp_path):
     (big / "padding.bin").write_bytes(os.urandom(96 * 2**20))  # incompressible: the GET takes a while
     upload(big.parent, "--key", "big")
     cache = tmp_path / "node"
-    script = ("from s3_fixtures import compose_settings; from sweep.storage.staging import ensure_local; "
-              f"ensure_local(compose_settings('storage=s3', 'storage.bucket={BUCKET}', 'storage.data_key=big', "
+    script = ("from tests.helpers.configs import demo_settings; from sweep.storage.staging import ensure_local; "
+              f"ensure_local(demo_settings('storage=s3', 'storage.bucket={BUCKET}', 'storage.data_key=big', "
               f"'storage.cache_dir={cache}'))")
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # the repository: tests.helpers
     proc = subprocess.Popen([sys.executable, "-c", script], env=env)
     download = cache / "s3" / BUCKET / ".big.partial-"
     deadline = time.monotonic() + 120
@@ -240,7 +242,7 @@ def test_upload_helper_refuses_what_it_cannot_upload(s3, tmp_path):
 
 @pytest.mark.parametrize("status, fail, staged", [(503, 2, True), (403, 1, False)])
 def test_transient_errors_are_retried_and_permanent_ones_are_not(s3, tmp_path, status, fail, staged):
-    from s3_fixtures import FaultyProxy
+    from scripts.services import FaultyProxy
 
     proxy = FaultyProxy(s3.endpoint, f"/{BUCKET}/glue_data", status, fail)
     try:

@@ -10,13 +10,14 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from configs import demo_config
-from s3_fixtures import SECRET_KEY, moto_server, s3_env, upload  # noqa: F401 (fixture)
+from scripts.services import SECRET_KEY, upload
 from sweep.app import run
 from sweep.data.synthetic import write_synthetic_glue
 from sweep.results.records import load_records
 from sweep.storage.node_cache import MARKER
 from sweep.train.tiny_exports import TINY_GPT2, TINY_ROBERTA
+from tests.helpers.configs import demo_config
+from tests.helpers.s3 import s3_env
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +25,7 @@ BUCKET = "sweep-nodes"
 
 
 @pytest.fixture
-def three_nodes(moto_server, monkeypatch, tmp_path, tiny_roberta_dir):  # noqa: F811
+def three_nodes(moto_server, monkeypatch, tmp_path, tiny_roberta_dir):
     """Three raylets with one CPU each and their own cache folder, sharing one S3 endpoint."""
     s3_env(monkeypatch, moto_server)  # before the raylets start: their workers inherit it
     data = write_synthetic_glue(tmp_path / "src", ["WNLI"])
@@ -90,7 +91,7 @@ def test_each_object_is_staged_once_per_node_across_sweeps(three_nodes, tmp_path
     ("CoLA", "error: no data for task CoLA: looked in"),  # the nodes' check of the staged data, before any trial
     ("wikitext-2", "error: train.block_size: 4096 is more than tiny-gpt2 holds (256 positions)"),
 ])
-def test_what_is_missing_fails_the_cli_before_any_trial(moto_server, monkeypatch, tmp_path, cache_dir,  # noqa: F811
+def test_what_is_missing_fails_the_cli_before_any_trial(moto_server, monkeypatch, tmp_path, cache_dir,
                                                          task, message):
     from sweep.data.synthetic import write_synthetic_wikitext
     from sweep.models.source import resolve_model_dir

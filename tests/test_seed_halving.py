@@ -14,9 +14,10 @@ import json
 
 import pytest
 
-from sweep.plan.rungs import BELOW_CUT, DEGENERATE
-from sweep.results.records import MADE_BY, load_records
-from test_cli import sweep_cmd
+from sweep.config.tasks import load_task
+from sweep.plan.rungs import BELOW_CUT, DEGENERATE, RungEntry, ranked
+from sweep.results.records import MADE_BY, load_records, rank_key
+from tests.helpers.sweeps import sweep_cmd
 
 pytestmark = pytest.mark.slow
 
@@ -47,13 +48,15 @@ def test_seed_halving_keeps_two_of_six_and_stops_the_degenerate_at_the_rung(tmp_
         assert rec.steps_done == rung and rec.stopped_at_step == rung
         assert rec.stopped.startswith((DEGENERATE, BELOW_CUT)), rec.stopped
     degenerate = {s for s, rec in stopped.items() if rec.stopped.startswith(DEGENERATE)}
-    learners = {s for s, row in rung_rows.items() if row["score"] > row["trivial_score"] + 1e-9}
+    # each seed at the rung as the rung rules see it (sweep.plan.rungs, unit-tested in test_schedulers.py)
+    entries = [RungEntry(str(s), s, row["score"], row["eval/eval_loss"], row["trivial_score"])
+               for s, row in rung_rows.items()]
+    learners = {e.seed for e in entries if not e.at_trivial()}
     at_trivial = set(SEEDS) - learners
     assert len(learners) >= 2 and at_trivial, f"the demo should leave some seeds at chance: {rung_rows}"
     assert degenerate == at_trivial - set(finished)
-    # the kept two are the best two at the rung by score, then eval loss
-    ranked = sorted(rung_rows, key=lambda s: (-rung_rows[s]["score"], rung_rows[s]["eval/eval_loss"], s))
-    assert finished == sorted(ranked[:2])
+    # the kept two are the best two at the rung by the tie-free ranking (score, then eval loss, then seed)
+    assert finished == sorted(e.seed for e in ranked(entries)[:2])
 
     # a kept trial that waited at the rung went on from its checkpoint there, not from the start
     waited = [s for s in finished if any(row["resumed"] for row in histories[s])]
@@ -64,7 +67,7 @@ def test_seed_halving_keeps_two_of_six_and_stops_the_degenerate_at_the_rung(tmp_
         assert resumed[0] > rung and steps == sorted(set(steps))
 
     # the best model: the best evaluation of the kept trials, wherever it fell (mid-epoch allowed)
-    best = max(records.values(), key=lambda rec: (rec.score, -rec.seed))
+    best = max(records.values(), key=lambda rec: rank_key(load_task("WNLI").mode, rec.score, rec.seed))
     made_by = json.loads((out / "best" / "WNLI" / MADE_BY).read_text())
     assert made_by["seed"] == best.seed
 

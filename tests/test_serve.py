@@ -12,9 +12,7 @@ import json
 import shlex
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +20,9 @@ import httpx
 import pytest
 import yaml
 
-from serve_fixtures import Server, free_port, serving, start_server
 from sweep.cli.key_values import UsageError, parse_key_values
 from sweep.results.records import MADE_BY
+from sweep.run.local_cluster import free_port
 from sweep.serving.batcher import MicroBatcher
 from sweep.serving.generation import finish_completion
 from sweep.serving.protocol import (
@@ -37,24 +35,24 @@ from sweep.serving.protocol import (
 )
 from sweep.serving.source import ModelSourceError, published_name, resolve_model_source
 from sweep.train.tiny_exports import export_tiny_classifier, export_tiny_lm
+from tests.helpers.serving import (
+    CLASSIFIER_NAME,
+    LM_NAME,
+    RecordingModel,
+    Server,
+    output,
+    serving,
+    start_server,
+    texts,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy" / "kserve"
-CLASSIFIER_NAME = "tiny-roberta-RTE"
-LM_NAME = "tiny-gpt2-wikitext-2"
 LM_CONTEXT = 256
-
-
-def texts(name: str, values: list[Any], shape: list[int] | None = None, datatype: str = "BYTES") -> dict[str, Any]:
-    return {"name": name, "shape": shape if shape is not None else [len(values)], "datatype": datatype, "data": values}
 
 
 def tensor(name: str, values: list[Any], shape: list[int] | None = None, datatype: str = "BYTES") -> Tensor:
     return Tensor(**texts(name, values, shape, datatype))
-
-
-def output(body: dict[str, Any], name: str) -> list[Any]:
-    return next(o["data"] for o in body["outputs"] if o["name"] == name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,24 +139,6 @@ def test_batch_keys_merge_only_what_can_share_a_generate_call() -> None:
 
 # ---------------------------------------------------------------------------------------------
 # Batcher.
-
-@dataclass
-class RecordingModel:
-    """A stand-in forward pass that records each batch and answers item * 10."""
-
-    delay_s: float = 0.02
-    fail_on: int | None = None
-
-    def __post_init__(self) -> None:
-        self.calls: list[tuple[Any, list[int]]] = []
-
-    def __call__(self, key: Any, items: list[int]) -> list[int]:
-        self.calls.append((key, list(items)))
-        time.sleep(self.delay_s)
-        if self.fail_on is not None and self.fail_on in items:
-            raise RuntimeError(f"boom on {self.fail_on}")
-        return [i * 10 for i in items]
-
 
 async def _submit_all(batcher: MicroBatcher[int, int], requests: list[tuple[Any, list[int]]]) -> list[Any]:
     return await asyncio.gather(*(batcher.submit(k, items) for k, items in requests), return_exceptions=True)

@@ -18,12 +18,22 @@ from typing import Any
 import httpx
 import pytest
 
-from serve_fixtures import Server, free_port, serving, start_server, wait_grpc_ready
 from sweep.cli.key_values import parse_key_values
+from sweep.run.local_cluster import free_port
 from sweep.serving.batcher import MicroBatcher
 from sweep.serving.protocol import parameters_for_grpc, parameters_from_grpc
 from sweep.train.tiny_exports import export_tiny_classifier, export_tiny_lm
-from test_serve import CLASSIFIER_NAME, LM_NAME, RecordingModel, output, texts
+from tests.helpers.serving import (
+    CLASSIFIER_NAME,
+    LM_NAME,
+    RecordingModel,
+    Server,
+    output,
+    serving,
+    start_server,
+    texts,
+    wait_grpc_ready,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 

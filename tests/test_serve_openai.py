@@ -22,18 +22,16 @@ from typing import Any
 import httpx
 import pytest
 
-from serve_fixtures import Server, serving, start_server
 from sweep.serving.generation import finish_completion, streamable_text
 from sweep.serving.openai_protocol import chat_messages, completion_prompts, openai_job
 from sweep.serving.protocol import GenerationParams, RequestError
 from sweep.train.tiny_exports import export_tiny_classifier, export_tiny_lm
+from tests.helpers.serving import CLASSIFIER_NAME, LM_NAME, Server, serving, start_server
 
 openai = pytest.importorskip("openai")  # the dev extra
 
 REPO = Path(__file__).resolve().parents[1]
-LM_NAME = "tiny-gpt2-wikitext-2"
 CHAT_NAME = "tiny-gpt2-chat"
-CLASSIFIER_NAME = "tiny-roberta-RTE"
 LM_CONTEXT = 256
 PROMPT = "The meaning of life is"
 CHAT_TEMPLATE = (

@@ -9,17 +9,17 @@ import boto3
 import httpx
 import pytest
 
-from s3_fixtures import SECRET_KEY, moto_server, s3_env  # noqa: F401
-from serve_fixtures import start_server, stop_server, wait_ready
+from scripts.services import SECRET_KEY
 from sweep.storage.s3 import make_client, upload_tree
 from sweep.train.tiny_exports import export_tiny_lm
-from test_serve import LM_NAME
+from tests.helpers.s3 import s3_env
+from tests.helpers.serving import LM_NAME, start_server, stop_server, wait_ready
 
 pytestmark = pytest.mark.slow
 BUCKET = "served"
 
 
-def test_a_model_uploaded_by_a_sweep_is_served_from_s3(moto_server, monkeypatch, tmp_path, cache_dir):  # noqa: F811
+def test_a_model_uploaded_by_a_sweep_is_served_from_s3(moto_server, monkeypatch, tmp_path, cache_dir):
     s3_env(monkeypatch, moto_server)
     boto3.client("s3").create_bucket(Bucket=BUCKET)
     exported = export_tiny_lm(tmp_path / "out" / "best" / "wikitext-2", cache_dir)
@@ -41,7 +41,7 @@ def test_a_model_uploaded_by_a_sweep_is_served_from_s3(moto_server, monkeypatch,
     assert SECRET_KEY not in server.log_tail()
 
 
-def test_a_missing_s3_model_is_one_line_and_exit_2(moto_server, monkeypatch, tmp_path):  # noqa: F811
+def test_a_missing_s3_model_is_one_line_and_exit_2(moto_server, monkeypatch, tmp_path):
     s3_env(monkeypatch, moto_server)
     boto3.client("s3").create_bucket(Bucket=BUCKET)
     r = subprocess.run([sys.executable, "-m", "sweep.serve", f"model=s3://{BUCKET}/nothing/here",

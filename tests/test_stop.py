@@ -18,7 +18,7 @@ from sweep.errors import SweepStopped
 from sweep.lock import OWNER_FILE, hold_out_dir
 from sweep.results.records import load_records
 from sweep.run.stop import resume_command, stop_signals
-from test_cli import sweep_cmd
+from tests.helpers.sweeps import sweep_cmd
 
 IN_USE = "is in use by another sweep"
 

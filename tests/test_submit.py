@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ from unittest import mock
 import pytest
 
 from sweep.cli.submit import parse_args
+from sweep.run.local_cluster import free_port
 from sweep.run.submit import (
     WORKING_DIR_EXCLUDES,
     Command,
@@ -262,12 +262,6 @@ def cli(*args: str, env: dict[str, str], timeout: float = 120) -> tuple[subproce
     done = subprocess.run([str(BIN / "python"), "-m", "sweep.submit", *args], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=timeout)
     return done, time.monotonic() - started
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def one_line_error(done: subprocess.CompletedProcess) -> str:

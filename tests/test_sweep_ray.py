@@ -13,14 +13,15 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from configs import demo_config
-from overlap import most_at_once
 from sweep.app import run
 from sweep.config.validate import validate
 from sweep.data.synthetic import write_synthetic_glue
 from sweep.errors import ResourceError
-from sweep.results.records import MADE_BY, load_records
+from sweep.results.records import MADE_BY, load_records, rank_key
 from sweep.run.tuner import run_tune
+from tests.helpers.configs import demo_config
+from tests.helpers.overlap import most_at_once
+from tests.helpers.sweeps import TRAIN_WORKER, actors
 
 pytestmark = pytest.mark.slow
 
@@ -46,17 +47,6 @@ def two_gpu_nodes():
     yield cluster
     ray.shutdown()
     cluster.shutdown()
-
-
-TRAIN_WORKER = "RayTrainWorker"  # a DDP trial's workers
-
-
-def actors(class_name: str, alive_only: bool = True) -> list[dict]:
-    # The GCS's actor table (the public state API needs the dashboard, which tests don't start).
-    from ray._private import state
-
-    return [a for a in state.actors().values()
-            if a["ActorClassName"] == class_name and (a["State"] == "ALIVE" or not alive_only)]
 
 
 def holding_spans(records) -> list[tuple[float, float]]:
@@ -103,7 +93,7 @@ def test_two_tasks_three_seeds_end_to_end(local_ray, cache_dir, tmp_path, monkey
         scores = [r.score for r in records if r.task == s.task]
         assert s.n == 3 and s.mean == pytest.approx(statistics.fmean(scores))
         assert s.std == pytest.approx(statistics.stdev(scores)) and s.median == pytest.approx(statistics.median(scores))
-        best = max((r for r in records if r.task == s.task), key=lambda r: (r.score, -r.seed))
+        best = max((r for r in records if r.task == s.task), key=lambda r: rank_key(s.mode, r.score, r.seed))
         assert (s.best_seed, s.best_score) == (best.seed, best.score)
         made_by = (out / "best" / s.task / MADE_BY).read_text()
         assert f'"seed": {best.seed}' in made_by

@@ -8,24 +8,15 @@ import sys
 import time
 
 import pytest
-import ray
 from mlflow import MlflowClient
 
-from configs import demo_config
-from mlflow_fixtures import mlflow_server  # noqa: F401 (fixture)
 from sweep.app import run
+from tests.helpers.configs import demo_config
 
 SECRET = "s3cr3t-sweep-value-789"
 
 
 compose_cfg = demo_config
-
-
-@pytest.fixture
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def children(client: MlflowClient, parent) -> list:

@@ -14,11 +14,11 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from configs import compose_settings
-from mlflow_fixtures import free_port, log_trial_in_process, mlflow_server  # noqa: F401 (fixture)
 from sweep.config.tasks import load_task
+from sweep.config.validate import compose_settings
 from sweep.results.records import TrialRecord, summarize, write_results
 from sweep.results.report import plot_seed_scores
+from sweep.run.local_cluster import free_port
 from sweep.secrets import scrub, secret_name, secret_values
 from sweep.tracking import (
     FALLBACK_URI,
@@ -29,6 +29,7 @@ from sweep.tracking import (
     register_best,
     saved_parent,
 )
+from tests.helpers.tracking import log_trial_in_process
 
 WNLI = load_task("WNLI")
 SECRET = "s3cr3t-value-123"
@@ -231,7 +232,7 @@ def test_unreachable_server_falls_back_to_sqlite_when_not_required(caplog: pytes
     assert "cannot reach" in caplog.text
 
 
-def test_reachable_stores_are_used_as_given(mlflow_server, tmp_path: Path) -> None:  # noqa: F811 (fixture)
+def test_reachable_stores_are_used_as_given(mlflow_server, tmp_path: Path) -> None:
     assert check_reachable(mlflow_server.url, required=True) == mlflow_server.url
     uri = f"sqlite:///{tmp_path}/a/b/mlflow.db"
     assert check_reachable(uri, required=True) == uri

@@ -14,13 +14,12 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from configs import demo_config
-from mlflow_fixtures import ServerProcess as Server
+from scripts.services import ServerProcess as Server
 from sweep.config.tasks import load_task
 from sweep.results.records import TrialRecord, load_records, summarize, write_results
 from sweep.tracking import ORIGINAL_TAG, SweepTracker, TrialLogger
 from sweep.tracking.spool import SPOOL_DIR, UNSENT_FILE, read_records, spool_files
-from test_sweep_tracking import local_ray  # noqa: F401 (fixture)
+from tests.helpers.configs import demo_config
 
 WNLI = load_task("WNLI")
 
@@ -133,7 +132,7 @@ def test_calls_left_unsent_replay_into_a_fresh_server_with_the_same_histories(se
 
 
 @pytest.mark.slow
-def test_sweep_survives_a_server_restart_and_every_epoch_arrives(server: Server, local_ray,  # noqa: F811
+def test_sweep_survives_a_server_restart_and_every_epoch_arrives(server: Server, local_ray,
                                                                  cache_dir, tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("SWEEP_CACHE_DIR", str(cache_dir))
     out = tmp_path / "out"

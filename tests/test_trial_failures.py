@@ -132,13 +132,13 @@ def test_a_bad_label_trial_fails_after_exactly_one_attempt(cache_dir, tmp_path, 
     import ray
     from ray import tune
 
-    from configs import demo_config
     from sweep.app import run
     from sweep.data.synthetic import write_synthetic_glue
     from sweep.plan.sizes import EXPERIMENT
     from sweep.results.records import load_records
     from sweep.trials import TrialHistories
-    from test_sweep_ray import TRAIN_WORKER, actors
+    from tests.helpers.configs import demo_config
+    from tests.helpers.sweeps import TRAIN_WORKER, actors
 
     monkeypatch.setenv("SWEEP_CACHE_DIR", str(cache_dir))
     data = write_synthetic_glue(tmp_path / "data", ["WNLI", "RTE", "SST-2"], n_train=64, n_dev=32)

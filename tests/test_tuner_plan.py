@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from configs import demo_config
 from sweep.config.validate import validate
 from sweep.errors import ConfigError, ResourceError
 from sweep.plan.scale import AutoscalerView, NodeType
 from sweep.plan.sizes import plan_trials, storage_path, trial_count
+from tests.helpers.configs import demo_config
 
 
 def settings(*overrides: str):

@@ -17,4 +17,7 @@
 - ``stage_nodes.py``: staging on every node before the first trial (and on nodes that join later),
                       the driver's folders shipped through Ray, the nodes' progress lines
 - ``submit.py``:      a sweep as a Ray Job on a running cluster, and its jobs (the command: ``sweep submit``)
+- ``local_cluster.py``: multi-node Ray clusters on one machine (nodes with their own disks: ``unshare -m``
+                      + tmpfs; the fake-provider autoscaling cluster), ``free_port``: for the tests and
+                      scripts/chaos.py, scripts/bench_autoscale.py
 """

@@ -1,9 +1,10 @@
-"""Real ``python -m sweep.serve`` processes for the serving tests: start on a free port, wait, stop."""
+"""The serving tests' shared parts: real ``python -m sweep.serve`` processes (start on a free port,
+wait, stop), the names they serve, the v2 protocol's request and response helpers, and a stand-in
+forward pass for the batcher."""
 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -11,17 +12,44 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[1]
+from sweep.run.local_cluster import free_port
+
+REPO = Path(__file__).resolve().parents[2]
 SERVER_START_TIMEOUT = 120.0
+CLASSIFIER_NAME = "tiny-roberta-RTE"  # what the servers of tiny_exports' models publish
+LM_NAME = "tiny-gpt2-wikitext-2"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def texts(name: str, values: list[Any], shape: list[int] | None = None, datatype: str = "BYTES") -> dict[str, Any]:
+    """One v2 input tensor as JSON (BYTES by default: texts)."""
+    return {"name": name, "shape": shape if shape is not None else [len(values)], "datatype": datatype, "data": values}
+
+
+def output(body: dict[str, Any], name: str) -> list[Any]:
+    """The data of the output ``name`` of a v2 response."""
+    return next(o["data"] for o in body["outputs"] if o["name"] == name)
+
+
+@dataclass
+class RecordingModel:
+    """A stand-in forward pass that records each batch and answers item * 10."""
+
+    delay_s: float = 0.02
+    fail_on: int | None = None
+
+    def __post_init__(self) -> None:
+        self.calls: list[tuple[Any, list[int]]] = []
+
+    def __call__(self, key: Any, items: list[int]) -> list[int]:
+        self.calls.append((key, list(items)))
+        time.sleep(self.delay_s)
+        if self.fail_on is not None and self.fail_on in items:
+            raise RuntimeError(f"boom on {self.fail_on}")
+        return [i * 10 for i in items]
 
 
 @dataclass

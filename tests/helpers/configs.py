@@ -1,4 +1,4 @@
-"""The one way tests compose the Hydra config (as `python -m sweep` would) — also the `compose` fixture."""
+"""The one way tests compose the Hydra config (as `python -m sweep` would)."""
 
 from __future__ import annotations
 

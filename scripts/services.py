@@ -1,22 +1,34 @@
-"""A real S3 endpoint over HTTP: ``moto_server`` on a free port, with its request log for counting GETs."""
+"""Stand-ins for the services a cluster talks to, started on this machine: ``moto_server`` as S3 (with
+its request log, for counting GETs), a proxy in front of it that fails GETs on demand, and an
+``mlflow server`` that can be killed and started again on the same port and store.
+
+Dev tooling, not the package: used by scripts/chaos.py (as ``services``: a script's own folder is
+first on its sys.path) and by the tests (as ``scripts.services``: the repository root is on theirs).
+Ray clusters on one machine are in ``sweep.run.local_cluster``, whose ``free_port`` this uses too.
+"""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
-from configs import demo_config
-from mlflow_fixtures import free_port
+from sweep.run.local_cluster import free_port
 
 ACCESS_KEY = "AKIAMOTOTESTKEY01"
 SECRET_KEY = "moto-test-secret-value-0123456789"  # searched for in logs and errors: must never appear
+# A restart on a busy 2-core machine (Ray trials beside it) can take far longer than a first start.
+MLFLOW_START_TIMEOUT_S = 180.0
+
+
+# ---------------------------------------------------------------- S3: moto_server
 
 
 @dataclass(frozen=True)
@@ -34,12 +46,11 @@ class MotoServer:
         return len(self.requests("GET", rf"/{bucket}/{re.escape(key)}(?:/[^ ?]+)?"))
 
 
-def s3_env(monkeypatch: pytest.MonkeyPatch, server: MotoServer) -> None:
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", server.endpoint)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
+def s3_environment(endpoint: str) -> dict[str, str | None]:
+    """The variables a process (a node, the driver) needs to reach ``endpoint`` with the fake keys, as a
+    real cluster's pods get them from their secret; None: unset (a profile would win over the keys)."""
+    return {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_ENDPOINT_URL": endpoint,
+            "AWS_DEFAULT_REGION": "us-east-1", "AWS_PROFILE": None}
 
 
 def start_moto(log: Path) -> tuple[subprocess.Popen, MotoServer]:
@@ -61,14 +72,6 @@ def start_moto(log: Path) -> tuple[subprocess.Popen, MotoServer]:
             time.sleep(0.2)
 
 
-@pytest.fixture
-def moto_server(tmp_path: Path):
-    proc, server = start_moto(tmp_path / "moto.log")
-    yield server
-    proc.terminate()
-    proc.wait(timeout=10)
-
-
 def upload(bucket: str, *folders: tuple[Path, str]) -> None:
     """Create ``bucket`` (the environment points at the server) and upload each (folder, key) with
     ``python -m sweep.upload``, as a user would."""
@@ -82,22 +85,6 @@ def upload(bucket: str, *folders: tuple[Path, str]) -> None:
                        check=True, capture_output=True, timeout=120)
 
 
-def compose_settings(*overrides: str):
-    """A validated sweep config (the demo's) with ``overrides``."""
-    from sweep.config.validate import validate
-    return validate(demo_config("tracking=none", *overrides))
-
-
-def stage_in_process(overrides: list[str], barrier) -> tuple[str, str, int]:
-    """``ensure_local`` in a spawned process, all peers released at once: (model dir, data dir, bytes)."""
-    from sweep.storage.staging import ensure_local
-
-    settings = compose_settings(*overrides)
-    barrier.wait(timeout=60)
-    sources = ensure_local(settings)
-    return str(sources.model_dir), str(sources.data_dir), sources.downloaded
-
-
 class FaultyProxy:
     """An HTTP proxy in front of the S3 endpoint that answers the first ``fail`` GETs of a key (of
     every key: ``key_path=None``) with ``status`` (503: transient, 403: permanent) and forwards
@@ -106,7 +93,6 @@ class FaultyProxy:
     def __init__(self, upstream: str, key_path: str | None, status: int, fail: int):
         import http.server
         import threading
-        import urllib.request
 
         proxy = self
         self.failed = 0
@@ -156,3 +142,56 @@ class FaultyProxy:
 
     def close(self) -> None:
         self.server.shutdown()
+
+
+# ---------------------------------------------------------------- MLflow: mlflow server
+
+
+def _mlflow_server_command(root: Path, port: int) -> list[str]:
+    entry = Path(sys.executable).with_name("mlflow")
+    mlflow = [str(entry)] if entry.exists() else [sys.executable, "-m", "mlflow"]
+    return [
+        *mlflow, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+        "--backend-store-uri", f"sqlite:///{root}/srv.db", "--artifacts-destination", str(root / "artifacts"),
+    ]
+
+
+class ServerProcess:
+    """An ``mlflow server`` on a fixed port and store (``root``: srv.db and artifacts/) that can be
+    killed (its whole process group, as a lost machine) and started again on the same port and store."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self) -> ServerProcess:
+        self.starts += 1
+        log = self.root / f"server-{self.starts}.log"
+        with log.open("w") as out:
+            self.proc = subprocess.Popen(_mlflow_server_command(self.root, self.port), stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        self._wait_healthy(log)
+        return self
+
+    def _wait_healthy(self, log: Path) -> None:
+        deadline = time.monotonic() + MLFLOW_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited with {self.proc.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.3)
+        raise RuntimeError(f"mlflow server not healthy after {MLFLOW_START_TIMEOUT_S:.0f} s:\n"
+                           f"{log.read_text()[-3000:]}")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.proc = None

@@ -1,0 +1,1 @@
+"""The test suite (a package, so that its helpers are imported as ``tests.helpers.<module>``)."""

@@ -1,0 +1,39 @@
+"""Running sweeps in the tests: ``python -m sweep`` as a process, a local Ray, and the GCS's actor
+table (which processes held trials)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TRAIN_WORKER = "RayTrainWorker"  # a DDP trial's workers
+
+
+def sweep_cmd(*args: str, cwd: Path, cache: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python -m sweep ARGS`` as a person types it, in ``cwd``, with its own cache; offline."""
+    env = {**os.environ, "SWEEP_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "sweep", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def local_ray():
+    """A local Ray of 2 CPUs for one test."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def actors(class_name: str, alive_only: bool = True) -> list[dict]:
+    """The actors of ``class_name`` in the GCS's actor table (the public state API needs the dashboard,
+    which tests don't start): alive ones only, or every one this Ray has had."""
+    from ray._private import state
+
+    return [a for a in state.actors().values()
+            if a["ActorClassName"] == class_name and (a["State"] == "ALIVE" or not alive_only)]
