@@ -16,7 +16,7 @@ that goes first alternates (ABBA), after one untimed warm-up of both sides.
 
     HF_HUB_OFFLINE=1 python scripts/bench_vs_trainer.py --task SST-2 --rows 2000 --epochs 1 --seeds 3
     HF_HUB_OFFLINE=1 python scripts/bench_vs_trainer.py --task RTE --rows 1000 --epochs 1 --seeds 3
-    # the loop as it was, from a saved copy of sweep/finetune.py:
+    # the loop as it was, from a saved copy of sweep/train/loop.py:
     python scripts/bench_vs_trainer.py ... --ours-module /tmp/finetune_before.py
 """
 
@@ -163,7 +163,7 @@ def main() -> None:
     p.add_argument("--warmup-rows", type=int, default=64, help="untimed warm-up of both sides first (0: none)")
     p.add_argument("--trainer-optim", default="adamw_torch_fused", choices=["adamw_torch_fused", "adamw_torch"],
                    help="the Trainer's optim (its default with torch >= 2.8 is adamw_torch_fused)")
-    p.add_argument("--ours-module", type=Path, default=None, help="a saved copy of sweep/finetune.py to run as ours")
+    p.add_argument("--ours-module", type=Path, default=None, help="a saved copy of sweep/train/loop.py to run as ours")
     p.add_argument("--only", choices=["ours", "trainer"], default=None, help="run one side (profiling)")
     p.add_argument("--out", type=Path, default=ROOT / "bench_results" / "vs_trainer.json")
     args = p.parse_args()

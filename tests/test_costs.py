@@ -1,4 +1,4 @@
-"""A trial's predicted cost from the staged data (sweep/costs.py), checked against counts made here."""
+"""A trial's predicted cost from the staged data (sweep/plan/costs.py), checked against counts made here."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Each task's GPUs per trial and the dispatch order (sweep/run/dispatch.py), on hand-computed cases."""
+"""Each task's GPUs per trial and the dispatch order (sweep/plan/dispatch.py), on hand-computed cases."""
 
 from __future__ import annotations
 

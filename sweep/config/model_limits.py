@@ -4,7 +4,7 @@ A sequence longer than the model's position table fails inside every trial (an i
 embeddings), so ``train.max_seq_length`` (classification/regression tasks) and ``train.block_size``
 (causal LM tasks), with every value a sweep tries for them, are checked before any Ray resource is
 asked for. The positions come from the model's own config: its ``builder`` params, or the
-``config.json`` of the folder it resolves to (as ``sweep.models.resolve_model_dir`` finds it,
+``config.json`` of the folder it resolves to (as ``sweep.models.source.resolve_model_dir`` finds it,
 without importing torch). A model that comes from S3 is checked on each node when it is staged.
 """
 
@@ -23,7 +23,7 @@ from sweep.errors import ConfigError
 # Model types whose position ids start after padding_idx (transformers' RobertaEmbeddings: position
 # ids are padding_idx + 1 + index), so pad_token_id + 1 rows of the table are never usable.
 PADDING_OFFSET_TYPES = ("roberta", "xlm-roberta", "camembert")
-ROBERTA_BUILDER_PAD_ID = 1  # sweep.models.ROBERTA_SPECIALS: <s>, <pad>, ...
+ROBERTA_BUILDER_PAD_ID = 1  # sweep.models.tiny.ROBERTA_SPECIALS: <s>, <pad>, ...
 
 
 def position_offset(model_type: str, pad_token_id: int | None) -> int:
