@@ -184,6 +184,7 @@ def test_autoscaler_launches_gpu_nodes_on_request_and_lets_them_go(version):
     import ray
 
     from sweep.run import autoscale, cluster_request
+    from sweep.run.connect import alive_node_resources
     from sweep.run.local_cluster import autoscaling_cluster
 
     if version == "v2" and not _fake_v2_possible():
@@ -195,7 +196,7 @@ def test_autoscaler_launches_gpu_nodes_on_request_and_lets_them_go(version):
         assert view.version == version and view.source != "none"
         assert autoscale.launchable_node_types() == [NodeType("gpu_worker", {"CPU": 1.0, "GPU": 1.0}, 0, 2)]
         assert view.alive_counts.get("gpu_worker", 0) == 0 and not _gpu_nodes()
-        plan = plan_scale(autoscale.alive_node_resources(), view.node_types, view.alive_counts, ONE_GPU, wanted=4)
+        plan = plan_scale(alive_node_resources(), view.node_types, view.alive_counts, ONE_GPU, wanted=4)
         assert (plan.fits_now, plan.concurrency, plan.to_launch) == (0, 2, {"gpu_worker": 2})
 
         start = time.monotonic()

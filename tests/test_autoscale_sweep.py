@@ -142,6 +142,7 @@ def test_a_gpu_group_that_cannot_grow_is_an_error_before_any_trial(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_nodes_that_never_come_end_in_one_clear_error(tmp_path):
+    from sweep.plan.scale import ScaleTimeoutError
     from sweep.run import autoscale
 
     with autoscaling_cluster(head=HEAD,
@@ -153,7 +154,7 @@ def test_nodes_that_never_come_end_in_one_clear_error(tmp_path):
         with pytest.raises(ResourceError) as no_storage:
             run(cfg, tmp_path / "out")
         t0 = time.monotonic()
-        with pytest.raises(autoscale.ScaleTimeoutError) as error:
+        with pytest.raises(ScaleTimeoutError) as error:
             run(sweep_cfg(address, tmp_path, "cluster.scale_timeout_s=10"), tmp_path / "out")
         waited = time.monotonic() - t0
         withdrawn = request_gone(autoscale)
