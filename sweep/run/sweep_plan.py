@@ -101,7 +101,7 @@ def _staged_sizes(settings: Settings, sources: DriverSources, staged):
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     first = staged[0]
-    on_node = NodeAffinitySchedulingStrategy(first.node, soft=False)
+    on_node = NodeAffinitySchedulingStrategy(first.node_id, soft=False)
     return ray.get(ray.remote(num_cpus=0)(measure_sizes).options(scheduling_strategy=on_node)
                    .remote(settings, first.sources))
 
