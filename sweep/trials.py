@@ -32,7 +32,6 @@ EVAL_PREFIX = "eval/"  # a report's key for each eval metric: eval/accuracy, eva
 # Tune keeps each trial's best checkpoint by this report key (plus the latest, for a restart).
 CHECKPOINT_RANK = "checkpoint_rank"
 CHECKPOINT_MARKER = "sweep_epoch.json"  # in each checkpoint folder: which evaluation (epoch, step) it holds
-WORKERS_READY = "workers_ready"  # the key a DDP trial's first report carries (its workers are up)
 
 
 def checkpoint_rank(score: float, progress: float) -> float:

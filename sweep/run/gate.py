@@ -6,7 +6,7 @@ trials dispatched after a DDP trial take its GPUs in those seconds (Ray spreads 
 nodes), and the DDP trial then waits for a whole node to free; seen on a 2-node cluster: three
 1-GPU trials on both nodes and the 2-GPU trial, first in the order, started last. So: after
 handing Tune a DDP trial, hand out nothing more until that trial reports that its workers are up
-(``WORKERS_READY``, sent by its workers before their first batch) or ends.
+(a ``trials.Report`` with ``workers_ready``, sent by its workers before their first batch) or ends.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ from __future__ import annotations
 from typing import Any
 
 from ray.tune.search.basic_variant import BasicVariantGenerator
-
-WORKERS_READY = "workers_ready"  # the metric a DDP trial's first report carries
 
 
 class DdpFirst(BasicVariantGenerator):
