@@ -59,6 +59,18 @@ def tiny_roberta_dir(cache_dir: Path) -> Path:
     return resolve_model_dir(TINY_ROBERTA, cache_dir)
 
 
+# `make test` runs two pytest-xdist workers with --dist loadgroup. Every test marked `ray` joins one group,
+# so those run one after another on one worker (a `ray stop --force` or a second local Ray must never
+# meet another test's Ray); the Ray-free tests (serving, data, config, plans) fill the other worker.
+RAY_GROUP = "ray"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("ray"):
+            item.add_marker(pytest.mark.xdist_group(RAY_GROUP))
+
+
 # Ray's core worker keeps C++ threads that can crash while the interpreter tears down after many
 # ray.init/shutdown cycles in one process (ray-project/ray#31145): CI once saw "Segmentation fault"
 # after pytest had printed its result. Every result is in by then, so leave with pytest's own status

@@ -158,3 +158,26 @@ def test_each_package_init_is_a_short_map(package: str) -> None:
     doc = ast.get_docstring(tree) or ""
     modules = sorted(p.stem for p in (PACKAGE / package).glob("*.py") if p.stem != "__init__")
     assert [m for m in modules if f"{m}.py" not in doc] == []
+
+
+# What starts Ray in a test module: a local Ray, a cluster of raylets, a `ray start` head, a sweep run
+# in-process or as `python -m sweep` (which starts its own local Ray).
+RAY_STARTERS = ("ray.init(", "cluster_utils", "AutoscalingCluster", "own_disk_cluster", "local_ray", "run_tune(",
+                "from sweep.app import run", "sweep_cmd(", 'Popen([sys.executable, "-m", "sweep"', '"start", "--head"')
+TESTS = Path(__file__).resolve().parent
+
+
+def unmarked_ray_modules(tests: Path = TESTS) -> list[str]:
+    """Test modules that start Ray without ``pytest.mark.ray``: under `make test`'s two xdist workers they
+    would run beside another Ray test, whose ``ray stop --force`` ends their Ray mid-test."""
+    return sorted(p.name for p in tests.glob("test_*.py")
+                  if any(s in (text := p.read_text()) for s in RAY_STARTERS) and "pytest.mark.ray" not in text)
+
+
+def test_every_test_module_that_starts_ray_is_marked_ray(tmp_path: Path) -> None:
+    assert unmarked_ray_modules() == []
+    (tmp_path / "test_a.py").write_text("def test_x(local_ray):\n    pass\n")
+    marked = "import pytest\npytestmark = pytest.mark.ray\n\ndef test_x(local_ray):\n    pass\n"
+    (tmp_path / "test_b.py").write_text(marked)
+    (tmp_path / "test_c.py").write_text("def test_x():\n    pass\n")
+    assert unmarked_ray_modules(tmp_path) == ["test_a.py"]

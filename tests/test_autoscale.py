@@ -30,6 +30,8 @@ from sweep.plan.scale import (
     waiting_text,
 )
 
+pytestmark = pytest.mark.ray
+
 HEAD = {"CPU": 2.0, "memory": 1e9, "node:__internal_head__": 1.0}
 GPU_WORKER = NodeType("gpu_worker", {"CPU": 1, "GPU": 1}, 0, 2)
 ONE_GPU = TrialSize(workers=1, cpus_per_worker=1, gpus_per_worker=1)

@@ -15,6 +15,8 @@ from sweep.config.tasks import load_task
 from sweep.results.records import MADE_BY, load_records, rank_key
 from tests.helpers.sweeps import sweep_cmd
 
+pytestmark = pytest.mark.ray
+
 
 def test_help_lists_every_task_and_model(tmp_path):
     out = sweep_cmd("--help", cwd=tmp_path, cache=tmp_path / "cache").stdout

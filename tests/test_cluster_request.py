@@ -17,6 +17,8 @@ import pytest
 from sweep.run import cluster_request
 from sweep.run.cluster_request import RequestBook, RequestKeeper
 
+pytestmark = pytest.mark.ray
+
 GPU = {"CPU": 1.0, "GPU": 1.0}
 CPU = {"CPU": 4.0}
 

@@ -21,6 +21,8 @@ from sweep.files import atomic_folder, partial_folders, write_text
 from sweep.results.records import MADE_BY, TrialRecord, export_best, load_records
 from tests.helpers.sweeps import sweep_cmd
 
+pytestmark = pytest.mark.ray
+
 MB = 2**20
 
 

@@ -30,6 +30,8 @@ from sweep.train.tiny_exports import TINY_GPT2
 from tests.helpers.configs import compose_config, train_config
 from tests.helpers.sweeps import sweep_cmd
 
+pytestmark = pytest.mark.ray
+
 QUICK_LM = train_config(lr=5e-3, batch_size=16, epochs=3, block_size=64)
 
 

@@ -18,7 +18,7 @@ from sweep.results.records import load_records
 from sweep.storage.node_cache import MARKER
 from tests.helpers.s3 import s3_env
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 BUCKET = "sweep-node-loss"
 EPOCHS = 6

@@ -19,7 +19,7 @@ from sweep.config.tasks import load_task
 from sweep.data.synthetic import write_synthetic_glue
 from sweep.results.records import load_records, rank_key
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(900)]
 
 
 def trial_runs(uri: str, experiment: str) -> tuple[object, list]:

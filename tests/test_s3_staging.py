@@ -24,6 +24,8 @@ from sweep.storage.staging import ensure_local, preflight
 from tests.helpers.configs import demo_settings
 from tests.helpers.s3 import s3_env, stage_in_process
 
+pytestmark = pytest.mark.ray
+
 BUCKET = "sweep-test"
 
 

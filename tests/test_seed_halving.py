@@ -19,7 +19,7 @@ from sweep.plan.rungs import BELOW_CUT, DEGENERATE, RungEntry, ranked
 from sweep.results.records import MADE_BY, load_records, rank_key
 from tests.helpers.sweeps import sweep_cmd
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 SEEDS = [3, 4, 6, 7, 9, 11]  # halfway: 3 and 4 at chance (for good), the other four above it
 

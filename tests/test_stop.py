@@ -20,6 +20,8 @@ from sweep.results.records import load_records
 from sweep.run.stop import resume_command, stop_signals
 from tests.helpers.sweeps import sweep_cmd
 
+pytestmark = pytest.mark.ray
+
 IN_USE = "is in use by another sweep"
 
 

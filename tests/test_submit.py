@@ -41,6 +41,8 @@ from sweep.run.submit import (
     short_reason,
 )
 
+pytestmark = pytest.mark.ray
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the venv's bin/: its python runs the CLI, its ray starts the head
 RAY_ENV = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")

@@ -23,7 +23,7 @@ from tests.helpers.configs import demo_config
 from tests.helpers.overlap import most_at_once
 from tests.helpers.sweeps import TRAIN_WORKER, actors
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 
 def compose_cfg(*overrides: str):

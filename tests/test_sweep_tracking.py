@@ -13,6 +13,8 @@ from mlflow import MlflowClient
 from sweep.app import run
 from tests.helpers.configs import demo_config
 
+pytestmark = pytest.mark.ray
+
 SECRET = "s3cr3t-sweep-value-789"
 
 

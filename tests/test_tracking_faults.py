@@ -21,6 +21,8 @@ from sweep.tracking import ORIGINAL_TAG, SweepTracker, TrialLogger
 from sweep.tracking.spool import SPOOL_DIR, UNSENT_FILE, read_records, spool_files
 from tests.helpers.configs import demo_config
 
+pytestmark = pytest.mark.ray
+
 WNLI = load_task("WNLI")
 
 

@@ -10,6 +10,8 @@ from sweep.config.tasks import load_task
 from sweep.errors import ConfigError, DataFormatError, DiskFullError, ModelSourceError, TrackingError
 from sweep.failures import error_line, first_line, is_retryable, trial_error
 
+pytestmark = pytest.mark.ray
+
 
 def raised(fn) -> BaseException:
     try:
