@@ -13,6 +13,7 @@ from sweep.config.validate import validate
 from sweep.results.records import (
     TrialRecord,
     best_per_task,
+    copy_model,
     export_best,
     format_early_stops,
     format_summary,
@@ -92,19 +93,35 @@ def register(settings: Settings, tracker, best: dict[str, TrialRecord], out_dir:
         print(f"registry: {result.name} version {result.version}, {verdict} (previous champion: {before})")
 
 
+def model_writer(settings: Settings, sources, task: str):
+    """How the best checkpoint of ``task`` becomes an export: copied (full fine-tuning), or its LoRA
+    adapter merged into the base model (the base read on this machine; from S3, staged here first)."""
+    if settings.train.method == "full":
+        return copy_model
+    from sweep.storage.staging import ensure_local
+    from sweep.train.adapters import export_merged
+
+    spec = next(t for t in settings.tasks if t.name == task)
+    local = sources.local if sources is not None and sources.local is not None else None
+    base = local.model_dir if local else ensure_local(settings, sources.pins if sources else None).model_dir
+    return lambda checkpoint, target: export_merged(checkpoint, base, spec, target)
+
+
 def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkpoint_folders: list[Path],
-           tracker=None) -> list:
+           tracker=None, sources=None) -> list:
     """Export the best model per task, prune the other checkpoints, write and print results.
 
     ``checkpoint_folders`` hold every trial's checkpoints; with keep_checkpoints=best they go once
-    the best models are exported.
+    the best models are exported. ``sources``: what the driver's check found (``DriverSources``),
+    where a LoRA export finds its base model.
     """
     from sweep.results.report import plot_seed_scores
 
     metric = {spec.name: spec.metric for spec in settings.tasks}
     best = best_per_task(records, settings.tasks)
     for task, record in best.items():
-        exported = export_best(record, out_dir / "best" / task, settings.model.name)
+        exported = export_best(record, out_dir / "best" / task, settings.model.name,
+                               model_writer(settings, sources, task))
         print(f"best {task}: seed {record.seed}, {metric[task]} {record.score:.4f} -> {exported}")
     if settings.sweep.keep_checkpoints == "best" and checkpoint_folders:
         from sweep.remote_files import remove_folder
@@ -181,12 +198,18 @@ def run(cfg: DictConfig, out_dir: Path) -> list:
 
     with hold_out_dir(Path(out_dir)):  # one sweep per out_dir (OutDirInUseError), before anything is written
         sources = check_sources(settings)
+        if settings.train.method != "full":  # a target module the model lacks, or QLoRA without a GPU
+            from sweep.train.adapters import check_method_runs_here, check_targets
+
+            check_method_runs_here(settings.train, settings.cluster.address)
+            if sources.local is not None:
+                check_targets(sources.local.model_dir, settings.train, settings.model.name)
         tracker, tracking = start_tracking(settings, cfg, Path(out_dir))  # an unreachable store before any trial
         from sweep.run.tuner import run_tune
 
         try:
             records, checkpoint_folders = run_tune(settings, Path(out_dir), tracking, sources)
-            summaries = finish(settings, records, Path(out_dir), checkpoint_folders, tracker)
+            summaries = finish(settings, records, Path(out_dir), checkpoint_folders, tracker, sources)
             if settings.storage.output_prefix:
                 upload_outputs(settings, Path(out_dir))
             return summaries

@@ -32,6 +32,9 @@ EVAL_PREFIX = "eval/"  # a report's key for each eval metric: eval/accuracy, eva
 # Tune keeps each trial's best checkpoint by this report key (plus the latest, for a restart).
 CHECKPOINT_RANK = "checkpoint_rank"
 CHECKPOINT_MARKER = "sweep_epoch.json"  # in each checkpoint folder: which evaluation (epoch, step) it holds
+# In each checkpoint folder: optimizer, scheduler and evaluations done, what a resume needs. Never exported:
+# twice the model's size, and of no use to a server or the registry.
+TRAINING_STATE = "training_state.pt"
 
 
 def checkpoint_rank(score: float, progress: float) -> float:

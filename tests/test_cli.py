@@ -9,10 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from sweep.config.tasks import load_task
 from sweep.results.records import MADE_BY, load_records, rank_key
+from sweep.trials import TRAINING_STATE
 from tests.helpers.sweeps import sweep_cmd
 
 pytestmark = pytest.mark.ray
@@ -33,6 +35,10 @@ def test_help_lists_every_task_and_model(tmp_path):
         (["model=roberta-base"], "model.path"),
         (["experiment=demo", "storage.data_dir=/nonexistent/data"],
          "error: storage.data_dir: /nonexistent/data is not a folder"),
+        (["experiment=demo", "train.method=lora", "train.lora.target_modules=[nosuch]"],
+         "error: train.lora.target_modules: nosuch matches no layer of tiny-roberta (roberta); choose from: dense, "
+         "key, query, value"),
+        (["experiment=demo", "train.method=lora", "train.lora.r=0"], "error: train.lora.r: must be a positive integer"),
     ],
 )
 def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path, args, message):
@@ -100,8 +106,44 @@ def test_demo_runs_and_keeps_exactly_the_best_model(tmp_path):
     made_by = json.loads((out / "best" / "WNLI" / MADE_BY).read_text())
     assert str(made_by["seed"]) == best_seed
     assert (out / "best" / "WNLI" / "config.json").exists()
+    assert not list((out / "best").rglob(TRAINING_STATE)), "the optimizer state was exported"
     assert not list((out / "ray").rglob("checkpoint_*")), "pruned checkpoints left behind"
     assert f"best WNLI: seed {best_seed}" in r.stdout
+
+
+@pytest.mark.slow
+def test_a_lora_sweep_over_ranks_exports_a_merged_model_that_serves_and_its_adapter(tmp_path):
+    """train.method=lora with a grid over train.lora.r: one trial per rank; best/WNLI is the merged
+    model (what the server loads) with the adapter beside it, both in the registry, no optimizer state."""
+    from mlflow import MlflowClient
+
+    from tests.helpers.serving import output, serving, start_server, texts
+
+    out = tmp_path / "out"
+    r = sweep_cmd("experiment=demo", "train.method=lora", "+sweep.grid.lora.r=[2,8]", "sweep.seeds=[38]",
+                  "train.epochs=2", "train.evals_per_epoch=2", f"out_dir={out}", cwd=tmp_path, cache=tmp_path / "cache")
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert sorted(int(row["lora.r"]) for row in rows) == [2, 8] and all(row["status"] == "TERMINATED" for row in rows)
+    best = out / "best" / "WNLI"
+    assert {"config.json", "model.safetensors", "adapter"} <= {p.name for p in best.iterdir()}
+    assert {p.name for p in (best / "adapter").iterdir()} >= {"adapter_config.json", "adapter_model.safetensors"}
+    assert not list(best.rglob(TRAINING_STATE))
+    made_by = json.loads((best / MADE_BY).read_text())
+    assert made_by["hparams"]["lora.r"] in (2, 8)
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    version = client.get_model_version_by_alias("tiny-roberta-WNLI", "champion")
+    registered = {a.path for a in client.list_artifacts(version.run_id, "model")}
+    assert {"model/config.json", "model/adapter"} <= registered and "model/training_state.pt" not in registered
+
+    with serving({"lora": start_server("lora", best, tmp_path / "serve.log", tmp_path / "cache")}) as servers:
+        url = servers["lora"].url
+        (name,) = httpx.get(f"{url}/v1/models").json()["models"]
+        body = {"inputs": [texts("text", ["The cat sees a dog."]), texts("text_pair", ["A dog."])]}
+        answer = httpx.post(f"{url}/v2/models/{name}/infer", json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert output(answer.json(), "label")[0] in ("not_entailment", "entailment")
 
 
 def _kill_session(proc: subprocess.Popen) -> None:

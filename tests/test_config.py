@@ -150,7 +150,9 @@ def test_a_disagreeing_default_is_caught(monkeypatch):
     from sweep.config.settings import TrainConfig
 
     yaml_values = OmegaConf.to_container(_compose()["train"], resolve=True)
-    changed = {f.name: f.default for f in dataclasses.fields(TrainConfig)} | {"lr": 1e-3}
+    defaults = {f.name: dataclasses.asdict(f.default_factory()) if f.default_factory is not dataclasses.MISSING
+                else f.default for f in dataclasses.fields(TrainConfig)}
+    changed = defaults | {"lr": 1e-3}
     assert {k for k, v in yaml_values.items() if changed[k] != v} == {"lr"}
 
 
@@ -314,8 +316,8 @@ def test_the_command_line_check_lets_every_kind_of_good_argument_through(tmp_pat
                        "tracking, cluster, out_dir, resume)"),
         (["sweep.grid.lr=[1e-5,2e-5]"],
          "sweep.grid.lr: not in sweep.grid yet; add it with +sweep.grid.lr=[1e-5,2e-5]"),
-        (["+train.lr=1"],
-         "Could not append to config. An item is already at 'train.lr'; Either remove + prefix: 'train.lr=1'"),
+        (["+train.epochs=1"],
+         "Could not append to config. An item is already at 'train.epochs'; Either remove + prefix: 'train.epochs=1'"),
     ],
 )
 def test_the_command_line_check_names_the_mistake_on_one_line(argv, expected):

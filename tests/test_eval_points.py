@@ -99,11 +99,12 @@ class _Stop(Exception):
     pass
 
 
+@pytest.mark.parametrize("method", ["full", "lora"])  # LoRA: the checkpoint holds the adapters, head, their Adam
 @pytest.mark.parametrize("stop_at", [1, 3])  # mid-epoch 1; mid-epoch 2, after a whole epoch
 def test_resume_from_a_mid_epoch_checkpoint_equals_an_uninterrupted_run(synthetic_glue_dir, tiny_roberta_dir,
-                                                                        cache_dir, tmp_path, stop_at):
+                                                                        cache_dir, tmp_path, stop_at, method):
     spec = load_task("RTE")
-    cfg = replace(QUICK, evals_per_epoch=2)  # evaluations after steps 2, 4 | 6, 8
+    cfg = replace(QUICK, evals_per_epoch=2, method=method)  # evaluations after steps 2, 4 | 6, 8
     whole = finetune(spec, tiny_roberta_dir, synthetic_glue_dir, cfg, seed=42, cache_dir=cache_dir)
     seen = []
 

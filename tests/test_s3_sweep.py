@@ -71,6 +71,7 @@ def test_each_object_is_staged_once_per_node_across_sweeps(three_nodes, tmp_path
     # The best model and the results went to the output prefix.
     keys = {o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=BUCKET, Prefix="runs/first/")["Contents"]}
     assert {"runs/first/best/WNLI/config.json", "runs/first/results.csv", "runs/first/summary.csv"} <= keys
+    assert not [k for k in keys if k.endswith("training_state.pt")]  # the optimizer state stays in checkpoints
 
     sweep(tmp_path, "second", "[1,2,3]")  # the same objects: nothing downloaded anywhere
     assert (server.gets(BUCKET, "tiny-roberta"), server.gets(BUCKET, "glue_data")) == (3, 3)

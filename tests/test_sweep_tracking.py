@@ -51,6 +51,8 @@ def test_sweep_logs_parent_nested_runs_and_registers_the_best(store, request, lo
 
     version = client.get_model_version_by_alias("tiny-roberta-WNLI", "champion")
     assert version.run_id in {t.info.run_id for t in trials}
+    registered = {a.path for a in client.list_artifacts(version.run_id, "model")}
+    assert "model/config.json" in registered and "model/training_state.pt" not in registered
     assert "now champion" in first
 
     # the same sweep again scores the same: the alias stays and the summary says so

@@ -41,8 +41,27 @@ class ModelConfig:
 
 
 @dataclass
+class LoraConfig:
+    """train.method=lora|qlora: PEFT's LoRA on the model's attention projections (the task head trains in full)."""
+
+    r: int = 8  # the LoRA paper's roberta-base setting (Hu et al. 2021, Table 9)
+    alpha: float = 8.0
+    dropout: float = 0.1
+    target_modules: Optional[list[str]] = None  # null: PEFT's own choice for the architecture (query,value; c_attn)
+
+
+METHODS = ("full", "lora", "qlora")
+# train.lr=null: the method's own default. Full fine-tuning keeps the original workflow's 2e-5; LoRA
+# takes the LoRA paper's roberta-base learning rate (5e-4 for MNLI/SST-2/QQP/RTE, 4e-4 for the rest).
+DEFAULT_LR = {"full": 2e-5, "lora": 5e-4, "qlora": 5e-4}
+
+
+@dataclass
 class TrainConfig:
-    lr: float = 2e-5
+    lr: Optional[float] = None  # null: DEFAULT_LR of the method (validate fills it in)
+    method: str = "full"  # full | lora | qlora (4-bit base, a CUDA GPU only)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    gradient_checkpointing: bool = False  # transformers' own: less activation memory, ~30% more compute
     batch_size: int = 32
     eval_batch_size: int = 64
     epochs: int = 3
@@ -61,6 +80,15 @@ class TrainConfig:
     evals_per_epoch: int = 1  # or K evaluations spread evenly over each epoch
 
 
+def with_hparams(train: TrainConfig, point: dict[str, Any]) -> TrainConfig:
+    """``train`` with a grid or search point's values: ``lr``, or a nested key such as ``lora.r``."""
+    from dataclasses import replace
+
+    flat = {k: v for k, v in point.items() if "." not in k}
+    lora = {k.split(".", 1)[1]: v for k, v in point.items() if k.startswith("lora.")}
+    return replace(train, **flat, **({"lora": replace(train.lora, **lora)} if lora else {}))
+
+
 @dataclass
 class HalvingConfig:
     """sweep.scheduler=seed_halving: decide once, at fraction ``at`` of training, which trials go on."""
@@ -72,8 +100,8 @@ class HalvingConfig:
 @dataclass
 class SweepConfig:
     seeds: list[int] = field(default_factory=lambda: list(range(38, 48)))
-    grid: dict[str, list[Any]] = field(default_factory=dict)
-    search: dict[str, dict[str, Any]] = field(default_factory=dict)
+    grid: dict[str, Any] = field(default_factory=dict)  # train key -> values; lora.r nests until validate flattens it
+    search: dict[str, Any] = field(default_factory=dict)  # train key -> {dist, low, high | values}
     num_samples: int = 1
     scheduler: str = "fifo"
     halving: HalvingConfig = field(default_factory=HalvingConfig)

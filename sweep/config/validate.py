@@ -8,6 +8,7 @@ the key and what is allowed, raised before any data is read or any Ray resource 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -15,8 +16,11 @@ from omegaconf.errors import OmegaConfBaseException
 
 from sweep.config.settings import (
     AUTO,
+    DEFAULT_LR,
+    METHODS,
     ClusterConfig,
     HalvingConfig,
+    LoraConfig,
     ModelConfig,
     ResourcesConfig,
     Settings,
@@ -33,6 +37,7 @@ from sweep.secrets import secret_name
 CHOICES = {
     "train.precision": ("auto", "fp32", "bf16", "fp16"),
     "train.padding": ("dynamic", "max_length"),
+    "train.method": METHODS,
     "sweep.keep_checkpoints": ("best", "all"),
     "sweep.scheduler": ("fifo", "asha", "seed_halving"),
     "sweep.search.dist": ("loguniform", "uniform", "choice"),
@@ -68,7 +73,8 @@ def _check_choice(key: str, value: Any) -> None:
 
 def _check_ranges(s: Settings) -> None:
     t = s.train
-    _check(t.lr > 0, "train.lr", f"must be > 0, got {t.lr}")
+    _check_method(t)
+    _check(t.lr is not None and t.lr > 0, "train.lr", f"must be > 0, got {t.lr}")
     for key in ("batch_size", "eval_batch_size", "epochs", "max_seq_length", "block_size"):
         value = getattr(t, key)
         _check(value >= 1, f"train.{key}", f"must be a positive integer, got {value}")
@@ -108,6 +114,23 @@ def _check_ranges(s: Settings) -> None:
     _check_choice("tracking.kind", s.tracking.kind)
     if s.model.builder is not None:
         _check_choice("model.builder.arch", s.model.builder.arch)
+
+
+def _check_method(t: TrainConfig) -> None:
+    _check_choice("train.method", t.method)
+    lora = t.lora
+    _check(lora.r >= 1, "train.lora.r", f"must be a positive integer (the adapters' rank, e.g. 8), got {lora.r}")
+    _check(lora.alpha > 0, "train.lora.alpha", f"must be > 0 (scaling alpha / r; e.g. 8 or 16), got {lora.alpha}")
+    _check(0 <= lora.dropout < 1, "train.lora.dropout", f"must be in [0, 1), got {lora.dropout}")
+    _check(lora.target_modules is None or len(lora.target_modules) > 0, "train.lora.target_modules",
+           "is empty; name modules (e.g. [query,value]) or null for the architecture's default")
+
+
+def _with_method_lr(train: TrainConfig) -> TrainConfig:
+    """train.lr=null is the method's own default learning rate (DEFAULT_LR)."""
+    if train.lr is None and train.method in DEFAULT_LR:
+        return replace(train, lr=DEFAULT_LR[train.method])
+    return train
 
 
 def _check_halving(h: HalvingConfig) -> None:
@@ -171,13 +194,30 @@ def _check_storage(st: StorageConfig) -> None:
                f"must look like s3://BUCKET/PREFIX, got {st.output_prefix!r}")
 
 
-TUNABLE = tuple(k for k in TrainConfig.__dataclass_fields__ if k not in ("num_workers",))
+# train.method is not tunable: compare methods with a multirun (python -m sweep -m train.method=full,lora).
+TUNABLE = tuple(k for k in TrainConfig.__dataclass_fields__ if k not in ("num_workers", "method", "lora")) + tuple(
+    f"lora.{k}" for k in LoraConfig.__dataclass_fields__)
+
+
+def flat_space(space: Mapping[str, Any], leaf: str | None = None) -> dict[str, Any]:
+    """``{lora: {r: [4, 8]}}`` (what ``+sweep.grid.lora.r=[4,8]`` composes) as ``{"lora.r": [4, 8]}``.
+
+    A search dimension is a dict itself: ``leaf`` names the key that marks one (``dist``)."""
+    flat: dict[str, Any] = {}
+    for key, value in space.items():
+        if isinstance(value, Mapping) and (leaf is None or leaf not in value):
+            flat |= {f"{key}.{k}": v for k, v in flat_space(value, leaf).items()}
+        else:
+            flat[key] = value
+    return flat
 
 
 def _check_hparams(s: Settings) -> None:
     """sweep.grid / sweep.search name train keys, with values the train schema accepts."""
     for kind, space in (("grid", s.sweep.grid), ("search", s.sweep.search)):
         for key, spec in space.items():
+            _check(key != "method", f"sweep.{kind}.method", "train.method is one per sweep; compare methods with a "
+                   "multirun: python -m sweep -m train.method=full,lora")
             _check(key in TUNABLE, f"sweep.{kind}.{key}", f"is not a train option; tunable: {', '.join(TUNABLE)}")
             if kind == "grid":
                 _check(isinstance(spec, list) and len(spec) > 0, f"sweep.grid.{key}",
@@ -228,10 +268,16 @@ def _check_cpus(key: str, value: float) -> None:
 
 def _check_ranges_of(s: Settings, key: str, value: Any, where: str) -> None:
     try:
-        train = _typed("train", TrainConfig, OmegaConf.merge(OmegaConf.structured(s.train), {key: value}))
+        node = OmegaConf.structured(s.train)
+        OmegaConf.update(node, key, value, merge=True)  # lora.r: the nested key
+        train = _typed("train", TrainConfig, node)
         _check_ranges(Settings(**{**s.__dict__, "train": train, "sweep": SweepConfig(seeds=s.sweep.seeds)}))
     except ConfigError as e:
         raise ConfigError(f"{where}: value {value!r}: {e}") from None
+
+
+def _flat_spaces(sweep: SweepConfig) -> SweepConfig:
+    return replace(sweep, grid=flat_space(sweep.grid), search=flat_space(sweep.search, leaf="dist"))
 
 
 def _no_credentials(storage: Any) -> Any:
@@ -250,8 +296,8 @@ def validate(cfg: DictConfig) -> Settings:
     settings = Settings(
         tasks=tasks,
         model=_typed("model", ModelConfig, cfg.model),
-        train=_typed("train", TrainConfig, cfg.train),
-        sweep=_typed("sweep", SweepConfig, cfg.sweep),
+        train=_with_method_lr(_typed("train", TrainConfig, cfg.train)),
+        sweep=_flat_spaces(_typed("sweep", SweepConfig, cfg.sweep)),
         resources=_typed("resources", ResourcesConfig, cfg.get("resources", {})),
         storage=_typed("storage", StorageConfig, _no_credentials(cfg.get("storage", {}))),
         tracking=_typed("tracking", TrackingConfig, cfg.get("tracking", {})),

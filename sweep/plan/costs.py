@@ -13,11 +13,11 @@ import itertools
 import math
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sweep.config.settings import Settings, TrainConfig
+from sweep.config.settings import Settings, TrainConfig, with_hparams
 from sweep.config.tasks import TaskSpec
 from sweep.errors import DataFormatError
 from sweep.failures import first_line
@@ -80,12 +80,19 @@ def task_size(spec: TaskSpec, data_dir: Path, tokenizer, train: TrainConfig) -> 
     return TaskSize(spec.name, len(rows), sum(lengths) / max(1, len(lengths)))
 
 
+# A training step's time with the method over full fine-tuning's, on the same model and batch: LoRA skips
+# the frozen weights' gradients and their optimizer update but still runs the whole forward and most of
+# the backward (activations' gradients). Measured by scripts/bench_peft.py (MiniLM, real SST-2, CPU);
+# QLoRA's 4-bit base is unmeasured here (no GPU) and takes LoRA's.
+METHOD_STEP_RATIO = {"full": 1.0, "lora": 0.70, "qlora": 0.70}
+
+
 def trial_seconds(size: TaskSize, train: TrainConfig, params: int, cost: CostModel) -> float:
     """One trial's predicted seconds on one whole GPU."""
     rows = min(size.rows, train.max_train_samples) if train.max_train_samples else size.rows
     # padding=max_length computes every row at full length, padding included
     tokens = train.max_seq_length if train.padding == "max_length" and not size.blocks else size.mean_tokens
-    return cost.seconds(rows, tokens, train.epochs, params)
+    return cost.seconds(rows, tokens, train.epochs, params) * METHOD_STEP_RATIO[train.method]
 
 
 def sweep_trials(settings: Settings, sizes: Mapping[str, TaskSize], params: int,
@@ -97,7 +104,7 @@ def sweep_trials(settings: Settings, sizes: Mapping[str, TaskSize], params: int,
     cost = cost or CostModel()
     trials = []
     for index, point in enumerate(grid_points(settings)):
-        train = replace(settings.train, **point)
+        train = with_hparams(settings.train, point)
         for spec in settings.tasks:
             seconds = trial_seconds(sizes[spec.name], train, params, cost)
             trials += [TrialWork(spec.name, seed, seconds, index) for seed in settings.sweep.seeds]
@@ -135,9 +142,12 @@ class Forecast:
     """
 
     def __init__(self, trials: list[TrialWork], keys: list[Any], shares: Mapping[str, float], params: int,
-                 capacity: int, on_gpus: bool, speedup: Speedup = DEFAULT_SPEEDUP):
-        """``capacity``: the cluster's GPUs (``on_gpus``), else how many CPU trials run at once."""
+                 capacity: int, on_gpus: bool, speedup: Speedup = DEFAULT_SPEEDUP, method: str = "full"):
+        """``capacity``: the cluster's GPUs (``on_gpus``), else how many CPU trials run at once; ``method``:
+        the sweep's train.method (its trials' throughput is converted to full fine-tuning's, which the
+        cost constant counts in)."""
         self.cost, self.params, self.capacity, self.speedup = CostModel(), params, max(1, capacity), speedup
+        self.step_ratio = METHOD_STEP_RATIO[method]
         self.prior = self.cost.seconds_per_token_param
         self.shares = {task: (s if s > 0 else 1.0) for task, s in shares.items()}  # a CPU trial: one slot
         self.predicted: dict[Any, tuple[str, float, int]] = {}  # key -> task, seconds, trials (search samples)
@@ -151,7 +161,7 @@ class Forecast:
     def observe(self, task: str, tokens: float, seconds: float) -> None:
         if tokens > 0 and seconds > 0 and self.params > 0:
             share_factor = self.speedup.seconds(1.0, self.shares.get(task, 1.0))
-            self.cost.refine(tokens / seconds * share_factor, self.params)
+            self.cost.refine(tokens / seconds * share_factor * self.step_ratio, self.params)
             self.measured = True
 
     def advance(self, trial_id: str, key: Any, fraction: float) -> None:

@@ -14,6 +14,7 @@ import re
 import shutil
 import statistics
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from sweep.config.tasks import TaskSpec
 from sweep.disk import folder_size, writing
 from sweep.files import atomic_folder, write_json, write_text
 from sweep.remote_files import fetch_folder, is_remote
+from sweep.trials import TRAINING_STATE
 
 MADE_BY = "sweep_made_by.json"  # written beside an exported model: how it was made
 
@@ -163,16 +165,25 @@ def load_records(path: Path) -> list[TrialRecord]:
     return [TrialRecord(**t) for t in data["trials"]]
 
 
-def export_best(record: TrialRecord, target: Path, model_name: str) -> Path:
-    """Copy the best checkpoint to ``target`` (a save_pretrained folder) with how it was made."""
+# Writes a checkpoint folder's model into an export folder (checkpoint, target): a copy, or LoRA's merge.
+WriteModel = Callable[[Path, Path], None]
+
+
+def copy_model(checkpoint: Path, target: Path) -> None:
+    """The checkpoint's files without the training state (optimizer and scheduler: resume only)."""
+    shutil.copytree(checkpoint, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns(TRAINING_STATE))
+
+
+def export_best(record: TrialRecord, target: Path, model_name: str, write: WriteModel = copy_model) -> Path:
+    """Write the best checkpoint's model to ``target`` (a save_pretrained folder) with how it was made."""
     if not record.checkpoint or not (is_remote(record.checkpoint) or Path(record.checkpoint).is_dir()):
         raise FileNotFoundError(f"best trial of {record.task} (seed {record.seed}) has no checkpoint folder")
     target = Path(target)
     if is_remote(record.checkpoint):  # cluster.storage_path=s3://…: the checkpoint comes here first
         with tempfile.TemporaryDirectory(prefix=".fetch-", dir=_made(target.parent)) as tmp:
             fetched = fetch_folder(record.checkpoint, Path(tmp) / "checkpoint")
-            return _export_folder(record, fetched, target, model_name)
-    return _export_folder(record, Path(record.checkpoint), target, model_name)
+            return _export_folder(record, fetched, target, model_name, write)
+    return _export_folder(record, Path(record.checkpoint), target, model_name, write)
 
 
 def _made(folder: Path) -> Path:
@@ -180,7 +191,7 @@ def _made(folder: Path) -> Path:
     return folder
 
 
-def _export_folder(record: TrialRecord, checkpoint: Path, target: Path, model_name: str) -> Path:
+def _export_folder(record: TrialRecord, checkpoint: Path, target: Path, model_name: str, write: WriteModel) -> Path:
     made_by = {
         "task": record.task,
         "seed": record.seed,
@@ -194,7 +205,7 @@ def _export_folder(record: TrialRecord, checkpoint: Path, target: Path, model_na
     needed = folder_size(checkpoint)
     with writing(f"the best model of {record.task}", target.parent, needed, key="out_dir"), \
             atomic_folder(target) as tmp:  # a full disk leaves the previous export (or none), never half of one
-        shutil.copytree(checkpoint, tmp, dirs_exist_ok=True)
+        write(checkpoint, tmp)
         (tmp / MADE_BY).write_text(json.dumps(made_by, indent=2, default=str))  # inside the atomic folder
     return target
 

@@ -19,13 +19,13 @@ import queue
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from ray.tune import Callback
 
-from sweep.config.settings import Settings
+from sweep.config.settings import Settings, with_hparams
 from sweep.failures import first_line
 from sweep.trials import Report, trial_of
 
@@ -173,7 +173,7 @@ class TrialRuns(Callback):
 
     def _train(self, config: dict[str, Any]):
         _, _, hparams = trial_of(config)
-        return replace(self.settings.train, **hparams)
+        return with_hparams(self.settings.train, hparams)
 
     def _logger(self, trial_id: str, config: dict[str, Any]):
         from sweep.tracking import TrialLogger

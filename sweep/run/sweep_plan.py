@@ -112,7 +112,7 @@ def _forecast(settings: Settings, chosen: Dispatch, params: int, cluster: Cluste
     every = list(chosen.order) * settings.sweep.num_samples
     return Forecast(every, [trial_key({"trial": point_of(t.task, t.seed, points[t.point])}) for t in every],
                     chosen.gpus if cluster.total else {}, params, cluster.total or concurrency,
-                    on_gpus=cluster.total > 0)
+                    on_gpus=cluster.total > 0, method=settings.train.method)
 
 
 def print_plan(settings: Settings, plan: SweepPlan, describe: list[str]) -> None:

@@ -33,7 +33,7 @@ import platform
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,7 @@ from ray.train import Checkpoint, CheckpointConfig, FailureConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
-from sweep.config.settings import Settings, TrainConfig
+from sweep.config.settings import Settings, TrainConfig, with_hparams
 from sweep.config.tasks import TaskSpec
 from sweep.disk import folder_size, writing
 from sweep.errors import DiskFullError
@@ -94,7 +94,7 @@ class TrialContext:
     @property
     def train(self) -> TrainConfig:
         """The trial's recipe: the sweep's ``train`` with this trial's grid/search values on top."""
-        return replace(self.settings.train, **self.hparams)
+        return with_hparams(self.settings.train, self.hparams)
 
     def read_history(self) -> list[Report]:
         return self.histories.read(self.trial_id)

@@ -59,10 +59,12 @@ def _warn_missing_body(model_dir: Path, info: Mapping[str, Any]) -> None:
                     model_dir, len(body), ", ".join(body[:5]) + (" ..." if len(body) > 5 else ""))
 
 
-def load_for_task(model_dir: Path, spec: TaskSpec) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
-    """Tokenizer and model with the head ``spec`` needs, from a local folder only."""
+def load_for_task(model_dir: Path, spec: TaskSpec,
+                  **extra: Any) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
+    """Tokenizer and model with the head ``spec`` needs, from a local folder only (``extra``: more
+    ``from_pretrained`` keywords, e.g. QLoRA's quantization config)."""
     tok = load_tokenizer(model_dir)
-    kwargs: dict[str, Any] = {"local_files_only": True, "output_loading_info": True}
+    kwargs: dict[str, Any] = {"local_files_only": True, "output_loading_info": True, **extra}
     if spec.kind == "causal_lm":
         auto = AutoModelForCausalLM
     elif spec.kind == "regression":

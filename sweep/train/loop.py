@@ -30,6 +30,7 @@ from sweep.data.lm import check_block_fits, lm_blocks
 from sweep.train.evaluate import autocast, autocast_dtype, evaluate, to_device
 from sweep.train.loading import load_for_task, pick_device
 from sweep.train.metrics import merge_splits, selection_score, trivial_score
+from sweep.trials import TRAINING_STATE
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,6 @@ class FinetuneResult:
 # Called after each evaluation with the result and a function that saves model + tokenizer to a folder.
 EvaluationCallback = Callable[[Evaluation, Callable[[Path], None]], None]
 
-TRAINING_STATE = "training_state.pt"  # optimizer, scheduler and evaluations done: what a resume needs
 
 
 @dataclass(frozen=True)
@@ -209,11 +209,10 @@ def setup(spec: TaskSpec, model_dir: Path, data_dir: Path, train: TrainConfig, s
     """Model, data, loaders, optimizer and schedule for one run, seeded (the order below fixes the RNG draws)."""
     quiet_progress_bars()
     device = device or pick_device()
-    set_seed(seed)  # before the model is built: the seed fixes the new head's weights
-    tokenizer, model = load_for_task(Path(resume_from or model_dir), spec)
+    set_seed(seed)  # before the model is built: the seed fixes the new head's (and adapters') weights
+    tokenizer, model = _load_model(spec, Path(model_dir), train, device, resume_from)
     if spec.kind == "causal_lm":  # before any data work: a block the model cannot hold
         check_block_fits(train.block_size, usable_positions(model.config), Path(model_dir).name)
-    model.to(device)
     if dist.wrap_model is not None:
         model = dist.wrap_model(model)
     data = prepare_data(spec, tokenizer, Path(data_dir), train, cache_dir)
@@ -241,6 +240,28 @@ def setup(spec: TaskSpec, model_dir: Path, data_dir: Path, train: TrainConfig, s
                trivial_score(spec, np.asarray(labels)))
 
 
+def _load_model(spec: TaskSpec, model_dir: Path, train: TrainConfig, device: torch.device,
+                resume_from: Path | None):
+    """Tokenizer and model on ``device``: the whole model (full fine-tuning, from the checkpoint when
+    resuming), or the frozen base with LoRA adapters (new, or the checkpoint's)."""
+    if train.method == "full":
+        tokenizer, model = load_for_task(Path(resume_from or model_dir), spec)
+        if train.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return tokenizer, model.to(device)
+    from sweep.train.adapters import check_method_runs_here, quantization, with_adapters
+
+    check_method_runs_here(train)  # QLoRA on a worker without a CUDA GPU or bitsandbytes: the driver's line
+    extra = quantization(train)
+    if extra:  # a 4-bit base is placed by bitsandbytes when it loads, never moved after
+        extra["device_map"] = {"": device.index or 0}
+    tokenizer, model = load_for_task(model_dir, spec, **extra)
+    if train.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = with_adapters(model, spec, train, resume_from)
+    return tokenizer, model if extra else model.to(device)
+
+
 def _rng_state(run: Run) -> dict[str, torch.Tensor]:
     # Dropout draws from it: saved and restored for an identical resume.
     state = {"torch_rng": torch.get_rng_state()}
@@ -256,7 +277,10 @@ def _set_rng_state(run: Run, state: dict[str, torch.Tensor]) -> None:
 
 
 def save(run: Run, folder: Path) -> None:
-    """The model and tokenizer (save_pretrained) plus what a resume needs to go on identically."""
+    """The model and tokenizer (save_pretrained) plus what a resume needs to go on identically.
+
+    With LoRA the model's save_pretrained is PEFT's: the adapters and the head alone, and the
+    optimizer holds only their state."""
     run.bare_model.save_pretrained(folder)
     run.tokenizer.save_pretrained(folder)
     torch.save({
