@@ -81,8 +81,9 @@ def check_targets(model_dir: Path, train: TrainConfig, model_name: str | None = 
     targets = train.lora.target_modules or default_targets(config.model_type) or []
     unknown = [t for t in targets if t not in names]
     if unknown or not targets:
+        model = model_name or Path(model_dir).name
         raise ConfigError(f"train.lora.target_modules: {', '.join(unknown) or '(none)'} matches no layer of "
-                          f"{model_name or Path(model_dir).name} ({config.model_type}); choose from: {', '.join(names)}")
+                          f"{model} ({config.model_type}); choose from: {', '.join(names)}")
 
 
 def check_method_runs_here(train: TrainConfig, cluster_address: str | None = None) -> None:
