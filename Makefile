@@ -26,12 +26,12 @@ demo: $(STAMP)
 	$(PY) -m sweep experiment=demo $(ARGS)
 
 # The linter first (ruff, configured in pyproject.toml): a finding fails the target before any test runs.
-# Two xdist workers: the tests marked `ray` run one at a time on one of them (tests/conftest.py), the
-# Ray-free ones beside them.
+# Two xdist workers: the test modules marked `ray` run one at a time on one of them (tests/conftest.py's
+# scheduler), the Ray-free ones beside them.
 PYTEST_WORKERS ?= 2
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=25 $(ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --durations=25 $(ARGS)
 
 clean:
 	rm -rf outputs multirun .pytest_cache

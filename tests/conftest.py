@@ -59,16 +59,23 @@ def tiny_roberta_dir(cache_dir: Path) -> Path:
     return resolve_model_dir(TINY_ROBERTA, cache_dir)
 
 
-# `make test` runs two pytest-xdist workers with --dist loadgroup. Every test marked `ray` joins one group,
-# so those run one after another on one worker (a `ray stop --force` or a second local Ray must never
-# meet another test's Ray); the Ray-free tests (serving, data, config, plans) fill the other worker.
-RAY_GROUP = "ray"
+# `make test` runs two pytest-xdist workers. Every test of a module marked `ray` is one work unit for
+# them, so those run one after another on one worker (a `ray stop --force` or a second local Ray must
+# never meet another test's Ray); the Ray-free tests (serving, data, config, plans) fill the other worker.
+# (xdist's own --dist loadgroup renames node ids, which pytest 9.2 no longer lets it do: the grouping is here.)
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    from xdist.scheduler import LoadScopeScheduling
 
+    from tests.helpers.sweeps import RAY_GROUP, ray_test_modules
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.get_closest_marker("ray"):
-            item.add_marker(pytest.mark.xdist_group(RAY_GROUP))
+    ray_modules = ray_test_modules(Path(__file__).parent)
+
+    class RayTestsTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return RAY_GROUP if nodeid.split("::", 1)[0].rsplit("/", 1)[-1] in ray_modules else nodeid
+
+    return RayTestsTogether(config, log)
 
 
 # Ray's core worker keeps C++ threads that can crash while the interpreter tears down after many

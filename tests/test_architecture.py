@@ -170,8 +170,11 @@ TESTS = Path(__file__).resolve().parent
 def unmarked_ray_modules(tests: Path = TESTS) -> list[str]:
     """Test modules that start Ray without ``pytest.mark.ray``: under `make test`'s two xdist workers they
     would run beside another Ray test, whose ``ray stop --force`` ends their Ray mid-test."""
+    from tests.helpers.sweeps import ray_test_modules
+
+    marked = ray_test_modules(tests)
     return sorted(p.name for p in tests.glob("test_*.py")
-                  if any(s in (text := p.read_text()) for s in RAY_STARTERS) and "pytest.mark.ray" not in text)
+                  if any(s in p.read_text() for s in RAY_STARTERS) and p.name not in marked)
 
 
 def test_every_test_module_that_starts_ray_is_marked_ray(tmp_path: Path) -> None:

@@ -161,8 +161,8 @@ def test_multi_node_without_storage_path_is_an_error(two_gpu_nodes, tmp_path):
         run_tune(validate(compose_cfg()), tmp_path)
 
 
-@pytest.mark.parametrize("size, evals", [([], 3), (["resources.gpus_per_trial=2"], 1)],
-                         ids=["trial-process-mid-epoch", "ddp"])
+@pytest.mark.parametrize("size, evals", [([], 3), (["resources.gpus_per_trial=2"], 1), (["train.method=lora"], 3)],
+                         ids=["trial-process-mid-epoch", "ddp", "lora-mid-epoch"])
 def test_a_killed_trial_is_retried_from_its_checkpoint(local_ray, cache_dir, tmp_path, monkeypatch, size, evals):
     """The process running the trial's loop (the Tune trial's own; rank 0 of a DDP run's Train
     workers) is SIGKILLed once its history holds evaluation ``evals + 2``: Tune retries the trial from

@@ -11,6 +11,12 @@ from pathlib import Path
 import pytest
 
 TRAIN_WORKER = "RayTrainWorker"  # a DDP trial's workers
+RAY_GROUP = "ray"  # the one xdist work unit of every test module marked `ray` (tests/conftest.py)
+
+
+def ray_test_modules(tests: Path) -> set[str]:
+    """The test modules marked ``pytest.mark.ray`` (module-wide ``pytestmark``): they start Ray."""
+    return {p.name for p in tests.glob("test_*.py") if "pytest.mark.ray" in p.read_text()}
 
 
 def sweep_cmd(*args: str, cwd: Path, cache: Path, timeout: float = 300) -> subprocess.CompletedProcess:
