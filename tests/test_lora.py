@@ -189,3 +189,18 @@ def test_the_plan_costs_a_lora_trial_at_the_measured_step_ratio():
     full = trial_seconds(size, train_config(), 10**6, cost)
     lora = trial_seconds(size, train_config(method="lora"), 10**6, cost)
     assert lora == pytest.approx(full * METHOD_STEP_RATIO["lora"]) and lora < full
+
+
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_gradient_checkpointing_trains_the_same_model(tiny_roberta_dir, synthetic_glue_dir, cache_dir, method):
+    """transformers' own gradient checkpointing recomputes activations (with the same dropout draws):
+    the run's losses match one without it."""
+    spec, cfg = load_task("RTE"), replace(LORA if method == "lora" else QUICK, epochs=1)
+    run = setup(spec, tiny_roberta_dir, synthetic_glue_dir, replace(cfg, gradient_checkpointing=True), seed=2,
+                cache_dir=cache_dir)
+    base = run.model.get_base_model() if method == "lora" else run.model
+    assert base.is_gradient_checkpointing
+    plain = finetune(spec, tiny_roberta_dir, synthetic_glue_dir, cfg, seed=2, cache_dir=cache_dir)
+    checkpointed = finetune(spec, tiny_roberta_dir, synthetic_glue_dir, replace(cfg, gradient_checkpointing=True),
+                            seed=2, cache_dir=cache_dir)
+    assert [e.train_loss for e in checkpointed.epochs] == pytest.approx([e.train_loss for e in plain.epochs], rel=1e-5)
