@@ -67,13 +67,13 @@ def tiny_roberta_dir(cache_dir: Path) -> Path:
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     from xdist.scheduler import LoadScopeScheduling
 
-    from tests.helpers.sweeps import RAY_GROUP, ray_test_modules
+    from tests.helpers.sweeps import ray_test_modules, work_unit
 
     ray_modules = ray_test_modules(Path(__file__).parent)
 
     class RayTestsTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return RAY_GROUP if nodeid.split("::", 1)[0].rsplit("/", 1)[-1] in ray_modules else nodeid
+            return work_unit(nodeid, ray_modules)
 
     return RayTestsTogether(config, log)
 

@@ -173,8 +173,8 @@ def unmarked_ray_modules(tests: Path = TESTS) -> list[str]:
     from tests.helpers.sweeps import ray_test_modules
 
     marked = ray_test_modules(tests)
-    return sorted(p.name for p in tests.glob("test_*.py")
-                  if any(s in p.read_text() for s in RAY_STARTERS) and p.name not in marked)
+    return sorted(p.name for p in tests.glob("test_*.py")  # this module names the starters: not one of them
+                  if p != Path(__file__) and any(s in p.read_text() for s in RAY_STARTERS) and p.name not in marked)
 
 
 def test_every_test_module_that_starts_ray_is_marked_ray(tmp_path: Path) -> None:
@@ -184,3 +184,14 @@ def test_every_test_module_that_starts_ray_is_marked_ray(tmp_path: Path) -> None
     (tmp_path / "test_b.py").write_text(marked)
     (tmp_path / "test_c.py").write_text("def test_x():\n    pass\n")
     assert unmarked_ray_modules(tmp_path) == ["test_a.py"]
+
+
+def test_the_ray_modules_are_one_xdist_work_unit_and_the_others_spread() -> None:
+    from tests.helpers.sweeps import RAY_GROUP, ray_test_modules, work_unit
+
+    ray_modules = ray_test_modules(TESTS)
+    assert {"test_sweep_ray.py", "test_submit.py", "test_cli.py"} <= ray_modules
+    assert "test_serve.py" not in ray_modules and "test_architecture.py" not in ray_modules
+    assert work_unit("tests/test_sweep_ray.py::test_x[a]", ray_modules) == RAY_GROUP
+    assert work_unit("tests/test_submit.py::test_y", ray_modules) == RAY_GROUP
+    assert work_unit("tests/test_serve.py::test_z", ray_modules) == "tests/test_serve.py::test_z"
