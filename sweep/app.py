@@ -24,7 +24,7 @@ from sweep.storage.staging import check_sources
 
 log = logging.getLogger(__name__)
 
-RESULT_FILES = ("results.json", "results.csv", "summary.csv", "seed_scores.png")
+RESULT_FILES = ("results.json", "results.csv", "summary.csv", "seed_scores.png", "expected_max.csv", "expected_max.png")
 
 
 def absolute_store(uri: str) -> str:
@@ -134,6 +134,7 @@ def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkp
     write_results(out_dir, records, summaries)
     plot = plot_seed_scores(records, settings.tasks, out_dir / "seed_scores.png")
     print(format_summary(summaries))
+    report_expected_max(records, settings, out_dir)
     stops = format_early_stops(records, summaries)
     if stops:
         print(stops)
@@ -141,6 +142,19 @@ def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkp
     if tracker is not None:
         record_in_mlflow(settings, tracker, records, summaries, best, out_dir, plot)
     return summaries
+
+
+def report_expected_max(records: list[TrialRecord], settings: Settings, out_dir: Path) -> None:
+    """How many trials were enough (Dodge et al. 2019): expected_max.csv, expected_max.png, a line per task."""
+    from sweep.files import write_text
+    from sweep.results.expected_max import curves_csv, format_curve, sweep_curves
+    from sweep.results.report import plot_expected_max
+
+    curves = sweep_curves(records, settings.tasks)
+    write_text(out_dir / "expected_max.csv", curves_csv(curves), key="out_dir")
+    plot_expected_max(curves, settings.tasks, out_dir / "expected_max.png")
+    for curve in curves:
+        print(format_curve(f"{curve.task} [{curve.point}]" if curve.point else curve.task, curve.points))
 
 
 def record_in_mlflow(settings: Settings, tracker, records: list[TrialRecord], summaries: list,

@@ -109,6 +109,7 @@ def test_demo_runs_and_keeps_exactly_the_best_model(tmp_path):
     assert not list((out / "best").rglob(TRAINING_STATE)), "the optimizer state was exported"
     assert not list((out / "ray").rglob("checkpoint_*")), "pruned checkpoints left behind"
     assert f"best WNLI: seed {best_seed}" in r.stdout
+    assert "WNLI: best of 1 " in r.stdout and (out / "expected_max.csv").is_file()  # how many seeds were enough
 
 
 @pytest.mark.slow

@@ -47,7 +47,8 @@ def test_sweep_logs_parent_nested_runs_and_registers_the_best(store, request, lo
         assert t.info.status == "FINISHED" and t.data.tags["sweep.task"] == "WNLI"
         assert [m.step for m in client.get_metric_history(t.info.run_id, "acc")] == [1, 2]
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
-    assert {"config.yaml", "results.csv", "summary.csv", "seed_scores.png"} <= artifacts
+    assert {"config.yaml", "results.csv", "summary.csv", "seed_scores.png", "expected_max.csv",
+            "expected_max.png"} <= artifacts
 
     version = client.get_model_version_by_alias("tiny-roberta-WNLI", "champion")
     assert version.run_id in {t.info.run_id for t in trials}

@@ -1,5 +1,6 @@
 """What a sweep leaves: the records of its trials, the best per task, and the files people read.
 
 - ``records.py``: ``TrialRecord``, the best per task, results.json / results.csv and the summary
-- ``report.py``:  the plot of every trial's score per task
+- ``report.py``:  the plots: every trial's score per task, the expected best against the trials run
+- ``expected_max.py``: expected validation performance (Dodge et al. 2019): E[best of n trials] and its sd
 """

@@ -53,3 +53,26 @@ def plot_seed_scores(records: list[TrialRecord], specs: list[TaskSpec], path: Pa
     with atomic_file(path, "wb") as f:  # a reader never sees half a PNG
         fig.savefig(f, format="png", dpi=120)
     return path
+
+
+def plot_expected_max(curves, specs: list[TaskSpec], path: Path) -> Path:
+    """A PNG of each task's expected best score against the number of trials, shaded ±1 sd
+    (``sweep.results.expected_max.sweep_curves``: the per-task curves, points left out)."""
+    path = Path(path)
+    fig = Figure(figsize=(3.6 * max(1, len(specs)), 3.8), layout="constrained")
+    for ax, spec in zip(fig.subplots(1, max(1, len(specs)), squeeze=False)[0], specs):
+        ax.set_title(spec.name)
+        ax.set_xlabel("trials")
+        ax.set_ylabel(f"expected best {spec.metric}")
+        curve = next((c.points for c in curves if c.task == spec.name and not c.point), [])
+        if not curve:
+            ax.text(0.5, 0.5, "no finished trials", transform=ax.transAxes, ha="center", va="center", color="gray")
+            continue
+        n = np.array([p.n for p in curve])
+        mean, std = np.array([p.mean for p in curve]), np.array([p.std for p in curve])
+        ax.plot(n, mean, marker="o", ms=3)
+        ax.fill_between(n, mean - std, mean + std, alpha=0.25)
+        ax.set_xticks(n if len(n) <= 10 else np.linspace(1, n[-1], 10, dtype=int))
+    with atomic_file(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=120)
+    return path
