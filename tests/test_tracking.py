@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import sys
 import time
 import uuid
@@ -116,6 +117,11 @@ def test_sweep_has_a_parent_run_with_nested_trials_and_results(store: Store, tmp
 
     top = client.get_run(parent)
     assert top.info.status == "FINISHED"
+    # MLflow's UI: the experiment opens on its runs; the parent is named for the sweep and described
+    kind = client.get_experiment(tracker.experiment_id).tags["mlflow.experimentKind"]
+    assert kind == "custom_model_development"
+    assert re.fullmatch(r"WNLI x 2 seeds · tiny-roberta · \d{4}-\d\d-\d\d \d\d:\d\d", top.info.run_name)
+    assert top.data.tags["mlflow.note.content"].startswith("`")
     assert top.data.tags["sweep.tasks"] == "WNLI" and top.data.tags["sweep.seeds"] == "38,39"
     assert top.data.tags["sweep.model"] == "tiny-roberta" and "sweep.command" in top.data.tags
     assert top.data.params["train.epochs"] == "3" and top.data.params["model.name"] == "tiny-roberta"

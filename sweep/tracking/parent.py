@@ -65,6 +65,14 @@ def _sweep_tags(config: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def sweep_run_name(tags: Mapping[str, Any], started: float | None = None) -> str:
+    """The parent run's name in MLflow's runs table: '<tasks> x <n> seeds · <model> · <start time>'."""
+    seeds = len(str(tags.get("sweep.seeds") or "").split(",")) if tags.get("sweep.seeds") else 0
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(started))
+    tasks = str(tags.get("sweep.tasks") or "?").replace(",", "+")
+    return f"{tasks} x {seeds} seed{'s' if seeds != 1 else ''} · {tags.get('sweep.model') or '?'} · {when}"
+
+
 @dataclass(frozen=True)
 class TrialTracking:
     """What a trial needs to log its nested run, as plain data (it travels to Ray workers)."""
@@ -108,10 +116,13 @@ class SweepTracker(_Tracked):
         params and ``config.yaml``; return the run id. The store must answer here."""
         self.experiment_id = ensure_experiment(self.client, self.experiment_name, self.uri)
         config = _redact(settings)
+        command = " ".join(sys.argv)
         run_tags = _clean_tags({
             **_sweep_tags(config),
             "mlflow.source.git.commit": _git_commit(),
-            "sweep.command": " ".join(sys.argv),
+            "sweep.command": command,
+            # the run's description on its page: how to run it again, and where its files are
+            "mlflow.note.content": f"`{command}`\n\nout_dir: {config.get('out_dir') or '(none)'}",
             **(tags or {}),
         })
         run = self.sender._lookup(self.client.get_run, reopen) if reopen else None
@@ -121,7 +132,8 @@ class SweepTracker(_Tracked):
             _set_tags(self.client, run.info.run_id, run_tags)
             logged: Mapping[str, str] = run.data.params  # params are write-once: the first launch's stay
         else:
-            run = _retry(self.client.create_run, self.experiment_id, run_name=run_name, tags=run_tags)
+            run = _retry(self.client.create_run, self.experiment_id, run_name=run_name or sweep_run_name(run_tags),
+                         tags=run_tags)
             logged = {}
         self.run_id, self.run_name = run.info.run_id, run.info.run_name
         _log_params(self.client, self.run_id, {k: v for k, v in _flatten(config).items() if k not in logged})

@@ -188,12 +188,19 @@ def _artifact_location(uri: str) -> str | None:
     return (db.resolve().parent / "mlartifacts").as_uri() if db is not None else None
 
 
+# MLflow 3's experiment kind: its UI opens a model-development experiment on the runs table, not on the
+# GenAI overview ("Traces 0 — No data available") it guesses for an untagged one.
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+
+
 def ensure_experiment(client: MlflowClient, name: str, uri: str) -> str:
-    """The id of experiment ``name``, created if missing (safe against a concurrent creator)."""
+    """The id of experiment ``name``, created if missing (safe against a concurrent creator), tagged
+    as model development."""
     experiment = _retry(client.get_experiment_by_name, name)
     if experiment is None:
         try:
-            return _retry(client.create_experiment, name, artifact_location=_artifact_location(uri))
+            return _retry(client.create_experiment, name, artifact_location=_artifact_location(uri),
+                          tags=EXPERIMENT_KIND)
         except MlflowException as e:
             if e.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
@@ -203,5 +210,8 @@ def ensure_experiment(client: MlflowClient, name: str, uri: str) -> str:
             f"tracking.experiment: experiment {name!r} (id {experiment.experiment_id}) is deleted; restore it with "
             f"'mlflow experiments restore --experiment-id {experiment.experiment_id}' or choose tracking.experiment=..."
         )
+    for key, value in EXPERIMENT_KIND.items():  # an experiment made before the tag, or by someone else
+        if key not in experiment.tags:
+            _retry(client.set_experiment_tag, experiment.experiment_id, key, value)
     return experiment.experiment_id
 
