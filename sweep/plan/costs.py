@@ -82,9 +82,11 @@ def task_size(spec: TaskSpec, data_dir: Path, tokenizer, train: TrainConfig) -> 
 
 # A training step's time with the method over full fine-tuning's, on the same model and batch: LoRA skips
 # the frozen weights' gradients and their optimizer update but still runs the whole forward and most of
-# the backward (activations' gradients). Measured by scripts/bench_peft.py (MiniLM, real SST-2, CPU);
-# QLoRA's 4-bit base is unmeasured here (no GPU) and takes LoRA's.
-METHOD_STEP_RATIO = {"full": 1.0, "lora": 0.70, "qlora": 0.70}
+# the backward (activations' gradients). Measured by scripts/bench_peft.py: MiniLM, real SST-2 (4,000 rows,
+# 2 epochs, 3 seeds, a quiet 2-core CPU) 469 / 582 ms per step = 0.81; RTE (1,000 rows, longer rows) gave
+# 0.64-0.96 per seed on a busy machine. A running sweep's own throughput refines the constant (Forecast).
+# QLoRA's 4-bit base is unmeasured (no GPU here) and takes LoRA's.
+METHOD_STEP_RATIO = {"full": 1.0, "lora": 0.81, "qlora": 0.81}
 
 
 def trial_seconds(size: TaskSize, train: TrainConfig, params: int, cost: CostModel) -> float:
