@@ -81,6 +81,18 @@ class NodeKiller:
             self.replacement_id = replacement.node_id
 
 
+def actor_nodes(cluster: Cluster, class_name: str) -> list[str]:
+    """The nodes every actor of ``class_name`` lived on (dead ones too: the GCS keeps their records)."""
+    import ray
+    from ray.util.state import list_actors
+
+    ray.init(address=cluster.address)
+    try:
+        return [a.node_id for a in list_actors(filters=[("class_name", "=", class_name)], detail=True)]
+    finally:
+        ray.shutdown()
+
+
 def test_a_lost_node_costs_only_the_epochs_since_the_last_checkpoint(three_nodes, tmp_path):
     cluster, server = three_nodes
     storage = tmp_path / "storage"  # cluster.storage_path: where every trial's checkpoints are kept
@@ -115,6 +127,8 @@ def test_a_lost_node_costs_only_the_epochs_since_the_last_checkpoint(three_nodes
     # (the node dies a moment after the choice: its trial may report one more epoch before)
     assert before[-1] < EPOCHS and 2 <= after[0]["epoch"] <= before[-1] + 1 and after[-1]["epoch"] == EPOCHS, rows
     assert killer.removed_id not in {r["node"] for r in after}
+    # The driver's own actors live beside it (the head), never on a node that can die under them
+    assert actor_nodes(cluster, "ProgressRelay") == [cluster.head_node.node_id]
     # A node that joins stages on first use, once; the ones that stayed staged once at the start.
     # (Tune may give the retried and the waiting trials to the survivors' reused processes instead.)
     rows_by_node = {row["node"] for path in storage.rglob("history/*.json") for row in json.loads(path.read_text())}

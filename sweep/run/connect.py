@@ -36,6 +36,15 @@ def connect(settings: Settings) -> bool:
     return True
 
 
+def beside_the_driver():
+    """A scheduling strategy for an actor that lives as long as this driver (a progress relay, a rung
+    board): on the driver's own node, which a lost or scaled-away worker node cannot take with it."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+
+
 def alive_nodes() -> list[dict[str, Any]]:
     """Ray's record of every alive node (``NodeID``, ``Resources``, ...)."""
     import ray

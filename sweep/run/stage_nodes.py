@@ -27,7 +27,7 @@ from ray.tune import Callback
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from sweep.config.settings import Settings
-from sweep.run.connect import alive_nodes
+from sweep.run.connect import alive_nodes, beside_the_driver
 from sweep.storage.staging import LocalSources, SourcePins
 
 RELAY_EVERY_S = 2.0  # how often the driver prints the nodes' progress lines while it waits
@@ -198,7 +198,7 @@ def stage_all_nodes(settings: Settings, staging: Staging | None = None) -> list[
         what = ", ".join(f"{s.uri} ({s.size / 2**20:.1f} MiB)" for s in sources)
         print(f"staging: {what} on {len(nodes)} node(s)…", flush=True)
     own_relay = staging.relay is None  # the sweep passes the relay that outlives this (nodes that join later)
-    relay = ProgressRelay.remote() if own_relay else staging.relay
+    relay = ProgressRelay.options(scheduling_strategy=beside_the_driver()).remote() if own_relay else staging.relay
     staging = replace(staging, relay=relay)
     refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(
         settings, staging) for node in nodes]

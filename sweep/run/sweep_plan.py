@@ -15,7 +15,7 @@ from sweep.plan.costs import Forecast, grid_points, measure_sizes, sweep_trials
 from sweep.plan.dispatch import ClusterGPUs, Dispatch, cluster_gpus, dispatch
 from sweep.plan.scale import AutoscalerView, TrialSize
 from sweep.plan.sizes import SweepStorage, TaskPlan, many_nodes, plan_trials, storage_path, sweep_storage, trial_count
-from sweep.run.connect import alive_node_resources
+from sweep.run.connect import alive_node_resources, beside_the_driver
 from sweep.run.stage_nodes import ProgressRelay, Staging, ship_sources, stage_all_nodes
 from sweep.storage.staging import DriverSources
 from sweep.trials import point_of, trial_key
@@ -62,7 +62,8 @@ def plan_sweep(settings: Settings, sources: DriverSources, out_dir: Path) -> Swe
         pins=sources.pins,
         # storage=local on nodes with their own disks: the driver's folders travel through Ray to those that lack them
         shipments=ship_sources(settings) if many_nodes(len(nodes), autoscaler, settings.cluster.node_types) else {},
-        relay=ProgressRelay.remote(),  # the nodes' staging lines, at the start and from nodes that join later
+        # the nodes' staging lines, at the start and from nodes that join later; beside the driver, which outlives them
+        relay=ProgressRelay.options(scheduling_strategy=beside_the_driver()).remote(),
     )
     staged = stage_all_nodes(settings, staging)  # every node, before the plan reads sizes
     sizes, params = _staged_sizes(settings, sources, staged)

@@ -15,7 +15,7 @@ from sweep.plan.makespan import TrialWork
 from sweep.plan.scale import TrialSize
 from sweep.plan.sizes import EXPERIMENT
 from sweep.results.records import TrialRecord
-from sweep.run.connect import connect, quiet_ray
+from sweep.run.connect import beside_the_driver, connect, quiet_ray
 from sweep.run.sweep_plan import SweepPlan, plan_sweep
 from sweep.storage.staging import DriverSources, check_sources
 from sweep.trials import CHECKPOINT_RANK, point_of, trial_of
@@ -209,7 +209,8 @@ def start_rungs_board(settings: Settings, experiment: str, total: int, histories
         ray.kill(ray.get_actor(name, namespace=ASHA_NAMESPACE))
     except ValueError:
         pass
-    handle = ray.remote(num_cpus=0)(board_class).options(name=name, namespace=ASHA_NAMESPACE).remote(**kwargs)
+    handle = ray.remote(num_cpus=0)(board_class).options(  # beside the driver: a lost worker node keeps no board
+        name=name, namespace=ASHA_NAMESPACE, scheduling_strategy=beside_the_driver()).remote(**kwargs)
     if settings.resume:
         replay_rungs(handle, histories)
     return name, handle
