@@ -3,4 +3,5 @@
 - ``records.py``: ``TrialRecord``, the best per task, results.json / results.csv and the summary
 - ``report.py``:  the plots: every trial's score per task, the expected best against the trials run
 - ``expected_max.py``: expected validation performance (Dodge et al. 2019): E[best of n trials] and its sd
+- ``importance.py``: which varied train key mattered, per task: fANOVA (Optuna) over the finished trials
 """
