@@ -107,6 +107,7 @@ class SweepConfig:
     halving: HalvingConfig = field(default_factory=HalvingConfig)
     max_failures: int = 2
     keep_checkpoints: str = "best"  # best: prune all but the exported best model; all: keep every trial's
+    predict_test: bool = False  # the best model per task predicts its test split: out_dir/glue_submission.zip
 
 
 @dataclass

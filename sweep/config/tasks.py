@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,8 @@ def _conf_dir() -> Path:
 
 CONF_DIR = _conf_dir()
 GLUE_TASKS = ("CoLA", "SST-2", "MRPC", "STS-B", "QQP", "MNLI", "QNLI", "RTE", "WNLI")
+# GLUE's diagnostic set (AX): glue_data/diagnostic/diagnostic.tsv, MNLI's text columns, scored with MNLI's model
+GLUE_DIAGNOSTIC = ("diagnostic", "diagnostic.tsv")
 KINDS = ("classification", "regression", "causal_lm")
 MODES = ("max", "min")
 # Keys of the task group itself (not of one task): ``task.path`` is the text task's corpus folder.
@@ -63,6 +65,9 @@ class TaskSpec:
     path: str | None = None  # causal LM: the corpus folder itself (absolute), instead of data_dir/folder
     holdout_fraction: float = 0.0  # causal LM: the share of the train text an eval split of file None gets
     split_file: str | None = None  # causal LM: the files' pattern (wiki.{split}.tokens) when splits are chosen by name
+    # unlabeled test split(s): split -> file with a header row: the index column (index, or QQP's id) and
+    # text_columns, no label (what GLUE scores a submission on; sweep.predict_test)
+    test_files: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def num_labels(self) -> int:
@@ -127,6 +132,7 @@ def task_from_config(cfg: Mapping[str, Any] | Any) -> TaskSpec:
         path=_absolute(d.get("path")),
         holdout_fraction=holdout,
         split_file=d.get("split_file"),
+        test_files=_test_files(d.get("test_files"), bad),
     )
 
 
@@ -161,6 +167,15 @@ def _columns(d: dict[str, Any], kind: str, text_columns: tuple[str, ...],
         if missing:
             raise bad("columns", f"does not name {missing}")
     return header, columns
+
+
+def _test_files(files: Any, bad: Bad) -> dict[str, str]:
+    """split -> file of the unlabeled test split(s); none: the task has no test split."""
+    if not files:
+        return {}
+    if not isinstance(files, Mapping) or not all(isinstance(f, str) and f for f in files.values()):
+        raise bad("test_files", f"needs split name -> file, e.g. {{test: test.tsv}}; got {files!r}")
+    return {str(split): f for split, f in files.items()}
 
 
 def _hf_layout(hf: Mapping[str, Any] | None) -> HFLayout | None:

@@ -10,6 +10,9 @@ Three on-disk layouts are understood, tried in this order:
 Every layout is normalized to the columns ``text_a``, ``text_b`` (pair tasks only) and ``label``
 (an index into ``spec.labels``, or a float score in [0, 5] for STS-B). Causal-LM corpora (WikiText,
 folders of .txt files) are read by ``sweep.data.lm``; batches are made in ``sweep.data.collate``.
+
+A task's unlabeled test split(s) (GLUE TSV layout only) are read by ``read_unlabeled``, for a
+GLUE submission (``sweep.serving.glue_submission``).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import io
 import json
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +35,7 @@ from datasets import ClassLabel, Dataset, DatasetDict, DatasetInfo, Features, Va
 from datasets.table import InMemoryTable
 from transformers import PreTrainedTokenizerBase
 
-from sweep.config.tasks import TaskSpec
+from sweep.config.tasks import GLUE_DIAGNOSTIC, TaskSpec
 from sweep.data.cache import cache_stats, cached_dataset, content_key, tokenizer_identity
 from sweep.errors import DataFormatError
 
@@ -245,6 +249,83 @@ def _label_parser(spec: TaskSpec, path: Path) -> Callable[[str, int], int | floa
             ) from None
 
     return label
+
+
+# ---- Unlabeled test splits (what a GLUE submission predicts) -----------------------------------
+
+TEST_INDEX_COLUMNS = ("index", "id")  # the first present names the rows (QQP's test file calls it id)
+
+
+@dataclass(frozen=True)
+class UnlabeledSplit:
+    """One test file's rows: each row's index as the file writes it, and its text(s)."""
+
+    task: str
+    split: str
+    path: Path
+    index: list[str]
+    text_a: list[str]
+    text_b: list[str] | None  # pair tasks only
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+
+def find_test_files(spec: TaskSpec, data_dir: str | Path) -> tuple[Path, dict[str, Path]]:
+    """The task's folder and the test splits of ``spec.test_files`` whose files it holds (GLUE TSV
+    layout; a Hugging Face layout's folder holds none of them)."""
+    layout, folder = _task_folder(spec, data_dir, "not a GLUE task: it has no test split")
+    if layout != "tsv":
+        return folder, {}
+    files = {split: folder / name for split, name in spec.test_files.items()}
+    return folder, {split: path for split, path in files.items() if path.is_file()}
+
+
+def diagnostic_file(task_folder: Path) -> Path:
+    """Where GLUE keeps the AX diagnostic: ``glue_data/diagnostic/diagnostic.tsv`` beside the task folders."""
+    return Path(task_folder).parent.joinpath(*GLUE_DIAGNOSTIC)
+
+
+def read_unlabeled(spec: TaskSpec, path: Path, split: str) -> UnlabeledSplit:
+    """Read a test file: a header row naming the index column and ``spec.text_columns``, then rows.
+
+    Every row is predicted and named by its index in a submission, so a short row or an index seen
+    before is an error (file:line), never skipped.
+    """
+    text, _ = _read_text(path)
+    expected = f"a header row with {TEST_INDEX_COLUMNS[0]} (or {TEST_INDEX_COLUMNS[1]}) and {list(spec.text_columns)}"
+    reader = csv.reader(io.StringIO(text, newline=None), delimiter="\t", quoting=csv.QUOTE_NONE)
+    index: list[str] = []
+    texts: list[list[str]] = [[] for _ in spec.text_columns]
+    seen: dict[str, int] = {}
+    try:
+        header = [c.strip() for c in next(reader, None) or []]
+        if not header:
+            raise DataFormatError(f"{path}: empty test file of {spec.name}; expected {expected}, then rows")
+        index_column = next((c for c in TEST_INDEX_COLUMNS if c in header), None)
+        missing = ([] if index_column else [TEST_INDEX_COLUMNS[0]]) + [c for c in spec.text_columns if c not in header]
+        if missing:
+            raise DataFormatError(f"{path}:1: test file of {spec.name} lacks column(s) {missing}; "
+                                  f"columns found: {header}; expected {expected}")
+        fields = [header.index(index_column), *(header.index(c) for c in spec.text_columns)]
+        need = max(fields) + 1
+        for row in reader:
+            if len(row) < need:
+                raise DataFormatError(f"{path}:{reader.line_num}: row has {len(row)} field(s), needs at least "
+                                      f"{need} (columns {header})")
+            key = row[fields[0]].strip()
+            if key in seen:
+                raise DataFormatError(f"{path}:{reader.line_num}: index {key!r} again (first on line {seen[key]}); "
+                                      "a submission names each row by its index")
+            seen[key] = reader.line_num
+            index.append(key)
+            for column, i in zip(texts, fields[1:]):
+                column.append(row[i])
+    except csv.Error as e:
+        raise DataFormatError(f"{path}:{reader.line_num}: unreadable TSV row: {e}") from e
+    if not index:
+        raise DataFormatError(f"{path}: test file of {spec.name} has a header but no rows")
+    return UnlabeledSplit(spec.name, split, Path(path), index, texts[0], texts[1] if spec.is_pair else None)
 
 
 # ---- Hugging Face layouts --------------------------------------------------------------------

@@ -11,7 +11,7 @@ import random
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from sweep.config.tasks import GLUE_TASKS, load_task
+from sweep.config.tasks import GLUE_DIAGNOSTIC, GLUE_TASKS, TaskSpec, load_task
 
 FILLER = (
     "the a this that one some every man woman child dog cat city house river car book letter "
@@ -42,10 +42,13 @@ LABEL_NOISE = 0.1
 
 
 def write_synthetic_glue(
-    root: Path, tasks: Iterable[str] = GLUE_TASKS, n_train: int = 200, n_dev: int = 64, seed: int = 0
+    root: Path, tasks: Iterable[str] = GLUE_TASKS, n_train: int = 200, n_dev: int = 64, seed: int = 0,
+    n_test: int = 64,
 ) -> Path:
-    """Write ``root/glue_data/<TASK>/`` train and dev files for each task; returns ``root``."""
+    """Write ``root/glue_data/<TASK>/`` train, dev and (``n_test`` > 0) unlabeled test files for each
+    task, and with MNLI the AX diagnostic ``glue_data/diagnostic/diagnostic.tsv``; returns ``root``."""
     root = Path(root)
+    tasks = list(tasks)
     for task in tasks:
         spec = load_task(task)
         folder = root / "glue_data" / spec.folder
@@ -56,7 +59,39 @@ def write_synthetic_glue(
             rng = random.Random(f"{seed}/{task}/{split}")
             header, rows = _WRITERS[task](rng, n, split)
             _write_tsv(folder / name, header, rows)
+        for split, name in spec.test_files.items() if n_test > 0 else ():
+            # its own generator too: adding test files left every train and dev file as it was
+            _write_test(folder / name, spec, random.Random(f"{seed}/{task}/test/{split}"), n_test, split)
+    if "MNLI" in tasks and n_test > 0:
+        diagnostic = root / "glue_data" / Path(*GLUE_DIAGNOSTIC)
+        diagnostic.parent.mkdir(parents=True, exist_ok=True)
+        _write_test(diagnostic, load_task("MNLI"), random.Random(f"{seed}/diagnostic"), n_test, "diagnostic",
+                    with_meta=False)
     return root
+
+
+# GLUE's test files: the index column, the task's own id and metadata columns, then the text columns; no label.
+TEST_INDEX = {"QQP": "id"}
+TEST_META = {
+    "MRPC": ("#1 ID", "#2 ID"),
+    "STS-B": ("genre", "filename", "year", "old_index", "source1", "source2"),
+    "MNLI": ("promptID", "pairID", "genre", "sentence1_binary_parse", "sentence2_binary_parse",
+             "sentence1_parse", "sentence2_parse"),
+}
+
+
+def _write_test(path: Path, spec: TaskSpec, rng: random.Random, n: int, split: str, with_meta: bool = True) -> None:
+    """Labelled rows as the task's writer makes them, cut down to the test layout (the diagnostic:
+    index and text columns only)."""
+    header, rows = _WRITERS[spec.name](rng, n, split)
+    names = [c.removeprefix("\ufeff") for c in header or spec.columns]
+    index = TEST_INDEX.get(spec.name, "index")
+    columns = [*(TEST_META.get(spec.name, ()) if with_meta else ()), *spec.text_columns]
+    out = []
+    for i, row in enumerate(rows):
+        fields = dict(zip(names, row))
+        out.append([fields.get(index, str(i)), *(fields[c] for c in columns)])
+    _write_tsv(path, [index, *columns], out)
 
 
 def _write_tsv(path: Path, header: Row | None, rows: list[Row]) -> None:

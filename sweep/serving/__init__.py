@@ -11,6 +11,7 @@
 - ``openai_protocol.py``: OpenAI completion / chat requests -> the same typed settings (or a clear error)
 - ``batcher.py``:    the asyncio micro-batcher that merges concurrent requests into one forward pass
 - ``engines.py``:    the loaded classifier / causal LM and one batched forward pass each
+- ``glue_submission.py``: the best models' predictions of GLUE's test splits -> ``glue_submission.zip``
 - ``generation.py``: what a generated sequence becomes: text cut at a stop sequence, token counts
 - ``server_metrics.py``: the ``sweep_`` Prometheus metrics on ``GET /metrics``
 - ``kserve_import.py``: import kserve without it reading our ``sys.argv``

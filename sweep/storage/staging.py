@@ -27,7 +27,7 @@ from sweep.files import atomic_folder, is_model_folder
 
 __all__ = ["StagingError", "LocalSources", "SourcePins", "DriverSources", "ensure_local", "preflight", "cache_root"]
 
-SYNTHETIC_VERSION = "v2"  # bump when the generator changes, so old caches are not reused
+SYNTHETIC_VERSION = "v3"  # bump when the generator changes, so old caches are not reused
 NODE_CACHE_ENV = "SWEEP_NODE_CACHE_DIR"  # set on a node (pod spec, raylet env): its own cache folder
 GiB = 2**30
 
