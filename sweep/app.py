@@ -79,8 +79,8 @@ def register(settings: Settings, tracker, best: dict[str, TrialRecord], out_dir:
             print(f"registry: {task}: the best trial has no MLflow run; not registered")
             continue
         try:
-            result = register_best(tracker.uri, settings.model.name, task, record.run_id, out_dir / "best" / task,
-                                   record.score, spec[task].mode, spec[task].metric)
+            result = register_best(tracker.uri, settings.model.name, spec[task], record.run_id,
+                                   out_dir / "best" / task, record.score)
         except Exception as e:  # the sweep's work is done: a registry that fails loses none of it
             why = ("does not answer" if unreachable(e)
                    else f"refused it ({scrub(error_line(e))})")

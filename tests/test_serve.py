@@ -281,13 +281,14 @@ def test_model_source_errors(tmp_path: Path) -> None:
 def test_registered_champion_is_downloaded_and_named(tmp_path: Path, cache_dir: Path) -> None:
     from mlflow.tracking import MlflowClient
 
+    from sweep.config.tasks import load_task
     from sweep.tracking import register_best
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     model_dir = export_tiny_classifier(tmp_path / "best" / "RTE", cache_dir)
     client = MlflowClient(tracking_uri=uri)
     run = client.create_run(client.create_experiment("serve-test", artifact_location=str(tmp_path / "artifacts")))
-    register_best(uri, "tiny-roberta", "RTE", run.info.run_id, model_dir, 0.5, "max", "acc")
+    register_best(uri, "tiny-roberta", load_task("RTE"), run.info.run_id, model_dir, 0.5)
     source = "models:/tiny-roberta-RTE@champion"
     local = resolve_model_source(source, tmp_path / "cache", tracking_uri=uri)
     assert (local / "config.json").is_file() and (local / "model.safetensors").is_file()

@@ -8,9 +8,10 @@ import re
 import sys
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import mlflow
 import pytest
 import yaml
 from mlflow import MlflowClient
@@ -30,6 +31,7 @@ from sweep.tracking import (
     register_best,
     saved_parent,
 )
+from sweep.train.tiny_exports import export_tiny_classifier
 from tests.helpers.tracking import log_trial_in_process
 
 WNLI = load_task("WNLI")
@@ -181,36 +183,37 @@ def test_a_resumed_sweep_reopens_its_parent_run(store: Store, tmp_path: Path) ->
     assert not gone.reopened and gone.run_id != parent
 
 
-def _model_dir(path: Path, marker: str) -> Path:
-    path.mkdir(parents=True)
-    (path / "config.json").write_text(f'{{"marker": "{marker}"}}')
-    (path / "model.safetensors").write_bytes(b"\0" * 64)
-    return path
-
-
 def _finished_run(client: MlflowClient, experiment_id: str) -> str:
     run = client.create_run(experiment_id)
     client.set_terminated(run.info.run_id, "FINISHED")  # registration happens after the trial ended
     return run.info.run_id
 
 
-def test_champion_alias_moves_only_on_a_better_score(store: Store, tmp_path: Path) -> None:
+def test_champion_alias_moves_only_on_a_better_score(store: Store, tmp_path: Path, cache_dir: Path) -> None:
     client = MlflowClient(store.uri, registry_uri=store.uri)
     tracker = SweepTracker(store.uri, _unique("registry"))
     tracker.start({"model": {"name": "m"}})
     model = _unique("roberta-base")
+    folder = export_tiny_classifier(tmp_path / "best" / "WNLI", cache_dir)
+    specs = {"WNLI": load_task("WNLI"), "STS-B": replace(load_task("STS-B"), mode="min")}
 
-    def register(score: float, mode: str = "max", task: str = "WNLI"):
+    def register(score: float, task: str = "WNLI"):
         run_id = _finished_run(client, tracker.experiment_id)
-        folder = _model_dir(tmp_path / uuid.uuid4().hex, str(score))
-        return run_id, register_best(store.uri, model, task, run_id, folder, score, mode, "acc")
+        return run_id, register_best(store.uri, model, specs[task], run_id, folder, score)
 
     run_id, first = register(0.5)
     assert ((first.name, first.version, first.promoted, first.previous_champion_score)
             == (f"{model}-WNLI", "1", True, None))
-    assert {a.path for a in client.list_artifacts(run_id, "model")} == {"model/config.json", "model/model.safetensors"}
     version = client.get_model_version(first.name, "1")
     assert version.run_id == run_id and version.tags == {"score": "0.5", "metric": "acc", "mode": "max"}
+    # An MLflow Model (the transformers flavor) on the trial's run, its files logged once: none as loose run artifacts
+    logged = client.get_logged_model(version.source.removeprefix("models:/"))
+    assert logged.source_run_id == run_id and logged.name == "model"
+    assert client.list_artifacts(run_id) == []
+    mlmodel = yaml.safe_load(Path(mlflow.artifacts.download_artifacts(
+        f"{logged.artifact_location}/MLmodel", dst_path=str(tmp_path / "dl"), tracking_uri=store.uri)).read_text())
+    assert mlmodel["flavors"]["transformers"]["task"] == "text-classification"
+    assert mlmodel["signature"]["inputs"] and mlmodel["saved_input_example_info"]
 
     _, better = register(0.7)
     assert (better.version, better.promoted, better.previous_champion_score) == ("2", True, 0.5)
@@ -218,8 +221,8 @@ def test_champion_alias_moves_only_on_a_better_score(store: Store, tmp_path: Pat
     assert (worse.version, worse.promoted, worse.previous_champion_score) == ("3", False, 0.7)
     assert str(client.get_model_version_by_alias(first.name, "champion").version) == "2"
 
-    _, low = register(1.0, mode="min", task="STS-B")
-    _, higher = register(2.0, mode="min", task="STS-B")
+    _, low = register(1.0, task="STS-B")
+    _, higher = register(2.0, task="STS-B")
     assert low.promoted and not higher.promoted and higher.previous_champion_score == 1.0
     assert str(client.get_model_version_by_alias(low.name, "champion").version) == low.version
 

@@ -54,6 +54,8 @@ def _download_registered(source: str, cache_dir: Path, tracking_uri: str | None)
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
+    from sweep.tracking.model_flavor import assemble_model_folder, is_logged_model
+
     uri = tracking_uri or mlflow.get_tracking_uri()
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
     name = match.group("name")
@@ -70,11 +72,16 @@ def _download_registered(source: str, cache_dir: Path, tracking_uri: str | None)
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{dest.name}.download-", dir=dest.parent) as scratch, \
             atomic_folder(dest) as folder:
-        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=version.source, dst_path=scratch,
-                                                         tracking_uri=uri))
-        _require_model_folder(local, source)
-        for entry in local.iterdir():  # the artifact's files, moved (same disk) into the folder that becomes dest
-            entry.rename(folder / entry.name)
+        # where the files are: a logged model's source (models:/m-…) resolves only at MLflow's global URI
+        files = client.get_model_version_download_uri(name, version.version)
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=files, dst_path=scratch, tracking_uri=uri))
+        if is_logged_model(local):  # an MLflow Model (the transformers flavor): weights and tokenizer, as one folder
+            assemble_model_folder(local, folder)
+            _require_model_folder(folder, source)
+        else:  # a version registered before the flavor: the folder's files as loose artifacts
+            _require_model_folder(local, source)
+            for entry in local.iterdir():  # moved (same disk) into the folder that becomes dest
+                entry.rename(folder / entry.name)
     return dest
 
 

@@ -1,5 +1,6 @@
-"""The model registry: ``register_best`` logs a trial's model folder, registers it as a new version of
-``<model>-<task>`` and moves alias ``champion`` to it only if it beats the champion's score.
+"""The model registry: ``register_best`` logs a trial's exported model as an MLflow Model (the
+transformers flavor, ``model_flavor``), registers it as a new version of ``<model>-<task>`` and moves
+alias ``champion`` to it only if it beats the champion's score.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from pathlib import Path
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
+from sweep.config.tasks import TaskSpec
 from sweep.results.records import registry_name
+from sweep.tracking.model_flavor import log_best_model, tracking_at
 from sweep.tracking.store import _client, _retry
 
 CHAMPION = "champion"
@@ -51,25 +54,27 @@ def _champion_score(client: MlflowClient, name: str) -> float | None:
 def register_best(
     uri: str,
     model_name: str,
-    task: str,
+    spec: TaskSpec,
     run_id: str,
     model_dir: Path,
     score: float,
-    mode: str,
-    metric: str,
 ) -> RegistrationResult:
-    """Log ``model_dir`` under ``model/`` of ``run_id``, register it as a new version of
-    ``<model_name>-<task>`` and move alias ``champion`` to it only if it beats the champion's score."""
+    """Log ``model_dir`` as an MLflow Model on ``run_id`` (once: the flavor's files are the only copy),
+    register it as a new version of ``<model_name>-<task>`` and move alias ``champion`` to it only if
+    it beats the champion's score (``spec.mode``)."""
+    mode = spec.mode
     if mode not in ("max", "min"):
         raise ValueError(f"mode: got {mode!r}, allowed: max, min")
     if not Path(model_dir).is_dir():
         raise FileNotFoundError(f"model folder {model_dir} does not exist")
     client = _client(uri)
-    name = registry_name(model_name, task)
-    _retry(client.log_artifacts, run_id, str(model_dir), "model")
+    name = registry_name(model_name, spec.name)
+    logged = _retry(log_best_model, uri, run_id, Path(model_dir), spec)
     _ensure_registered_model(client, name)
-    tags = {"score": repr(float(score)), "metric": metric, "mode": mode}
-    version = _retry(client.create_model_version, name, source=f"runs:/{run_id}/model", run_id=run_id, tags=tags)
+    tags = {"score": repr(float(score)), "metric": spec.metric, "mode": mode}
+    with tracking_at(uri):  # a sqlite registry finds the logged model through MLflow's global URI (its own TODO)
+        version = _retry(client.create_model_version, name, source=logged.model_uri, run_id=run_id, tags=tags,
+                         model_id=logged.model_id)
     previous = _champion_score(client, name)
     promoted = previous is None or _better(score, previous, mode)
     if promoted:
