@@ -24,7 +24,8 @@ from sweep.storage.staging import check_sources
 
 log = logging.getLogger(__name__)
 
-RESULT_FILES = ("results.json", "results.csv", "summary.csv", "seed_scores.png", "expected_max.csv", "expected_max.png")
+RESULT_FILES = ("results.json", "results.csv", "summary.csv", "seed_scores.png", "expected_max.csv", "expected_max.png",
+                "importance.csv", "glue_submission.zip")
 
 
 def absolute_store(uri: str) -> str:
@@ -135,6 +136,11 @@ def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkp
     plot = plot_seed_scores(records, settings.tasks, out_dir / "seed_scores.png")
     print(format_summary(summaries))
     report_expected_max(records, settings, out_dir)
+    from sweep.results.importance import report_importance
+
+    report_importance(records, settings, out_dir)
+    if settings.sweep.predict_test and best:
+        predict_test_sets(settings, best, out_dir, sources)
     stops = format_early_stops(records, summaries)
     if stops:
         print(stops)
@@ -155,6 +161,25 @@ def report_expected_max(records: list[TrialRecord], settings: Settings, out_dir:
     plot_expected_max(curves, settings.tasks, out_dir / "expected_max.png")
     for curve in curves:
         print(format_curve(f"{curve.task} [{curve.point}]" if curve.point else curve.task, curve.points))
+
+
+def predict_test_sets(settings: Settings, best: dict[str, TrialRecord], out_dir: Path, sources) -> None:
+    """sweep.predict_test: the best models' GLUE submission (glue_submission.zip), the data read on this
+    machine (from S3, staged here first). The exported models stay whatever happens here."""
+    from sweep.serving.glue_submission import write_submission
+    from sweep.storage.staging import ensure_local
+
+    local = sources.local if sources is not None and sources.local is not None else None
+    data_dir = local.data_dir if local else ensure_local(settings, sources.pins if sources else None).data_dir
+    try:
+        result = write_submission(settings, {task: out_dir / "best" / task for task in best}, out_dir, data_dir)
+    except Exception as e:  # the sweep's models and results are written: this step's failure is one line
+        from sweep.failures import error_line
+
+        print(f"glue submission: not written ({error_line(e)}); the best models are in {out_dir / 'best'}")
+        return
+    for line in result.lines():
+        print(line)
 
 
 def record_in_mlflow(settings: Settings, tracker, records: list[TrialRecord], summaries: list,
@@ -218,6 +243,10 @@ def run(cfg: DictConfig, out_dir: Path) -> list:
             check_method_runs_here(settings.train, settings.cluster.address)
             if sources.local is not None:
                 check_targets(sources.local.model_dir, settings.train, settings.model.name)
+        if settings.sweep.predict_test and sources.local is not None:  # a malformed test file before any trial
+            from sweep.serving.glue_submission import check_test_files
+
+            check_test_files(settings.tasks, sources.local.data_dir)
         tracker, tracking = start_tracking(settings, cfg, Path(out_dir))  # an unreachable store before any trial
         from sweep.run.tuner import run_tune
 

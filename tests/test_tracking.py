@@ -375,3 +375,14 @@ def test_scrubbing_survives_another_thread_changing_the_environment():
     finally:
         stop.set()
         thread.join()
+
+
+def test_trial_run_names_read_as_the_table_shows_them_and_stay_unique() -> None:
+    from sweep.run.mlflow_runs import run_name
+
+    assert run_name("RTE", 42, {}, "a1b2c_00003", sampled=False) == "RTE seed 42"
+    assert (run_name("RTE", 42, {"lr": 2e-5, "lora.r": 8}, "a1b2c_00003", sampled=False)
+            == "RTE seed 42 · lora.r=8, lr=2e-05")
+    # a search may sample one point twice at one seed: the trial's number keeps the names apart
+    same = [run_name("RTE", 42, {"warmup": "linear"}, f"a1b2c_0000{i}", sampled=True) for i in (1, 2)]
+    assert same == ["RTE seed 42 · warmup=linear #00001", "RTE seed 42 · warmup=linear #00002"]

@@ -34,9 +34,13 @@ log = logging.getLogger(__name__)
 CLOSE_WAIT_S = 600.0  # at the end, how long the driver waits for the calls still queued
 
 
-def run_name(task: str, seed: int, trial_id: str) -> str:
-    """The trial's run name: a retried or resumed trial finds its run again by it."""
-    return f"{task}-seed{seed}-{trial_id}"
+def run_name(task: str, seed: int, hparams: dict[str, Any], trial_id: str, sampled: bool) -> str:
+    """The trial's run name as the UI's table shows it, ``RTE seed 42 · lr=2e-05, lora.r=8``; a retried
+    or resumed trial finds its run again by it, so it is unique in the sweep: (task, seed, grid point)
+    is, and a search's samples (which may repeat a point) add the trial's number."""
+    point = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(hparams.items()))
+    number = f" #{trial_id.rsplit('_', 1)[-1]}" if sampled else ""
+    return f"{task} seed {seed}" + (f" · {point}" if point else "") + number
 
 
 def evaluation_metrics(report: Report, train) -> tuple[int, dict[str, float]] | None:
@@ -66,6 +70,7 @@ class TrialRuns(Callback):
 
     def __init__(self, settings: Settings, tracking, launch_id: str, rungs_board=None) -> None:
         self.settings, self.tracking, self.launch_id, self.board = settings, tracking, launch_id, rungs_board
+        self.sampled = bool(settings.sweep.search)  # a search's samples may share a point: names add the number
         self.loggers: dict[str, Any] = {}  # Tune trial id -> TrialLogger (used on the worker thread only)
         self.last: dict[str, Report] = {}  # Tune trial id -> its last evaluation report
         self.busy_s = 0.0  # the driver's time spent in this callback's hooks (bench_tracking reads it)
@@ -135,7 +140,7 @@ class TrialRuns(Callback):
                 break
             time.sleep(FLUSH_POLL_S)
 
-    def run_id_of(self, trial_id: str, task: str, seed: int) -> str:
+    def run_id_of(self, trial_id: str, task: str, seed: int, hparams: dict[str, Any]) -> str:
         """The id of a trial's run in the store, after ``close``: the one this driver logged, else (a
         trial a resumed sweep did not run again) found by its name under the parent; "" when the
         store never took it (its calls wait in the spool)."""
@@ -146,7 +151,8 @@ class TrialRuns(Callback):
 
         t = self.tracking
         try:
-            return find_child_run(t.uri, t.experiment_id, t.parent_run_id, run_name(task, seed, trial_id)) or ""
+            name = run_name(task, seed, hparams, trial_id, self.sampled)
+            return find_child_run(t.uri, t.experiment_id, t.parent_run_id, name) or ""
         except Exception as e:  # the store is away: the record has no run id, registration says so
             log.warning("tracking: cannot look up the run of trial %s (%s)", trial_id,
                         first_line(e, 200, scrubbed=True))
@@ -182,7 +188,7 @@ class TrialRuns(Callback):
             task, seed, hparams = trial_of(config)
             t = self.tracking
             self.loggers[trial_id] = TrialLogger(
-                t.uri, t.experiment_id, t.parent_run_id, run_name=run_name(task, seed, trial_id),
+                t.uri, t.experiment_id, t.parent_run_id, run_name=run_name(task, seed, hparams, trial_id, self.sampled),
                 params={"task": task, "seed": seed, **asdict(self._train(config))},
                 # where it runs comes with its first report; never this driver's own host until then
                 tags={"sweep.trial_id": trial_id, "sweep.hparams": str(hparams or {}),

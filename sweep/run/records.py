@@ -20,7 +20,7 @@ def records_from_results(grid, settings: Settings, plans: dict[str, TaskPlan], h
                          train_dir: Path | None = None, run_id_of=None) -> list[TrialRecord]:
     """One TrialRecord per Tune trial (``plans``: each task's), with the best evaluation's metrics and checkpoint.
 
-    ``run_id_of(tune trial id, task, seed)``: the id of the trial's MLflow run (the driver logged it)."""
+    ``run_id_of(tune trial id, task, seed, hparams)``: the id of the trial's MLflow run (the driver logged it)."""
     records = []
     tables = [(result, _history(result, histories)) for result in grid]
     first_in_process = _first_trial_per_process([rows for _, rows in tables])
@@ -37,7 +37,7 @@ def records_from_results(grid, settings: Settings, plans: dict[str, TaskPlan], h
         if ranked:
             best = max(ranked, key=lambda row: row.checkpoint_rank)  # the first of equal ranks, as idxmax
             _best_evaluation(record, settings, rows, best, first_in_process)
-            record.run_id = run_id_of(trial_id, task, seed) if run_id_of is not None and trial_id else ""
+            record.run_id = run_id_of(trial_id, task, seed, hparams) if run_id_of is not None and trial_id else ""
             record.checkpoint = (_best_checkpoint(best, _checkpoint_dirs(result, train_dir, trial_id))
                                  if train_dir is not None else _remote_best_checkpoint(result, best))
         own_error = _own_error(result, rows)

@@ -90,6 +90,22 @@ def write_submission(settings: Settings, best_dirs: Mapping[str, Path], out_dir:
     return SubmissionResult(_write_zip(Path(out_dir) / SUBMISSION_ZIP, texts), files, skipped)
 
 
+def check_test_files(tasks: list[TaskSpec], data_dir: Path) -> None:
+    """Read every GLUE task's test file(s) now, before any trial: a malformed one is its file:line error
+    at the start of the sweep, not after hours of training."""
+    for spec in tasks:
+        if spec.name not in GLUE_TASKS:
+            continue
+        try:
+            folder, files = find_test_files(spec, data_dir)
+        except DataFormatError:
+            continue
+        for split, path in files.items():
+            read_unlabeled(spec, path, split)
+        if spec.name == DIAGNOSTIC_TASK and diagnostic_file(folder).is_file():
+            read_unlabeled(spec, diagnostic_file(folder), "diagnostic")
+
+
 def _plan(tasks: list[TaskSpec], best_dirs: Mapping[str, Path], data_dir: Path) -> tuple[list[_Job], list[str]]:
     """Every file to predict, read and checked (test files, model folders, their labels), and the skips."""
     jobs: list[_Job] = []

@@ -162,13 +162,13 @@ class SweepTracker(_Tracked):
     ) -> None:
         """Log the result files, the plot and per-task summary metrics, then end the parent run."""
         self._started()
-        for name in ("results.csv", "results.json", "summary.csv", "expected_max.csv"):
+        for name in ("results.csv", "results.json", "summary.csv", "expected_max.csv", "importance.csv"):
             path = Path(out_dir) / name
             if path.is_file():  # text artifacts are scrubbed too: results.json holds error messages
                 self._emit(self._record("text", text=scrub(path.read_text()), artifact_file=name))
-        for picture in (plot, Path(out_dir) / "expected_max.png"):
-            if picture is not None and Path(picture).is_file():
-                self._emit(self._record("artifact", path=str(Path(picture).resolve())))
+        for binary in (plot, Path(out_dir) / "expected_max.png", Path(out_dir) / "glue_submission.zip"):
+            if binary is not None and Path(binary).is_file():
+                self._emit(self._record("artifact", path=str(Path(binary).resolve())))
         now = int(time.time() * 1000)
         metrics = [[k, v, now, 0] for k, v in _summary_metrics(records, summaries).items()]
         self._emit(self._record("metrics", metrics=metrics))
