@@ -79,8 +79,9 @@ def test_runtime_serves_http_and_grpc_as_kserve_expects() -> None:
 
     docs = _docs()
     runtime, isvc = _kind(docs, "ServingRuntime"), _kind(docs, "InferenceService")
-    [model_format] = runtime["spec"]["supportedModelFormats"]
+    model_format, mlflow_format = runtime["spec"]["supportedModelFormats"]
     assert model_format["name"] == "sweep-hf" and model_format["autoSelect"] is True
+    assert mlflow_format == {"name": "mlflow", "autoSelect": False}  # KServe's mlserver claims it unless named
     assert runtime["spec"]["protocolVersions"] == ["v2", "grpc-v2"]
     assert runtime["spec"]["annotations"] == {"prometheus.kserve.io/port": str(DEFAULT_PORT),
                                               "prometheus.kserve.io/path": "/metrics"}
@@ -106,6 +107,22 @@ def test_storage_initializer_credentials() -> None:
     assert ({S3_ENDPOINT, "serving.kserve.io/s3-usehttps", "serving.kserve.io/s3-region"}
             <= set(secret["metadata"]["annotations"]))
     assert secret["stringData"] == {key: PLACEHOLDER for key in S3_KEYS}
+
+
+def test_the_mlflow_variant_is_served_by_this_runtime_from_a_logged_models_files(crds) -> None:
+    """mlflow/inferenceservice.yaml: KServe's `mlflow` format, with the folder's runtime, secret and account."""
+    [variant] = load_yaml_documents(KSERVE / "mlflow" / "inferenceservice.yaml")
+    docs = [d for d in _docs() if d["kind"] != "InferenceService"] + [variant]
+    assert all_errors(docs, crds) == []
+    model = variant["spec"]["predictor"]["model"]
+    assert (model["modelFormat"]["name"], model["runtime"], model["protocolVersion"]) == ("mlflow", "sweep-runtime",
+                                                                                         "v2")
+    assert model["storageUri"].startswith("s3://") and "/mlflow/mlartifacts/" in model["storageUri"]
+    assert model["storageUri"].endswith("/artifacts")  # a logged model's files: MLmodel, model/, components/
+    unnamed = copy.deepcopy(variant)
+    del unnamed["spec"]["predictor"]["model"]["runtime"]  # the format is not auto-selected: KServe's own would win
+    assert any("no ServingRuntime auto-selects 'mlflow'" in e
+               for e in all_errors([d for d in docs if d is not variant] + [unnamed], crds))
 
 
 # ---------------------------------------------------------------------------------------------

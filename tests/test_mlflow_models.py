@@ -132,3 +132,22 @@ def test_mlflow_models_serve_answers_for_the_champion(our_servers, mlflow_server
                     [texts("text", list(PAIRS.text)), texts("text_pair", list(PAIRS.text_pair))])
     assert [p["label"] for p in predictions] == output(served, "label")
     assert [p["score"] for p in predictions] == pytest.approx(output(served, "score"), abs=1e-4)
+
+
+def test_the_logged_models_files_serve_as_a_folder(registered, mlflow_server, tmp_path: Path) -> None:
+    """KServe's `mlflow` format: the storage initializer puts the version's files in /mnt/models, read-only."""
+    from sweep.serving.source import published_name, resolve_model_source
+
+    client = MlflowClient(mlflow_server.url, registry_uri=mlflow_server.url)
+    version = client.get_model_version_by_alias("tiny-RTE", "champion")
+    files = Path(mlflow.artifacts.download_artifacts(client.get_model_version_download_uri("tiny-RTE", version.version),
+                                                     dst_path=str(tmp_path / "mnt"), tracking_uri=mlflow_server.url))
+    assert (files / "MLmodel").is_file()
+    files.chmod(0o555)
+    folder = resolve_model_source(str(files), tmp_path / "cache")
+    exported = registered["RTE"]
+    assert {p.name for p in folder.iterdir()} >= {"config.json", "model.safetensors", "tokenizer.json",
+                                                   "sweep_made_by.json"}
+    assert (folder / "model.safetensors").read_bytes() == (exported / "model.safetensors").read_bytes()
+    assert published_name(folder, str(files)) == published_name(exported, str(exported))
+    assert resolve_model_source(str(files), tmp_path / "cache") == folder  # assembled once

@@ -1,6 +1,7 @@
 """Where the served model comes from, and the name it is published under.
 
-``model=`` is one of: a folder written by a sweep's export (``<out_dir>/best/<TASK>/``), a model
+``model=`` is one of: a folder written by a sweep's export (``<out_dir>/best/<TASK>/``) or an MLflow
+Model's files (the registry's versions: ``MLmodel``, ``model/``, ``components/tokenizer/``), a model
 registry URI ``models:/<name>@<alias>`` (or ``models:/<name>/<version>``), or ``s3://bucket/prefix``.
 Each becomes a local folder; registry and S3 copies are cached under ``cache_dir``.
 """
@@ -27,12 +28,34 @@ def resolve_model_source(source: str, cache_dir: Path, tracking_uri: str | None 
         from sweep.storage.node_cache import download_prefix  # lazily: only S3 users need boto3 set up
 
         dest = Path(cache_dir) / "serve" / "s3" / re.sub(r"[^\w.-]", "_", source[len(S3_SCHEME):].strip("/"))
-        return _require_model_folder(Path(download_prefix(source, dest)), source)
+        local = Path(download_prefix(source, dest))
+        from sweep.tracking.model_flavor import is_logged_model
+
+        return _assembled(local, dest.with_name(dest.name + ".model")) if is_logged_model(local) \
+            else _require_model_folder(local, source)
     if source.startswith(MODELS_SCHEME):
         return _download_registered(source, Path(cache_dir), tracking_uri)
     if "://" in source:
         raise ModelSourceError(f"model={source}: unknown scheme; give a folder, models:/<name>@<alias> or s3://bucket/prefix")
-    return _require_model_folder(Path(source).expanduser(), source)
+    folder = Path(source).expanduser()
+    from sweep.tracking.model_flavor import is_logged_model
+
+    if is_logged_model(folder):  # an MLflow Model's files (KServe's `mlflow` format in /mnt/models, read-only)
+        return _assembled(folder, Path(cache_dir) / "serve" / "mlflow" / re.sub(r"[^\w.-]", "_", str(folder.resolve())))
+    return _require_model_folder(folder, source)
+
+
+def _assembled(logged: Path, dest: Path) -> Path:
+    """The logged model's weights and tokenizer as one folder under the cache, made once."""
+    from sweep.tracking.model_flavor import assemble_model_folder
+
+    if is_model_folder(dest):
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_folder(dest) as folder:
+        assemble_model_folder(logged, folder)
+        _require_model_folder(folder, str(logged))
+    return dest
 
 
 def _require_model_folder(path: Path, source: str) -> Path:
