@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import httpx
@@ -122,7 +123,8 @@ def test_a_lora_sweep_over_ranks_exports_a_merged_model_that_serves_and_its_adap
 
     out = tmp_path / "out"
     r = sweep_cmd("experiment=demo", "train.method=lora", "+sweep.grid.lora.r=[2,8]", "sweep.seeds=[38]",
-                  "train.epochs=2", "train.evals_per_epoch=2", f"out_dir={out}", cwd=tmp_path, cache=tmp_path / "cache")
+                  "train.epochs=2", "train.evals_per_epoch=2", "sweep.predict_test=true", f"out_dir={out}",
+                  cwd=tmp_path, cache=tmp_path / "cache")
     assert r.returncode == 0, r.stderr[-3000:]
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert sorted(int(row["hp.lora.r"]) for row in rows) == [2, 8]
@@ -136,8 +138,20 @@ def test_a_lora_sweep_over_ranks_exports_a_merged_model_that_serves_and_its_adap
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     version = client.get_model_version_by_alias("tiny-roberta-WNLI", "champion")
-    registered = {a.path for a in client.list_artifacts(version.run_id, "model")}
-    assert {"model/config.json", "model/adapter"} <= registered and "model/training_state.pt" not in registered
+    model_id = version.source.removeprefix("models:/")
+    registered = {a.path for a in client.list_logged_model_artifacts(model_id)}
+    assert {"MLmodel", "model", "adapter"} <= registered
+    assert {a.path for a in client.list_logged_model_artifacts(model_id, "adapter")} >= {
+        "adapter/adapter_config.json", "adapter/adapter_model.safetensors"}
+    # sweep.predict_test: the best model's predictions on WNLI's test split, GLUE's layout, zipped
+    with zipfile.ZipFile(out / "glue_submission.zip") as submission:
+        assert submission.namelist() == ["WNLI.tsv"]
+        lines = submission.read("WNLI.tsv").decode().splitlines()
+    test_rows = (tmp_path / "cache").rglob("WNLI/test.tsv")
+    assert lines[0] == "index\tprediction" and len(lines) == len(next(test_rows).read_text().splitlines())
+    assert {line.split("\t")[1] for line in lines[1:]} <= {"0", "1"}
+    # the grid varied one key, over too few trials to rank it: one line, not an error
+    assert "importance: WNLI: needs at least 4 finished trials" in r.stdout
 
     with serving({"lora": start_server("lora", best, tmp_path / "serve.log", tmp_path / "cache")}) as servers:
         url = servers["lora"].url

@@ -52,8 +52,16 @@ def test_sweep_logs_parent_nested_runs_and_registers_the_best(store, request, lo
 
     version = client.get_model_version_by_alias("tiny-roberta-WNLI", "champion")
     assert version.run_id in {t.info.run_id for t in trials}
-    registered = {a.path for a in client.list_artifacts(version.run_id, "model")}
-    assert "model/config.json" in registered and "model/training_state.pt" not in registered
+    # an MLflow Model (transformers flavor) logged on the best trial's run, its files once, no optimizer state
+    model_id = version.source.removeprefix("models:/")
+    assert client.get_logged_model(model_id).source_run_id == version.run_id
+    files = {a.path for a in client.list_logged_model_artifacts(model_id, "model")}
+    assert "model/config.json" in files and not any("training_state" in f for f in files)
+    assert client.list_artifacts(version.run_id) == []
+    # what the UI shows: a model-development experiment, trials named by task and seed, task and seed as params
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert sorted(t.info.run_name for t in trials) == ["WNLI seed 38", "WNLI seed 39"]
+    assert all(t.data.params["task"] == "WNLI" for t in trials)
     assert "now champion" in first
 
     # the same sweep again scores the same: the alias stays and the summary says so

@@ -89,6 +89,8 @@ def log_best_model(uri: str, run_id: str, model_dir: Path, spec: TaskSpec):
     import mlflow
     from transformers import pipeline
 
+    from sweep.train.adapters import ADAPTER_FOLDER
+
     model_dir = Path(model_dir)
     made_by = json.loads((model_dir / MADE_BY).read_text()) if (model_dir / MADE_BY).is_file() else {}
     task = pipeline_task(spec)
@@ -96,10 +98,14 @@ def log_best_model(uri: str, run_id: str, model_dir: Path, spec: TaskSpec):
     example = input_example(spec)
     generation = GENERATION if task == "text-generation" else None
     with tracking_at(uri), mlflow.start_run(run_id=run_id, log_system_metrics=False):
-        return mlflow.transformers.log_model(
+        info = mlflow.transformers.log_model(
             pipe, name="model", task=task, signature=model_signature(pipe, example, generation),
             input_example=example, pip_requirements=pip_requirements(), model_config=generation,
             metadata={METADATA_KEY: made_by})
+    adapter = model_dir / ADAPTER_FOLDER
+    if adapter.is_dir():  # LoRA: the adapter (MiBs, not the model's GiBs) beside the merged model it made
+        mlflow.MlflowClient(uri).log_model_artifacts(info.model_id, str(adapter), ADAPTER_FOLDER)
+    return info
 
 
 def is_logged_model(folder: Path) -> bool:
