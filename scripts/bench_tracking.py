@@ -21,8 +21,15 @@ metric's history points: a run or point missing (e.g. left in the spool) makes t
 No Ray cluster is started (only ``ray.tune.Callback`` is imported). Reports are fed as fast as the
 hooks take them, the worst case for the backlog.
 
+With ``--models N``, each store also registers a task's best model N times both ways, on the same
+exported folder (a tiny RoBERTa classifier, or ``--model-dir``): as loose run artifacts (``log_artifacts``
++ a ``runs:/`` version, how versions were registered before) and as an MLflow Model (``register_best``:
+the transformers flavor, signature, input example). Reported per registration and, as a sweep pays it
+once per task, per trial of a task with ``--trials`` trials, beside the trials' own logging.
+
     python scripts/bench_tracking.py                       # 8 trials x 20 evaluations, sqlite and server
     python scripts/bench_tracking.py --stores sqlite --trials 16 --evals 50
+    python scripts/bench_tracking.py --models 5            # and the cost of the flavor logging
 """
 
 from __future__ import annotations
@@ -173,7 +180,8 @@ def before(tracking: TrialTracking, settings, trials: int, evals: int, launch_id
     for k in range(trials):
         trial_id, seed = f"bench{k:05d}", 100 + k
         logger = TrialLogger(
-            tracking.uri, tracking.experiment_id, tracking.parent_run_id, run_name=run_name(TASK, seed, trial_id),
+            tracking.uri, tracking.experiment_id, tracking.parent_run_id,
+            run_name=run_name(TASK, seed, {}, trial_id, sampled=False),
             params={"task": TASK, "seed": seed, **asdict(settings.train)},
             tags={"sweep.trial_id": trial_id, "sweep.hparams": "{}"},
             experiment_name=tracking.experiment_name, spool_dir=tracking.spool_dir)
@@ -295,10 +303,45 @@ def bench_store(store: str, work: Path, settings, args) -> dict[str, Any]:
                   f"{', spool holds ' + ', '.join(s['spooled_files']) if s['spooled_files'] else ''}: "
                   f"{'complete' if s['complete'] else 'INCOMPLETE'}", flush=True)
             out[mode] = row
+        if args.models:
+            out["models"] = bench_models(uri, args.model_dir, args.models)
         return out
     finally:
         if server:
             server.stop()
+
+
+def bench_models(uri: str, model_dir: Path, repeats: int) -> dict[str, Any]:
+    """Seconds per registration of ``model_dir``: loose artifacts vs the transformers flavor (median of ``repeats``)."""
+    from mlflow import MlflowClient
+
+    from sweep.config.tasks import load_task
+    from sweep.tracking import ensure_experiment, register_best
+
+    client = MlflowClient(uri, registry_uri=uri)
+    experiment = ensure_experiment(client, "bench-models", uri)
+    spec = load_task(TASK)
+
+    def finished_run() -> str:
+        run = client.create_run(experiment)
+        client.set_terminated(run.info.run_id)
+        return run.info.run_id
+
+    def loose() -> None:
+        run_id = finished_run()
+        client.log_artifacts(run_id, str(model_dir), "model")
+        client.create_model_version("bench-loose", f"runs:/{run_id}/model", run_id=run_id)
+
+    client.create_registered_model("bench-loose")
+    register_best(uri, "bench-warm-up", spec, finished_run(), model_dir, 0.5)  # pipeline imports, paid by neither
+    times: dict[str, list[float]] = {"loose": [], "flavor": []}
+    for _ in range(repeats):
+        for mode, call in (("loose", loose),
+                           ("flavor", lambda: register_best(uri, "bench", spec, finished_run(), model_dir, 0.5))):
+            t0 = time.perf_counter()
+            call()
+            times[mode].append(time.perf_counter() - t0)
+    return {mode: statistics.median(values) for mode, values in times.items()}
 
 
 def ratio(a: float, b: float) -> float | None:
@@ -312,6 +355,8 @@ def main() -> int:
     p.add_argument("--stores", nargs="+", choices=("sqlite", "server"), default=["sqlite", "server"])
     p.add_argument("--server-workers", type=int, default=1, help="mlflow server --workers")
     p.add_argument("--out", type=Path, default=ROOT / "bench_results" / "tracking.json")
+    p.add_argument("--models", type=int, default=0, help="also register a best model this many times each way")
+    p.add_argument("--model-dir", type=Path, help="the exported model to register (default: a tiny classifier)")
     args = p.parse_args()
 
     # one evaluation per epoch, as the demo: the step logged is the epoch
@@ -320,6 +365,14 @@ def main() -> int:
     load0 = os.getloadavg()
     results: dict[str, Any] = {}
     try:
+        if args.models and args.model_dir is None:
+            from sweep.train.tiny_exports import export_tiny_classifier
+
+            args.model_dir = export_tiny_classifier(work / "best" / TASK, work / "cache")
+        if args.models:
+            from sweep.disk import folder_size
+
+            model_mib = folder_size(args.model_dir) / 2**20  # now: the work folder goes at the end
         for store in args.stores:
             t0 = time.perf_counter()
             results[store] = bench_store(store, work / store, settings, args)
@@ -371,6 +424,18 @@ def main() -> int:
         x = ratios[store]
         print(f"{store:<7} {'':<26} {0:>16.2f}x {x['event_loop_vs_trial_blocked']:>26.4f}x "
               f"{x['driver_cpu_vs_trial_cpu']:>12.2f}x {x['wall']:>6.2f}x")
+
+    if args.models:
+        print()
+        print(f"registering the best model ({args.model_dir}, {model_mib:.1f} MiB), median of {args.models}: per "
+              f"registration, and per trial of a task of {args.trials} trials (one registration per task)")
+        print(f"{'store':<7} {'loose s':>8} {'flavor s':>9} {'flavor/loose':>13} {'flavor per trial ms':>20} "
+              f"{'trial logging per trial ms':>27}")
+        for store, r in results.items():
+            m = r["models"]
+            own = r["after"]["driver_cpu_ms_per_eval"] * args.evals  # the driver's CPU for one trial's evaluations
+            print(f"{store:<7} {m['loose']:>8.3f} {m['flavor']:>9.3f} {m['flavor'] / m['loose']:>12.2f}x "
+                  f"{m['flavor'] / args.trials * 1000:>20.1f} {own:>27.1f}")
 
     complete = all(r[m]["store"]["complete"] for r in results.values() for m in ("before", "after"))
     args.out.parent.mkdir(parents=True, exist_ok=True)

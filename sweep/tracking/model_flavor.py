@@ -84,6 +84,20 @@ def tracking_at(uri: str) -> Iterator[None]:
             os.environ["HF_HUB_OFFLINE"] = offline
 
 
+@contextmanager
+def _quiet_flavor() -> Iterator[None]:
+    """Without the flavor's warnings about a model card and a license on the hub: an exported folder has neither."""
+    import logging
+
+    flavor = logging.getLogger("mlflow.transformers")
+    level = flavor.level
+    flavor.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        flavor.setLevel(level)
+
+
 def log_best_model(uri: str, run_id: str, model_dir: Path, spec: TaskSpec):
     """Log the exported ``model_dir`` with the transformers flavor on ``run_id``; MLflow's ``ModelInfo``."""
     import mlflow
@@ -97,7 +111,7 @@ def log_best_model(uri: str, run_id: str, model_dir: Path, spec: TaskSpec):
     pipe = pipeline(task, model=str(model_dir), tokenizer=str(model_dir), device="cpu")
     example = input_example(spec)
     generation = GENERATION if task == "text-generation" else None
-    with tracking_at(uri), mlflow.start_run(run_id=run_id, log_system_metrics=False):
+    with tracking_at(uri), _quiet_flavor(), mlflow.start_run(run_id=run_id, log_system_metrics=False):
         info = mlflow.transformers.log_model(
             pipe, name="model", task=task, signature=model_signature(pipe, example, generation),
             input_example=example, pip_requirements=pip_requirements(), model_config=generation,
