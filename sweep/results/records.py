@@ -26,6 +26,7 @@ from sweep.remote_files import fetch_folder, is_remote
 from sweep.trials import TRAINING_STATE
 
 MADE_BY = "sweep_made_by.json"  # written beside an exported model: how it was made
+ADAPTER_FOLDER = "adapter"  # best/<TASK>/adapter/: a LoRA export's adapter and head beside the merged model
 
 
 def registry_name(*parts: str) -> str:

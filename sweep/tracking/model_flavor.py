@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sweep.config.tasks import TaskSpec
-from sweep.results.records import MADE_BY
+from sweep.results.records import ADAPTER_FOLDER, MADE_BY
 
 # Greedy, the new tokens only: what `python -m sweep.serve` answers at temperature 0 (a caller's
 # `params` of the same names change them per request).
@@ -102,8 +102,6 @@ def log_best_model(uri: str, run_id: str, model_dir: Path, spec: TaskSpec):
     """Log the exported ``model_dir`` with the transformers flavor on ``run_id``; MLflow's ``ModelInfo``."""
     import mlflow
     from transformers import pipeline
-
-    from sweep.train.adapters import ADAPTER_FOLDER
 
     model_dir = Path(model_dir)
     made_by = json.loads((model_dir / MADE_BY).read_text()) if (model_dir / MADE_BY).is_file() else {}

@@ -19,9 +19,9 @@ import torch
 from sweep.config.settings import TrainConfig
 from sweep.config.tasks import TaskSpec
 from sweep.errors import ConfigError
+from sweep.results.records import ADAPTER_FOLDER
 
 ADAPTER_CONFIG = "adapter_config.json"  # PEFT's: a checkpoint folder holding an adapter, not a whole model
-ADAPTER_FOLDER = "adapter"  # best/<TASK>/adapter/: the adapter and head beside the merged model
 
 # PEFT 0.21 reads transformers' deprecated is_gradient_checkpointing on every wrap and save: noise in a sweep's log.
 warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
