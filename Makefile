@@ -14,7 +14,18 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
+# A Chromium for the UI tests (tests/test_mlflow_ui.py, tests/helpers/browser.py): Playwright (dev extra)
+# drives Debian's `chromium` via executable_path, since `playwright install` cannot download its own
+# browsers here. Installed with apt-get when missing (as root); otherwise a line says what to install
+# (those tests skip without it).
 $(STAMP): pyproject.toml
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium) \
+	      || echo "WARNING: apt-get install chromium failed: the MLflow UI tests will skip"; \
+	  else \
+	    echo "NOTE: no chromium: install Debian's (sudo apt-get install --no-install-recommends chromium) for the MLflow UI tests"; \
+	  fi; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"

@@ -63,6 +63,8 @@ def test_sweep_logs_parent_nested_runs_and_registers_the_best(store, request, lo
     assert sorted(t.info.run_name for t in trials) == ["WNLI seed 38", "WNLI seed 39"]
     assert all(t.data.params["task"] == "WNLI" for t in trials)
     assert "now champion" in first
+    if store == "server":  # what a user opens: the runs table and the model page, in a real browser
+        see_it_in_the_browser(uri, exp.experiment_id, parent, trials, version.version, tmp_path)
 
     # the same sweep again scores the same: the alias stays and the summary says so
     run(compose_cfg(*args, f"out_dir={tmp_path / 'two'}"), tmp_path / "two")
@@ -78,6 +80,25 @@ def test_sweep_logs_parent_nested_runs_and_registers_the_best(store, request, lo
         for path in tmp_path.rglob("*"):
             if path.is_file() and "mlartifacts" in str(path) or path.name == "mlflow.db":
                 assert SECRET.encode() not in path.read_bytes(), path
+
+
+def see_it_in_the_browser(url: str, experiment_id: str, parent, trials, champion: str, tmp_path) -> None:
+    """MLflow's UI (headless Chromium): each trial's row with its name and task metric under the sweep's
+    parent, and the model page with `champion` on the version the sweep registered."""
+    from tests.helpers.browser import (
+        browser_page,
+        mlflow_metric_text,
+        open_mlflow_runs,
+        registered_model_url,
+        wait_for_rows,
+    )
+
+    with browser_page(60) as page:
+        open_mlflow_runs(page, url, experiment_id, parent.info.run_name, columns=["acc"], timeout_s=60)
+        wait_for_rows(page, [[t.info.run_name, mlflow_metric_text(t.data.metrics["acc"])] for t in trials], 60,
+                      screenshot=tmp_path / "runs.png")
+        page.goto(registered_model_url(url, "tiny-roberta-WNLI"), wait_until="domcontentloaded")
+        wait_for_rows(page, [[f"Version {champion}", "champion"]], 60, screenshot=tmp_path / "model.png")
 
 
 def test_unreachable_tracking_server_stops_before_any_trial(tmp_path):

@@ -5,20 +5,33 @@ Playwright's own browser downloads are never used (``playwright install`` cannot
 ``executable_path`` points at the system ``chromium``. The tests run as root, hence ``--no-sandbox``;
 ``--disable-dev-shm-usage`` because containers often have a tiny /dev/shm.
 
-MLflow 3.17's UI is a hash-routed single-page app:
+What MLflow 3.17.2's UI (a hash-routed single-page app) needs, as found with this helper:
 
-- ``<server>/#/experiments/<id>/runs``: the experiment's runs table (``/#/experiments/<id>`` alone opens
-  the experiment's overview for some experiment kinds, so the helpers name the runs tab explicitly);
-- ``<server>/#/models/<name>``: a registered model's page, its versions table with their aliases.
+- ``<server>/#/experiments/<id>/runs`` is the runs table ("Training runs"). ``/#/experiments/<id>`` alone
+  opens the experiment's Overview (Usage/Quality/Tool calls of traces), even for an experiment tagged
+  ``mlflow.experimentKind=custom_model_development``; so the helpers name the runs tab.
+- Nested runs (tag ``mlflow.parentRunId``) are listed collapsed under their parent: the parent's Run Name
+  cell has an expander button to click (``expand_child_runs``). No URL parameter expands them
+  (``runsExpanded`` is kept in the browser's local storage and left out of shared views).
+- Metric and param columns are hidden by default (the default columns are Dataset, Source, Models):
+  "Columns" menu, click the key's entry (``show_run_columns``). A shared view (experiment tag
+  ``mlflow.sharedViewState.<key>`` = JSON ``{"selectedColumns": ["metrics.`acc`"]}``, opened with
+  ``?viewStateShareKey=<key>``) shows them too, but writes to the experiment.
+- A metric shows every digit, as JavaScript's ``String(value)`` (``mlflow_metric_text``).
+- ``<server>/#/models/<name>`` is a registered model's page: rows "Version 2 | <date> | ... | @ champion".
+- The body's innerText lists the runs table column block by column block (pinned run names first, then
+  the values), so a name and its value are paired by ``grid_rows``, which joins a row's parts.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -28,11 +41,18 @@ VIEWPORT = {"width": 1920, "height": 1200}  # wide enough that the runs table sh
 
 
 def chromium_path() -> str:
-    """The system Chromium's path; skips the test when neither it nor Playwright is installed."""
-    pytest.importorskip("playwright.sync_api", reason="playwright is in the dev extra: make install")
+    """The system Chromium's path; skips the test when neither it nor Playwright is installed, except in
+    CI (CI=true), where `make install` must have put both there: a UI test that silently skips proves nothing."""
+    missing = None
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        missing = "no playwright (it is in the dev extra: make install)"
     path = shutil.which("chromium")
     if path is None:
-        pytest.skip("no `chromium` on PATH (make install puts Debian's there: apt-get install chromium)")
+        missing = "no `chromium` on PATH (make install puts Debian's there: apt-get install chromium)"
+    if missing:
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(missing)
     return path
 
 
@@ -100,30 +120,136 @@ def save_screenshot(page, path: Path) -> Path:
     return path
 
 
-def rendered_text(url: str, wait_for: list[str], timeout_s: float = 60, *, screenshot: Path | None = None,
-                  interact: Callable | None = None) -> str:
-    """Open ``url`` in headless Chromium, wait until every string of ``wait_for`` is in the page's text,
-    and return the body's ``innerText``.
+def grid_rows(page) -> list[str]:
+    """The text of each table row on the page, one string per row, its cells joined by `` | ``.
 
-    ``interact(page)``, when given, runs after the page loaded and before the wait (e.g. expanding a
-    row). On timeout: AssertionError with the URL and the page text's tail (and a screenshot if asked)."""
+    MLflow's runs table (ag-grid) splits a row into a pinned part (checkbox, run name) and a scrolling
+    part (metrics, params), two ``role=row`` elements of one ``aria-rowindex``: they are joined here, so
+    a run's name and its metric values are in one string. Plain ``<tr>`` rows (the registered model's
+    versions table) are one string each."""
+    return page.evaluate(
+        """() => {
+            const rows = new Map();
+            document.querySelectorAll('[role="row"], tr').forEach((row, i) => {
+                const key = row.getAttribute('aria-rowindex') ?? `tr-${i}`;
+                const cells = [...row.querySelectorAll('[role="gridcell"], [role="cell"], td, th')];
+                const texts = (cells.length ? cells : [row]).map(c => c.innerText.replace(/\\s+/g, ' ').trim());
+                rows.set(key, [...(rows.get(key) ?? []), ...texts.filter(t => t)]);
+            });
+            return [...rows.values()].map(texts => texts.join(' | ')).filter(t => t);
+        }"""
+    )
+
+
+def wait_for_rows(page, expected: list[list[str]], timeout_s: float = 60, *, screenshot: Path | None = None,
+                  poll_s: float = 0.25) -> list[str]:
+    """Poll until, for each entry of ``expected``, one table row holds all of its strings (a run's name and
+    its metric value); return the rows. On timeout: AssertionError with the unmatched entries, the URL and
+    the rows."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            rows = grid_rows(page)
+        except Exception:  # navigating: read again
+            rows = []
+        missing = [want for want in expected if not any(all(s in row for s in want) for row in rows)]
+        if not missing:
+            return rows
+        if time.monotonic() >= deadline:
+            if screenshot is not None:
+                save_screenshot(page, screenshot)
+            shown = "\n".join(rows) or page_text(page)[-3000:]
+            raise AssertionError(f"no row on {page.url} after {timeout_s:.0f} s holds {missing!r}\n"
+                                 f"--- rows ---\n{shown}")
+        time.sleep(poll_s)
+
+
+def rendered_text(url: str, wait_for: list[str], timeout_s: float = 60, *, screenshot: Path | None = None) -> str:
+    """Open ``url`` in a fresh headless Chromium, wait until every string of ``wait_for`` is in the page's
+    text, and return the body's ``innerText``. On timeout: AssertionError with the URL and the text's tail
+    (and a screenshot to ``screenshot``, when given)."""
     with browser_page(timeout_s) as page:
         page.goto(url, wait_until="domcontentloaded")
-        if interact is not None:
-            interact(page)
         return wait_for_text(page, wait_for, timeout_s, url=url, screenshot=screenshot)
 
 
-def mlflow_runs_text(server_url: str, experiment_id: str, wait_for: list[str], timeout_s: float = 60, *,
-                     expand_parents: bool = True, screenshot: Path | None = None) -> str:
-    """The rendered text of an experiment's runs table, with nested (child) runs made visible.
+# --- MLflow 3.17's runs table -------------------------------------------------------------------------
 
-    MLflow's table shows a parent run's children collapsed under it; ``expand_parents`` clicks each
-    parent row's expander until no collapsed one is left."""
-    return rendered_text(experiment_runs_url(server_url, experiment_id), wait_for, timeout_s,
-                         screenshot=screenshot, interact=expand_child_runs if expand_parents else None)
+RUN_NAME_CELL = '[role="gridcell"][col-id="attributes.`Run Name`"]'
 
 
-def expand_child_runs(page, timeout_s: float = 30) -> None:
-    """Expand every collapsed parent run of the runs table (no-op once the table has no collapsed row)."""
-    raise NotImplementedError  # filled in below once the UI is inspected
+def expand_child_runs(page, rounds: int = 5) -> int:
+    """Expand every parent run of the runs table; return how many rows were expanded.
+
+    MLflow lists a run with a ``mlflow.parentRunId`` tag under its parent, collapsed: the parent's Run Name
+    cell holds an expander button (the only button in that cell; its children's cells have none). Each
+    parent is clicked once (a fresh browser profile starts with all collapsed; a second click would
+    collapse it), again for parents that the first clicks revealed (nested sweeps), up to ``rounds``
+    times. Only rows that ag-grid rendered are seen: enough for the few runs of a test."""
+    expanded: set[str] = set()
+    for _ in range(rounds):
+        clicked = 0
+        cells = page.locator(RUN_NAME_CELL).filter(has=page.locator("button"))
+        for i in range(cells.count()):
+            cell = cells.nth(i)
+            run = cell.locator("a").first.get_attribute("href") or f"row-{i}"
+            if run in expanded:
+                continue
+            cell.locator("button").first.click()
+            expanded.add(run)
+            clicked += 1
+        if not clicked:
+            break
+        page.wait_for_timeout(300)  # the children's rows render
+    return len(expanded)
+
+
+def show_run_columns(page, names: list[str]) -> None:
+    """Show the runs table's columns of these metric or param keys (by default MLflow 3 shows only the
+    attributes Dataset, Source and Models): open the "Columns" menu and click each key's entry (a tree
+    node titled with the key), unless a column of that key is already shown."""
+    missing = [name for name in names
+               if not page.locator(f'[role="columnheader"][col-id$=".`{name}`"]').count()]
+    if not missing:
+        return
+    page.get_by_role("button", name="Columns").click()
+    for name in missing:
+        page.locator(f'span[title="{name}"]').first.click()
+    page.keyboard.press("Escape")
+
+
+def open_mlflow_runs(page, server_url: str, experiment_id: str, first_run: str, *, columns: Sequence[str] = (),
+                     expand: bool = True, timeout_s: float = 60) -> None:
+    """Open an experiment's runs table on ``page`` as a user would read it: wait for the run named
+    ``first_run`` (a top-level run: the parent of a sweep), expand the parents, show ``columns``."""
+    url = experiment_runs_url(server_url, experiment_id)
+    page.goto(url, wait_until="domcontentloaded")
+    wait_for_text(page, [first_run], timeout_s, url=url)
+    if expand:
+        expand_child_runs(page)
+    if columns:
+        show_run_columns(page, list(columns))
+
+
+def mlflow_metric_text(value: float) -> str:
+    """A metric value as the runs table shows it: JavaScript's ``String(number)``, every digit kept (no
+    rounding: 0.123456789 shows as such). Python's ``repr`` has the same shortest round-trip digits but
+    other rules for where to write an exponent (JavaScript: below 1e-6 or from 1e21 on; ``1e-7``, ``0.00005``,
+    ``2``, where Python writes ``1e-07``, ``5e-05``, ``2.0``)."""
+    value = float(value)
+    if value != value or value in (float("inf"), float("-inf")):
+        return {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}[repr(value)]
+    if value == 0:
+        return "0"
+    sign, digit_tuple, exponent = Decimal(repr(abs(value))).normalize().as_tuple()
+    digits = "".join(map(str, digit_tuple))
+    k, n = len(digits), exponent + len(digits)  # value = 0.<digits> * 10**n
+    minus = "-" if value < 0 else ""
+    if k <= n <= 21:
+        return minus + digits + "0" * (n - k)
+    if 0 < n <= 21:
+        return minus + digits[:n] + "." + digits[n:]
+    if -6 < n <= 0:
+        return minus + "0." + "0" * -n + digits
+    mantissa = digits if k == 1 else digits[0] + "." + digits[1:]
+    return f"{minus}{mantissa}e{'+' if n - 1 > 0 else '-'}{abs(n - 1)}"
