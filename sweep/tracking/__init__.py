@@ -1,10 +1,11 @@
 """Experiment tracking over MLflow's client API: a parent run per sweep, a nested run per trial, the registry.
 
 Trials log from other processes (Ray workers), so every call names its run id through an
-``MlflowClient``; nothing relies on MLflow's global active run. Everything that reaches the store
-(params, tags, text artifacts, error messages) goes through ``scrub`` first, and params whose key
-looks like a credential are dropped. Calls retry with jittered backoff on a locked sqlite file or
-a transient server error, so concurrent trials can share one store.
+``MlflowClient``; nothing relies on MLflow's global active run (but ``model_flavor``, on the driver: the
+flavor's ``log_model`` exists only in the fluent API, so it sets the URI for the call and restores it).
+Everything that reaches the store (params, tags, text artifacts, error messages) goes through ``scrub``
+first, and params whose key looks like a credential are dropped. Calls retry with jittered backoff on
+a locked sqlite file or a transient server error, so concurrent trials can share one store.
 
 A store that stops answering during a sweep does not stop it: with a spool folder (the sweep's
 ``out_dir/mlflow-unsent``) every call after the parent's start that gets no answer is kept on disk
@@ -18,6 +19,8 @@ what is left is one file for ``sweep replay FILE [--uri URI]`` (sweep/cli/replay
 - ``parent.py``:    the driver's ``SweepTracker`` (the parent run), ``TrialTracking``, ``saved_parent``, summary metrics
 - ``trial_run.py``: a trial's ``TrialLogger`` (its nested run, tagged with node and device)
 - ``registry.py``:  ``register_best``: a new model version, alias champion only when it beats the champion
+- ``model_flavor.py``: the best model as an MLflow Model (transformers flavor) on its trial's run; a logged
+                    model's files back into one folder for the server
 - ``replaying.py``: ``replay`` kept calls into a store (the command: ``sweep replay``)
 
 What other modules import is re-exported here: ``from sweep.tracking import SweepTracker``.
