@@ -78,3 +78,16 @@ def test_the_end_of_a_sweep_writes_the_curves_plots_them_and_says_a_line_per_tas
     out = capsys.readouterr().out
     assert "RTE: best of 1 0.6750 ± " in out and "RTE [lr=0.1]: best of 1 0.5500" in out
     assert "WNLI: no finished trials" in out
+
+
+def test_a_point_of_one_trial_has_no_curve_of_its_own():
+    """A search's samples are each their own point: only the task's curve, and the grid points that repeat."""
+    from sweep.config.tasks import load_task
+    from sweep.results.expected_max import sweep_curves
+    from sweep.results.records import TrialRecord
+
+    searched = [TrialRecord("RTE", 1, hparams={"lr": lr}, score=s) for lr, s in ((1e-5, 0.6), (3e-5, 0.7), (1e-4, 0.5))]
+    assert [(c.task, c.point) for c in sweep_curves(searched, [load_task("RTE")])] == [("RTE", "")]
+    grid = [TrialRecord("RTE", seed, hparams={"lr": lr}, score=0.5 + seed / 10)
+            for lr in (1e-5, 2e-5) for seed in (1, 2)]
+    assert [c.point for c in sweep_curves(grid, [load_task("RTE")])] == ["", "lr=1e-05", "lr=2e-05"]

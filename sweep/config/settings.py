@@ -103,6 +103,8 @@ class SweepConfig:
     grid: dict[str, Any] = field(default_factory=dict)  # train key -> values; lora.r nests until validate flattens it
     search: dict[str, Any] = field(default_factory=dict)  # train key -> {dist, low, high | values}
     num_samples: int = 1
+    search_alg: str = "random"  # random (Tune's sampling) | optuna (a TPE study per task that learns from the scores)
+    search_seed: Optional[int] = None  # the optuna sampler's seed: the same points again
     scheduler: str = "fifo"
     halving: HalvingConfig = field(default_factory=HalvingConfig)
     max_failures: int = 2

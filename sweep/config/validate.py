@@ -40,6 +40,7 @@ CHOICES = {
     "train.method": METHODS,
     "sweep.keep_checkpoints": ("best", "all"),
     "sweep.scheduler": ("fifo", "asha", "seed_halving"),
+    "sweep.search_alg": ("random", "optuna"),
     "sweep.search.dist": ("loguniform", "uniform", "choice"),
     "storage.kind": ("local", "s3"),
     "tracking.kind": ("none", "mlflow"),
@@ -101,6 +102,10 @@ def _check_ranges(s: Settings) -> None:
     _check_choice("sweep.scheduler", s.sweep.scheduler)
     _check_halving(s.sweep.halving)
     _check(s.sweep.num_samples >= 1, "sweep.num_samples", f"must be >= 1, got {s.sweep.num_samples}")
+    _check_choice("sweep.search_alg", s.sweep.search_alg)
+    _check(s.sweep.search_alg != "optuna" or bool(s.sweep.search), "sweep.search_alg",
+           "optuna needs a search space to learn over, e.g. '+sweep.search.lr={dist: loguniform, low: 1e-5, "
+           "high: 1e-3}' sweep.num_samples=20")
     _check(s.sweep.max_failures >= 0, "sweep.max_failures", f"must be >= 0, got {s.sweep.max_failures}")
     _check_hparams(s)
 

@@ -7,4 +7,5 @@
 - ``scale.py``:       what an autoscaling cluster can grow to, the node wait and its texts
 - ``rungs.py``:       the rung rules: a ranking without ties, ASHA's cut, seed halving's verdicts
 - ``rung_boards.py``: the rungs boards per task (ASHA, seed halving) the trials ask after each evaluation
+- ``task_studies.py``: sweep.search_alg=optuna: a TPE study per task, its state for a resumed driver
 """

@@ -82,8 +82,9 @@ def sweep_curves(records, specs) -> list[Curve]:
         points: dict[str, list[float]] = {}
         for r in done:
             points.setdefault(_point_name(r.hparams), []).append(r.score)
-        if len(points) > 1:
-            curves += [Curve(spec.name, name, expected_max(scores, higher)) for name, scores in sorted(points.items())]
+        if len(points) > 1:  # a point of one trial has no curve (a search's samples are each their own point)
+            curves += [Curve(spec.name, name, expected_max(scores, higher))
+                       for name, scores in sorted(points.items()) if len(scores) > 1]
     return curves
 
 

@@ -3,6 +3,7 @@
 - ``autoscale.py``:   the autoscaler read from a live cluster: what it can launch, what it is launching
 - ``cluster_request.py``: one standing autoscaler request per cluster, the sum of every sweep's
 - ``gate.py``:        Tune's trial generator in dispatch order, shut while a DDP trial places its workers
+- ``optuna_search.py``: sweep.search_alg=optuna: Tune's searcher over plan/task_studies, same order and gate
 - ``connect.py``:     join the cluster or start a local Ray; the alive nodes (listed here only)
 - ``sweep_plan.py``:  the driver's ``SweepPlan`` before any trial: storage, every node staged, sizes, order, ETA
 - ``tuner.py``:       one Tune run for every trial (or resume it): the trainable, callbacks, the Tuner, fit

@@ -121,16 +121,23 @@ def make_tuner(settings: Settings, plan: SweepPlan, callbacks: list, launch_id: 
         return tuner
     if settings.resume:
         print(f"resume: nothing to resume in {experiment}; starting the sweep")
+    ddp_tasks = {t for t, s in plan.sizes.items() if not s.in_trial_process}
+    # a trial paused at the seed-halving rung still counts as live for the generator's limit: it must
+    # hand out every seed (the resources limit)
+    concurrency = 0 if settings.sweep.scheduler == "seed_halving" else plan.concurrency
+    if settings.sweep.search_alg == "optuna":
+        # Tune asks the searcher once per sample: every trial of the sweep is one
+        space, samples = {}, len(plan.dispatch.order) * settings.sweep.num_samples
+        search = optuna_search(settings, plan.dispatch.order, ddp_tasks, concurrency)
+    else:  # the dispatch order as given; no trial after a DDP one until its workers are placed
+        space, samples = param_space(settings, plan.dispatch.order), settings.sweep.num_samples
+        search = DdpFirst(ddp_tasks, concurrency)
     return tune.Tuner(
         trainable,
-        param_space=param_space(settings, plan.dispatch.order),
+        param_space=space,
         tune_config=tune.TuneConfig(
-            num_samples=settings.sweep.num_samples,
-            # the dispatch order as given; no trial after a DDP one until its workers are placed
-            search_alg=DdpFirst({t for t, s in plan.sizes.items() if not s.in_trial_process},
-                                # a trial paused at the seed-halving rung still counts as live for the
-                                # generator's limit: it must hand out every seed (the resources limit)
-                                0 if settings.sweep.scheduler == "seed_halving" else plan.concurrency),
+            num_samples=samples,
+            search_alg=search,
             # A trial's driver process serves the next trial: no new process, no re-import.
             reuse_actors=True,
             **_tune_scheduler(settings, rungs_board),
@@ -140,6 +147,19 @@ def make_tuner(settings: Settings, plan: SweepPlan, callbacks: list, launch_id: 
             callbacks=callbacks, **retries_and_checkpoints(settings, plan.sizes),
         ),
     )
+
+
+def optuna_search(settings: Settings, order: Sequence[TrialWork], ddp_tasks: set[str], concurrency: int):
+    """sweep.search_alg=optuna: the trial points in the dispatch order, ``num_samples`` rounds of them,
+    each given its search point by its task's TPE study (run/optuna_search.py)."""
+    from ray.tune.search import ConcurrencyLimiter
+
+    from sweep.run.optuna_search import TaskOptunaSearch
+
+    points = grid_points(settings)
+    trials = [point_of(t.task, t.seed, points[t.point]) for t in order] * settings.sweep.num_samples
+    searcher = TaskOptunaSearch(trials, settings.sweep.search, settings.sweep.search_seed, ddp_tasks)
+    return ConcurrencyLimiter(searcher, max_concurrent=concurrency) if concurrency > 0 else searcher
 
 
 def param_space(settings: Settings, order: Sequence[TrialWork]) -> dict[str, Any]:

@@ -1,0 +1,60 @@
+"""sweep.search_alg=optuna on a real sweep: every trial's search point comes from its task's TPE study,
+the study is told each trial's best score, and a killed driver's resume goes on with the same study
+(no point asked twice, the count right). Tiny model, generated data, local Ray."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+
+import pytest
+
+from sweep.results.records import load_records
+from tests.helpers.sweeps import sweep_cmd
+from tests.test_cli import _kill_session
+
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
+
+SAMPLES = 6
+
+
+def test_tpe_search_resumed_after_the_driver_is_killed_keeps_its_study(tmp_path):
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    args = ["experiment=demo", "sweep.seeds=[38]", "train.epochs=1", "tracking=none",
+            "+sweep.search.lr={dist:loguniform,low:1e-6,high:1e-1}", "sweep.search_alg=optuna",
+            "sweep.search_seed=0", f"sweep.num_samples={SAMPLES}", f"out_dir={out}"]
+    env = {**os.environ, "SWEEP_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "sweep", *args], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    done_before_kill = 0
+    try:
+        for line in proc.stdout:
+            if " done, " in line:
+                done_before_kill = int(line.split("]", 1)[1].split("/")[0])
+                if done_before_kill >= 2:
+                    break
+    finally:
+        _kill_session(proc)
+    assert 2 <= done_before_kill < SAMPLES, "the sweep ended before it could be killed"
+
+    r = sweep_cmd(*args, "resume=true", cwd=tmp_path, cache=cache, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "resume: continuing the sweep" in r.stdout
+    records = load_records(out / "results.json")
+    lrs = [rec.hparams["lr"] for rec in records]
+    assert len(records) == SAMPLES and all(rec.status == "TERMINATED" for rec in records)
+    # each launch saves its own, named by its start time; Tune restores the newest (the greatest name)
+    launches = sorted((out / "ray" / "tune").rglob("searcher-state-*.pkl"), key=lambda p: p.name)
+    assert len(launches) == 2
+    saved = launches[-1]
+    state = pickle.loads(saved.read_bytes())
+    assert len(set(lrs)) == SAMPLES and all(1e-6 <= lr <= 1e-1 for lr in lrs), (  # no point asked twice
+        [(rec.trial_id, rec.hparams, rec.score) for rec in records], state, r.stdout[-3000:])
+
+    # the searcher Tune saved with the experiment: one WNLI study told every trial's best score
+    told = state["studies"].finished["WNLI"]
+    assert sorted(round(score, 6) for _, score in told) == sorted(round(rec.score, 6) for rec in records)
+    assert sorted(params["lr"] for params, _ in told) == sorted(lrs)
+    assert not state["studies"].running.get("WNLI") and not state["queue"]
