@@ -16,6 +16,7 @@ from sweep.results.records import (
     copy_model,
     export_best,
     format_early_stops,
+    format_points,
     format_summary,
     summarize,
     write_results,
@@ -119,7 +120,9 @@ def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkp
     from sweep.results.report import plot_seed_scores
 
     metric = {spec.name: spec.metric for spec in settings.tasks}
-    best = best_per_task(records, settings.tasks)
+    # seeds_per_point > 1: the best config (its seeds' aggregate) gives the best model, not the luckiest seed
+    aggregate = settings.sweep.aggregate if settings.sweep.seeds_per_point > 1 else None
+    best = best_per_task(records, settings.tasks, aggregate)
     for task, record in best.items():
         exported = export_best(record, out_dir / "best" / task, settings.model.name,
                                model_writer(settings, sources, task))
@@ -131,10 +134,12 @@ def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkp
             remove_folder(folder)
         for r in records:
             r.checkpoint = None
-    summaries = summarize(records, settings.tasks)
+    summaries = summarize(records, settings.tasks, aggregate)
     write_results(out_dir, records, summaries)
     plot = plot_seed_scores(records, settings.tasks, out_dir / "seed_scores.png")
     print(format_summary(summaries))
+    if aggregate:
+        print(format_points(records, settings.tasks, aggregate))
     report_expected_max(records, settings, out_dir)
     from sweep.results.importance import report_importance
 

@@ -58,3 +58,23 @@ def test_tpe_search_resumed_after_the_driver_is_killed_keeps_its_study(tmp_path)
     assert sorted(round(score, 6) for _, score in told) == sorted(round(rec.score, 6) for rec in records)
     assert sorted(params["lr"] for params, _ in told) == sorted(lrs)
     assert not state["studies"].running.get("WNLI") and not state["queue"]
+
+
+def test_seeds_per_point_runs_each_point_on_its_seeds_and_tells_the_study_their_mean(tmp_path):
+    out = tmp_path / "out"
+    r = sweep_cmd("experiment=demo", "sweep.seeds=[38,39,40]", "train.epochs=2", "tracking=none",
+                  "+sweep.search.lr={dist:loguniform,low:1e-5,high:1e-1}", "sweep.search_alg=optuna",
+                  "sweep.search_seed=1", "sweep.num_samples=2", "sweep.seeds_per_point=3", f"out_dir={out}",
+                  cwd=tmp_path, cache=tmp_path / "cache")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    records = load_records(out / "results.json")
+    points: dict[float, list] = {}
+    for rec in records:
+        points.setdefault(rec.hparams["lr"], []).append(rec)
+    assert sorted(sorted(rec.seed for rec in recs) for recs in points.values()) == [[38, 39, 40]] * 2
+    (saved,) = (out / "ray" / "tune").rglob("searcher-state-*.pkl")
+    told = pickle.loads(saved.read_bytes())["studies"].finished["WNLI"]
+    assert len(told) == 2
+    for params, score in told:
+        assert score == pytest.approx(sum(rec.score for rec in points[params["lr"]]) / 3)
+    assert "points WNLI by the mean of their seeds: lr=" in r.stdout

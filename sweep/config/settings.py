@@ -105,6 +105,8 @@ class SweepConfig:
     num_samples: int = 1
     search_alg: str = "random"  # random (Tune's sampling) | optuna (a TPE study per task that learns from the scores)
     search_seed: Optional[int] = None  # the optuna sampler's seed: the same points again
+    seeds_per_point: int = 1  # search_alg=optuna: each point runs on this many seeds, scored by their aggregate
+    aggregate: str = "mean"  # mean | median: what the study is told of a point's seeds
     scheduler: str = "fifo"
     halving: HalvingConfig = field(default_factory=HalvingConfig)
     max_failures: int = 2

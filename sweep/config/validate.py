@@ -41,6 +41,7 @@ CHOICES = {
     "sweep.keep_checkpoints": ("best", "all"),
     "sweep.scheduler": ("fifo", "asha", "seed_halving"),
     "sweep.search_alg": ("random", "optuna"),
+    "sweep.aggregate": ("mean", "median"),
     "sweep.search.dist": ("loguniform", "uniform", "choice"),
     "storage.kind": ("local", "s3"),
     "tracking.kind": ("none", "mlflow"),
@@ -70,6 +71,19 @@ def _check(ok: bool, key: str, why: str) -> None:
 def _check_choice(key: str, value: Any) -> None:
     allowed = CHOICES[key]
     _check(value in allowed, key, f"got {value!r}, allowed: {', '.join(allowed)}")
+
+
+def _check_seeds_per_point(sweep) -> None:
+    k, n = sweep.seeds_per_point, len(sweep.seeds)
+    _check(k >= 1, "sweep.seeds_per_point", f"must be >= 1, got {k}")
+    _check_choice("sweep.aggregate", sweep.aggregate)
+    if k == 1:
+        return
+    _check(sweep.search_alg == "optuna", "sweep.seeds_per_point",
+           f"{k} needs sweep.search_alg=optuna (random search draws a new point for every trial)")
+    _check(n % k == 0, "sweep.seeds_per_point",
+           f"{k} must divide the number of seeds ({n}): each point runs on {k} consecutive seeds; "
+           f"give {n - n % k or k} or {n - n % k + k} seeds")
 
 
 def _check_ranges(s: Settings) -> None:
@@ -106,6 +120,7 @@ def _check_ranges(s: Settings) -> None:
     _check(s.sweep.search_alg != "optuna" or bool(s.sweep.search), "sweep.search_alg",
            "optuna needs a search space to learn over, e.g. '+sweep.search.lr={dist: loguniform, low: 1e-5, "
            "high: 1e-3}' sweep.num_samples=20")
+    _check_seeds_per_point(s.sweep)
     _check(s.sweep.max_failures >= 0, "sweep.max_failures", f"must be >= 0, got {s.sweep.max_failures}")
     _check_hparams(s)
 

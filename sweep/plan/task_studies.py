@@ -8,6 +8,7 @@ goes on from its saved state: the studies are rebuilt from it, the running point
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,7 +47,9 @@ class TaskStudies:
         if task not in self.studies:
             optuna.logging.set_verbosity(optuna.logging.WARNING)  # no line per study created
             # constant_liar: trials still running count as bad guesses, so concurrent asks spread out
-            sampler = sampler or optuna.samplers.TPESampler(seed=self.seed, constant_liar=True,
+            # each task its own seed from the sweep's: tasks explore apart, yet the same points again next time
+            seed = None if self.seed is None else (self.seed + zlib.crc32(task.encode())) % 2**31
+            sampler = sampler or optuna.samplers.TPESampler(seed=seed, constant_liar=True,
                                                             n_startup_trials=self.startup)
             self.studies[task] = optuna.create_study(direction="maximize", sampler=sampler)
             self.state.samplers[task] = sampler

@@ -92,18 +92,60 @@ def rank_key(mode: str, score: float, seed: int) -> tuple[float, int]:
     return (score if mode == "max" else -score, -seed)
 
 
-def best_per_task(records: list[TrialRecord], specs: list[TaskSpec]) -> dict[str, TrialRecord]:
-    """The best finished trial of each task by its metric and mode; ties go to the lower seed."""
+AGGREGATES: dict[str, Callable[[list[float]], float]] = {"mean": statistics.fmean, "median": statistics.median}
+
+
+def points_of(done: list[TrialRecord]) -> dict[str, list[TrialRecord]]:
+    """Finished trials by their hyper-parameter point (one key per distinct hparams)."""
+    points: dict[str, list[TrialRecord]] = {}
+    for r in done:
+        points.setdefault(json.dumps(r.hparams, sort_keys=True, default=str), []).append(r)
+    return points
+
+
+def ranked_points(done: list[TrialRecord], spec: TaskSpec, aggregate: str) -> list[list[TrialRecord]]:
+    """A task's points, best first, by the aggregate of their seeds' scores (ties: the point with the lower seed)."""
+    combine = AGGREGATES[aggregate]
+    return sorted(points_of(done).values(), reverse=True,
+                  key=lambda rs: rank_key(spec.mode, combine([r.score for r in rs]), min(r.seed for r in rs)))
+
+
+def best_per_task(records: list[TrialRecord], specs: list[TaskSpec],
+                  aggregate: str | None = None) -> dict[str, TrialRecord]:
+    """The best finished trial of each task by its metric and mode; ties go to the lower seed. With
+    ``aggregate`` (sweep.seeds_per_point > 1: configs scored over seeds) the best trial of the point whose
+    seeds aggregate best: the best config's best checkpoint, not the luckiest seed of any config."""
     best: dict[str, TrialRecord] = {}
     for spec in specs:
         done = [r for r in records if r.task == spec.name and r.ok]
+        if done and aggregate:
+            done = ranked_points(done, spec, aggregate)[0]
         if done:
             best[spec.name] = max(done, key=lambda r: rank_key(spec.mode, r.score, r.seed))
     return best
 
 
-def summarize(records: list[TrialRecord], specs: list[TaskSpec]) -> list[TaskSummary]:
-    best = best_per_task(records, specs)
+def format_points(records: list[TrialRecord], specs: list[TaskSpec], aggregate: str, top: int = 3) -> str:
+    """Per task, its best points by the aggregate of their seeds, with the spread: what the search ranked."""
+    lines = []
+    for spec in specs:
+        done = [r for r in records if r.task == spec.name and r.ok]
+        if not done:
+            continue
+        shown = []
+        for rs in ranked_points(done, spec, aggregate)[:top]:
+            scores = [r.score for r in rs]
+            spread = statistics.stdev(scores) if len(scores) > 1 else 0.0
+            point = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                              for k, v in sorted(rs[0].hparams.items()))
+            shown.append(f"{point or 'no search keys'}: {AGGREGATES[aggregate](scores):.4f} ± {spread:.4f} "
+                         f"({len(scores)} seeds)")
+        lines.append(f"points {spec.name} by the {aggregate} of their seeds: " + "; ".join(shown))
+    return "\n".join(lines)
+
+
+def summarize(records: list[TrialRecord], specs: list[TaskSpec], aggregate: str | None = None) -> list[TaskSummary]:
+    best = best_per_task(records, specs, aggregate)
     out = []
     for spec in specs:
         mine = [r for r in records if r.task == spec.name]

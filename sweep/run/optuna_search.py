@@ -1,33 +1,47 @@
 """sweep.search_alg=optuna: Tune's ``Searcher`` over ``plan/task_studies`` (a TPE study per task).
 
 It hands out the sweep's trial points (task, seed, grid point) in the dispatch order, each with the
-search point its task's study asks for, and tells the study the trial's best score when it ends. Like
-``gate.DdpFirst``, no trial follows a DDP one until its workers are placed. Tune saves it with the
-experiment: a resumed driver goes on with the same studies.
+search point its task's study asks for, and tells the study the trial's best score when it ends. With
+``sweep.seeds_per_point=k`` a point is asked once and given to k trials of its task and grid point (k
+consecutive seeds), and the study is told their aggregate once all k have ended. Like ``gate.DdpFirst``,
+no trial follows a DDP one until its workers are placed. Tune saves it with the experiment: a resumed
+driver goes on with the same studies.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import pickle
+import statistics
 from typing import Any
 
 from ray.tune.search import Searcher
 
-from sweep.plan.task_studies import StudiesState, TaskStudies
+from sweep.plan.task_studies import TaskStudies
+
+AGGREGATES = {"mean": statistics.fmean, "median": statistics.median}
+
+
+def group_key(point: dict[str, Any]) -> str:
+    """The trials that share a search point: the same task and grid point."""
+    return json.dumps([point["task"], point.get("grid") or {}], sort_keys=True)
 
 
 class TaskOptunaSearch(Searcher):
     def __init__(self, trials: list[dict[str, Any]], search: dict[str, Any], seed: int | None,
-                 ddp_tasks: set[str]) -> None:
+                 ddp_tasks: set[str], seeds_per_point: int = 1, aggregate: str = "mean") -> None:
         super().__init__(metric="score", mode="max")
         self.queue = list(trials)  # the trial points still to hand out, in order
         self.search, self.seed = search, seed
-        self.budget = max((sum(1 for t in trials if t["task"] == task) for task in {t["task"] for t in trials}),
-                          default=0)
+        self.k, self.aggregate = seeds_per_point, aggregate
+        per_task = [sum(1 for t in trials if t["task"] == task) for task in {t["task"] for t in trials}]
+        self.budget = max(per_task, default=0) // seeds_per_point  # the points each study is asked for
         self.studies = TaskStudies(search, seed, self.budget)
-        self.live: dict[str, tuple[str, int]] = {}  # Tune trial id -> (task, its number in the task's study)
+        self.live: dict[str, tuple[str, int]] = {}  # Tune trial id -> (task, its point's number in the study)
         self.best: dict[str, float] = {}  # Tune trial id -> its best score so far
+        self.open: dict[str, list] = {}  # group key -> [number, params, trials still to hand it]
+        self.groups: dict[tuple[str, int], dict[str, Any]] = {}  # (task, number) -> trials left, scores so far
         self.ddp_tasks, self.placing = set(ddp_tasks), set()
 
     def set_search_properties(self, metric, mode, config, **spec) -> bool:
@@ -39,11 +53,19 @@ class TaskOptunaSearch(Searcher):
         if not self.queue:
             return Searcher.FINISHED
         point = self.queue.pop(0)
-        number, params = self.studies.ask(point["task"])
-        self.live[trial_id] = (point["task"], number)
-        if point["task"] in self.ddp_tasks:
+        task, key = point["task"], group_key(point)
+        if key not in self.open:
+            number, params = self.studies.ask(task)
+            self.open[key] = [number, params, self.k]
+            self.groups[(task, number)] = {"left": self.k, "scores": []}
+        number, params, _ = opened = self.open[key]
+        opened[2] -= 1
+        if not opened[2]:
+            del self.open[key]
+        self.live[trial_id] = (task, number)
+        if task in self.ddp_tasks:
             self.placing.add(trial_id)
-        return {"trial": point, "hparams": params}
+        return {"trial": point, "hparams": dict(params)}
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         self.placing.discard(trial_id)  # any report comes from running workers
@@ -56,21 +78,34 @@ class TaskOptunaSearch(Searcher):
         if result:
             self.on_trial_result(trial_id, result)
         task, number = self.live.pop(trial_id, (None, None))
-        if task is not None:
-            self.studies.tell(task, number, None if error else self.best.pop(trial_id, None))
+        if task is None:
+            return
+        score = self.best.pop(trial_id, None)
+        group = self.groups[(task, number)]
+        if score is not None and not error:
+            group["scores"].append(score)
+        group["left"] -= 1
+        if not group["left"]:  # every seed of the point has ended: the study learns their aggregate
+            del self.groups[(task, number)]
+            scores = group["scores"]
+            self.studies.tell(task, number, AGGREGATES[self.aggregate](scores) if scores else None)
 
     def save(self, checkpoint_path: str) -> None:
-        state = {"queue": self.queue, "studies": self.studies.state, "live": self.live, "best": self.best,
-                 "search": self.search, "seed": self.seed, "budget": self.budget, "ddp_tasks": self.ddp_tasks}
+        state = {key: getattr(self, key) for key in ("queue", "search", "seed", "k", "aggregate", "budget", "live",
+                                                      "best", "open", "groups", "ddp_tasks")}
+        state["studies"] = self.studies.state
         with open(checkpoint_path, "wb") as f:
             pickle.dump(state, f)
 
     def restore(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "rb") as f:
             state = pickle.load(f)
-        self.queue, self.search = state["queue"], state["search"]
-        self.seed, self.budget = state["seed"], state["budget"]
-        self.ddp_tasks, self.placing, self.best = state["ddp_tasks"], set(), state["best"]
-        studies_state: StudiesState = state["studies"]
-        self.studies, renumbered = TaskStudies.restored(self.search, self.seed, self.budget, studies_state)
-        self.live = {trial_id: (task, renumbered[(task, number)]) for trial_id, (task, number) in state["live"].items()}
+        studies = state.pop("studies")
+        for key, value in state.items():
+            setattr(self, key, value)
+        self.placing = set()
+        # the running points are asked again as they were, under new numbers in the rebuilt studies
+        self.studies, new = TaskStudies.restored(self.search, self.seed, self.budget, studies)
+        self.live = {trial_id: (task, new[(task, n)]) for trial_id, (task, n) in self.live.items()}
+        self.open = {key: [new[(json.loads(key)[0], n)], params, left] for key, (n, params, left) in self.open.items()}
+        self.groups = {(task, new[(task, n)]): group for (task, n), group in self.groups.items()}

@@ -158,7 +158,9 @@ def optuna_search(settings: Settings, order: Sequence[TrialWork], ddp_tasks: set
 
     points = grid_points(settings)
     trials = [point_of(t.task, t.seed, points[t.point]) for t in order] * settings.sweep.num_samples
-    searcher = TaskOptunaSearch(trials, settings.sweep.search, settings.sweep.search_seed, ddp_tasks)
+    sweep = settings.sweep
+    searcher = TaskOptunaSearch(trials, sweep.search, sweep.search_seed, ddp_tasks, sweep.seeds_per_point,
+                                sweep.aggregate)
     return ConcurrencyLimiter(searcher, max_concurrent=concurrency) if concurrency > 0 else searcher
 
 
