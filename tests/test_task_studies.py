@@ -185,3 +185,14 @@ def test_the_best_model_is_the_best_seed_of_the_best_point_and_the_points_are_ra
         "points RTE by the mean of their seeds: lr=0.0001: 0.7020 ± 0.0010 (3 seeds); "
         "lr=0.01: 0.6000 ± 0.1732 (3 seeds)")
     assert best_per_task(records, [spec], "median")["RTE"].seed == 3
+
+
+def test_each_grid_point_of_a_task_has_its_own_study() -> None:
+    from sweep.run.optuna_search import TaskOptunaSearch
+
+    trials = [{"task": "RTE", "seed": s, "grid": {"batch_size": b}} for b in (8, 16) for s in (1, 2)]
+    search = TaskOptunaSearch(trials, SEARCH, 0, set())
+    for i in range(4):
+        finish(search, f"t{i}", search.suggest(f"t{i}"))
+    assert sorted(search.studies.state.finished) == ['RTE {"batch_size": 16}', 'RTE {"batch_size": 8}']
+    assert all(len(points) == 2 for points in search.studies.state.finished.values())

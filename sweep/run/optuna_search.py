@@ -1,9 +1,10 @@
 """sweep.search_alg=optuna: Tune's ``Searcher`` over ``plan/task_studies`` (a TPE study per task).
 
 It hands out the sweep's trial points (task, seed, grid point) in the dispatch order, each with the
-search point its task's study asks for, and tells the study the trial's best score when it ends. With
-``sweep.seeds_per_point=k`` a point is asked once and given to k trials of its task and grid point (k
-consecutive seeds), and the study is told their aggregate once all k have ended. Like ``gate.DdpFirst``,
+search point its study asks for (one study per task and grid point), and tells the study the trial's
+best score when it ends. With ``sweep.seeds_per_point=k`` a point is asked once and given to k trials
+of its task and grid point (k consecutive seeds), and the study is told their aggregate once all k
+have ended. Like ``gate.DdpFirst``,
 no trial follows a DDP one until its workers are placed. Tune saves it with the experiment: a resumed
 driver goes on with the same studies.
 """
@@ -24,8 +25,10 @@ AGGREGATES = {"mean": statistics.fmean, "median": statistics.median}
 
 
 def group_key(point: dict[str, Any]) -> str:
-    """The trials that share a search point: the same task and grid point."""
-    return json.dumps([point["task"], point.get("grid") or {}], sort_keys=True)
+    """A study, and the trials that share its points: the same task and grid point (a grid's values are
+    not the study's to choose, and scores at different grid values must not pull each other)."""
+    grid = point.get("grid") or {}
+    return f"{point['task']} {json.dumps(grid, sort_keys=True)}" if grid else point["task"]
 
 
 class TaskOptunaSearch(Searcher):
@@ -35,13 +38,13 @@ class TaskOptunaSearch(Searcher):
         self.queue = list(trials)  # the trial points still to hand out, in order
         self.search, self.seed = search, seed
         self.k, self.aggregate = seeds_per_point, aggregate
-        per_task = [sum(1 for t in trials if t["task"] == task) for task in {t["task"] for t in trials}]
-        self.budget = max(per_task, default=0) // seeds_per_point  # the points each study is asked for
+        keys = [group_key(t) for t in trials]
+        self.budget = max(map(keys.count, set(keys)), default=0) // seeds_per_point  # points each study is asked for
         self.studies = TaskStudies(search, seed, self.budget)
-        self.live: dict[str, tuple[str, int]] = {}  # Tune trial id -> (task, its point's number in the study)
+        self.live: dict[str, tuple[str, int]] = {}  # Tune trial id -> (its study's key, its point's number there)
         self.best: dict[str, float] = {}  # Tune trial id -> its best score so far
         self.open: dict[str, list] = {}  # group key -> [number, params, trials still to hand it]
-        self.groups: dict[tuple[str, int], dict[str, Any]] = {}  # (task, number) -> trials left, scores so far
+        self.groups: dict[tuple[str, int], dict[str, Any]] = {}  # (key, number) -> trials left, scores so far
         self.ddp_tasks, self.placing = set(ddp_tasks), set()
 
     def set_search_properties(self, metric, mode, config, **spec) -> bool:
@@ -53,17 +56,17 @@ class TaskOptunaSearch(Searcher):
         if not self.queue:
             return Searcher.FINISHED
         point = self.queue.pop(0)
-        task, key = point["task"], group_key(point)
+        key = group_key(point)
         if key not in self.open:
-            number, params = self.studies.ask(task)
+            number, params = self.studies.ask(key)
             self.open[key] = [number, params, self.k]
-            self.groups[(task, number)] = {"left": self.k, "scores": []}
+            self.groups[(key, number)] = {"left": self.k, "scores": []}
         number, params, _ = opened = self.open[key]
         opened[2] -= 1
         if not opened[2]:
             del self.open[key]
-        self.live[trial_id] = (task, number)
-        if task in self.ddp_tasks:
+        self.live[trial_id] = (key, number)
+        if point["task"] in self.ddp_tasks:
             self.placing.add(trial_id)
         return {"trial": point, "hparams": dict(params)}
 
@@ -77,18 +80,18 @@ class TaskOptunaSearch(Searcher):
         self.placing.discard(trial_id)
         if result:
             self.on_trial_result(trial_id, result)
-        task, number = self.live.pop(trial_id, (None, None))
-        if task is None:
+        key, number = self.live.pop(trial_id, (None, None))
+        if key is None:
             return
         score = self.best.pop(trial_id, None)
-        group = self.groups[(task, number)]
+        group = self.groups[(key, number)]
         if score is not None and not error:
             group["scores"].append(score)
         group["left"] -= 1
         if not group["left"]:  # every seed of the point has ended: the study learns their aggregate
-            del self.groups[(task, number)]
+            del self.groups[(key, number)]
             scores = group["scores"]
-            self.studies.tell(task, number, AGGREGATES[self.aggregate](scores) if scores else None)
+            self.studies.tell(key, number, AGGREGATES[self.aggregate](scores) if scores else None)
 
     def save(self, checkpoint_path: str) -> None:
         state = {key: getattr(self, key) for key in ("queue", "search", "seed", "k", "aggregate", "budget", "live",
@@ -106,6 +109,6 @@ class TaskOptunaSearch(Searcher):
         self.placing = set()
         # the running points are asked again as they were, under new numbers in the rebuilt studies
         self.studies, new = TaskStudies.restored(self.search, self.seed, self.budget, studies)
-        self.live = {trial_id: (task, new[(task, n)]) for trial_id, (task, n) in self.live.items()}
-        self.open = {key: [new[(json.loads(key)[0], n)], params, left] for key, (n, params, left) in self.open.items()}
-        self.groups = {(task, new[(task, n)]): group for (task, n), group in self.groups.items()}
+        self.live = {trial_id: (key, new[(key, n)]) for trial_id, (key, n) in self.live.items()}
+        self.open = {key: [new[(key, n)], params, left] for key, (n, params, left) in self.open.items()}
+        self.groups = {(key, new[(key, n)]): group for (key, n), group in self.groups.items()}
