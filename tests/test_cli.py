@@ -16,7 +16,7 @@ import pytest
 from sweep.config.tasks import load_task
 from sweep.results.records import MADE_BY, load_records, rank_key
 from sweep.trials import TRAINING_STATE
-from tests.helpers.sweeps import sweep_cmd
+from tests.helpers.sweeps import sweep_cmd, sweep_killed_after
 
 pytestmark = pytest.mark.ray
 
@@ -162,24 +162,6 @@ def test_a_lora_sweep_over_ranks_exports_a_merged_model_that_serves_and_its_adap
     assert output(answer.json(), "label")[0] in load_task("WNLI").labels  # the task's own names, from the merged config
 
 
-def _kill_session(proc: subprocess.Popen) -> None:
-    """SIGKILL the driver and every process of its session (the local Ray it started)."""
-    import psutil
-
-    sid = os.getsid(proc.pid)
-    victims = [p for p in psutil.process_iter() if _sid(p) == sid]
-    for p in victims:
-        p.kill()
-    psutil.wait_procs(victims, timeout=30)
-
-
-def _sid(p) -> int | None:
-    try:
-        return os.getsid(p.pid)
-    except (ProcessLookupError, PermissionError):
-        return None
-
-
 def _launch_ids(out: Path) -> dict[str, set[str]]:
     """task/seed -> the driver launches that reported for it (from Tune's per-trial progress.csv)."""
     ids = {}
@@ -197,18 +179,7 @@ def test_resume_after_the_driver_is_killed_skips_finished_trials(tmp_path):
     # two evaluations per epoch: the killed trials go on from mid-epoch checkpoints too
     args = ["experiment=demo", "sweep.seeds=[38,39,40,41]", "train.epochs=2", "train.evals_per_epoch=2",
             "sweep.keep_checkpoints=all", f"out_dir={out}"]
-    env = {**os.environ, "SWEEP_CACHE_DIR": str(cache)}
-    proc = subprocess.Popen([sys.executable, "-m", "sweep", *args], cwd=tmp_path, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    done_before_kill = 0
-    try:
-        for line in proc.stdout:
-            if " done, " in line:
-                done_before_kill = int(line.split("]", 1)[1].split("/")[0])
-                if done_before_kill >= 2:
-                    break
-    finally:
-        _kill_session(proc)
+    done_before_kill = sweep_killed_after(2, *args, cwd=tmp_path, cache=cache)
     assert done_before_kill >= 2, "the sweep ended before it could be killed"
     assert not (out / "results.json").exists()
     first = _launch_ids(out)

@@ -4,16 +4,12 @@ the study is told each trial's best score, and a killed driver's resume goes on 
 
 from __future__ import annotations
 
-import os
 import pickle
-import subprocess
-import sys
 
 import pytest
 
 from sweep.results.records import load_records
-from tests.helpers.sweeps import sweep_cmd
-from tests.test_cli import _kill_session
+from tests.helpers.sweeps import sweep_cmd, sweep_killed_after
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
@@ -25,18 +21,7 @@ def test_tpe_search_resumed_after_the_driver_is_killed_keeps_its_study(tmp_path)
     args = ["experiment=demo", "sweep.seeds=[38]", "train.epochs=1", "tracking=none",
             "+sweep.search.lr={dist:loguniform,low:1e-6,high:1e-1}", "sweep.search_alg=optuna",
             "sweep.search_seed=0", f"sweep.num_samples={SAMPLES}", f"out_dir={out}"]
-    env = {**os.environ, "SWEEP_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "sweep", *args], cwd=tmp_path, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    done_before_kill = 0
-    try:
-        for line in proc.stdout:
-            if " done, " in line:
-                done_before_kill = int(line.split("]", 1)[1].split("/")[0])
-                if done_before_kill >= 2:
-                    break
-    finally:
-        _kill_session(proc)
+    done_before_kill = sweep_killed_after(2, *args, cwd=tmp_path, cache=cache)
     assert 2 <= done_before_kill < SAMPLES, "the sweep ended before it could be killed"
 
     r = sweep_cmd(*args, "resume=true", cwd=tmp_path, cache=cache, timeout=600)

@@ -27,6 +27,24 @@ def work_unit(nodeid: str, ray_modules: set[str]) -> str:
     return RAY_GROUP if nodeid.split("::", 1)[0].rsplit("/", 1)[-1] in ray_modules else nodeid
 
 
+def sweep_killed_after(done: int, *args: str, cwd: Path, cache: Path) -> int:
+    """``python -m sweep ARGS`` killed (driver, its local Ray, every process of its session: SIGKILL, as
+    a lost machine) once its progress line says ``done`` trials have finished; how many had."""
+    env = {**os.environ, "SWEEP_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "sweep", *args], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    finished = 0
+    try:
+        for line in proc.stdout:
+            if " done, " in line:
+                finished = int(line.split("]", 1)[1].split("/")[0])
+                if finished >= done:
+                    break
+    finally:
+        kill_session(proc)
+    return finished
+
+
 def sweep_cmd(*args: str, cwd: Path, cache: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     """``python -m sweep ARGS`` as a person types it, in ``cwd``, with its own cache; offline."""
     env = {**os.environ, "SWEEP_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1"}
@@ -51,3 +69,21 @@ def actors(class_name: str, alive_only: bool = True) -> list[dict]:
 
     return [a for a in state.actors().values()
             if a["ActorClassName"] == class_name and (a["State"] == "ALIVE" or not alive_only)]
+
+
+def kill_session(proc: subprocess.Popen) -> None:
+    """SIGKILL the driver and every process of its session (the local Ray it started)."""
+    import psutil
+
+    sid = os.getsid(proc.pid)
+    victims = [p for p in psutil.process_iter() if _sid(p) == sid]
+    for p in victims:
+        p.kill()
+    psutil.wait_procs(victims, timeout=30)
+
+
+def _sid(p) -> int | None:
+    try:
+        return os.getsid(p.pid)
+    except (ProcessLookupError, PermissionError):
+        return None
