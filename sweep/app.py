@@ -95,17 +95,24 @@ def register(settings: Settings, tracker, best: dict[str, TrialRecord], out_dir:
         print(f"registry: {result.name} version {result.version}, {verdict} (previous champion: {before})")
 
 
+def sources_here(settings: Settings, sources):
+    """The model and data folders on this machine: the driver's own, or (storage=s3) staged here first."""
+    from sweep.storage.staging import ensure_local
+
+    if sources is not None and sources.local is not None:
+        return sources.local
+    return ensure_local(settings, sources.pins if sources else None)
+
+
 def model_writer(settings: Settings, sources, task: str):
     """How the best checkpoint of ``task`` becomes an export: copied (full fine-tuning), or its LoRA
     adapter merged into the base model (the base read on this machine; from S3, staged here first)."""
     if settings.train.method == "full":
         return copy_model
-    from sweep.storage.staging import ensure_local
     from sweep.train.adapters import export_merged
 
     spec = next(t for t in settings.tasks if t.name == task)
-    local = sources.local if sources is not None and sources.local is not None else None
-    base = local.model_dir if local else ensure_local(settings, sources.pins if sources else None).model_dir
+    base = sources_here(settings, sources).model_dir
     return lambda checkpoint, target: export_merged(checkpoint, base, spec, target)
 
 
@@ -172,10 +179,8 @@ def predict_test_sets(settings: Settings, best: dict[str, TrialRecord], out_dir:
     """sweep.predict_test: the best models' GLUE submission (glue_submission.zip), the data read on this
     machine (from S3, staged here first). The exported models stay whatever happens here."""
     from sweep.serving.glue_submission import write_submission
-    from sweep.storage.staging import ensure_local
 
-    local = sources.local if sources is not None and sources.local is not None else None
-    data_dir = local.data_dir if local else ensure_local(settings, sources.pins if sources else None).data_dir
+    data_dir = sources_here(settings, sources).data_dir
     try:
         result = write_submission(settings, {task: out_dir / "best" / task for task in best}, out_dir, data_dir)
     except Exception as e:  # the sweep's models and results are written: this step's failure is one line

@@ -14,14 +14,12 @@ from __future__ import annotations
 import json
 import math
 import pickle
-import statistics
 from typing import Any
 
 from ray.tune.search import Searcher
 
 from sweep.plan.task_studies import TaskStudies
-
-AGGREGATES = {"mean": statistics.fmean, "median": statistics.median}
+from sweep.results.records import AGGREGATES
 
 
 def group_key(point: dict[str, Any]) -> str:

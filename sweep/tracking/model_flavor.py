@@ -77,7 +77,7 @@ def tracking_at(uri: str) -> Iterator[None]:
     try:
         yield
     finally:
-        mlflow.set_tracking_uri(before) if before else mlflow.set_tracking_uri(None)
+        mlflow.set_tracking_uri(before)
         if offline is None:
             os.environ.pop("HF_HUB_OFFLINE", None)
         else:
