@@ -251,3 +251,15 @@ def test_predict_test_is_a_checked_bool() -> None:
     assert compose_settings("task=RTE", "sweep.predict_test=true").sweep.predict_test is True
     with pytest.raises(ConfigError, match="sweep.predict_test: Value 'maybe' is not a valid bool"):
         compose_settings("task=RTE", "sweep.predict_test=maybe")
+
+
+def test_the_sweep_checks_every_test_file_before_any_trial(data_dir: Path, tmp_path: Path) -> None:
+    """What app.run calls with sweep.predict_test=true, before tracking or Ray start: every task's test file read."""
+    from sweep.serving.glue_submission import check_test_files
+
+    tasks = [load_task("WNLI"), load_task("RTE"), load_task("MNLI")]
+    check_test_files(tasks, data_dir)  # the synthetic files, MNLI's two and AX, are fine
+    data = Path(shutil.copytree(data_dir, tmp_path / "data"))
+    (data / "glue_data" / "diagnostic" / "diagnostic.tsv").write_text("index\tsentence1\n0\tA cat .\n")
+    with pytest.raises(DataFormatError, match=r"diagnostic.tsv:1: .*lacks column\(s\) \['sentence2'\]"):
+        check_test_files(tasks, data)
