@@ -147,10 +147,15 @@ def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkp
     print(format_summary(summaries))
     if aggregate:
         print(format_points(records, settings.tasks, aggregate))
-    report_expected_max(records, settings, out_dir)
     from sweep.results.importance import report_importance
 
-    report_importance(records, settings, out_dir)
+    for name, analysis in (("expected_max", report_expected_max), ("importance", report_importance)):
+        try:
+            analysis(records, settings, out_dir)
+        except Exception as e:  # the models and results are written, the registry is next: one line, go on
+            from sweep.failures import error_line
+
+            print(f"{name}: not written ({error_line(e)})")
     if settings.sweep.predict_test and best:
         predict_test_sets(settings, best, out_dir, sources)
     stops = format_early_stops(records, summaries)

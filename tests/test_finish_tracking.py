@@ -56,3 +56,24 @@ def test_a_parent_run_the_store_refuses_at_the_end_is_one_line_and_the_results_s
     assert line.startswith(f"tracking: the sweep's results were not all recorded in MLflow at {uri} (MlflowException: ")
     assert line.endswith(f"they are in {out}")
     assert (out / "results.csv").is_file()
+
+
+def test_an_analysis_that_fails_at_the_end_is_one_line_and_the_rest_goes_on(tmp_path: Path, cache_dir: Path,
+                                                                            capsys, monkeypatch) -> None:
+    import sweep.results.importance as importance
+    from sweep.app import finish
+    from sweep.train.tiny_exports import export_tiny_classifier
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the analysis broke")
+
+    monkeypatch.setattr(importance, "report_importance", broken)
+    settings = compose_settings("task=WNLI", "model=tiny-roberta", "sweep.seeds=[38]", "sweep.keep_checkpoints=all")
+    checkpoint = export_tiny_classifier(tmp_path / "checkpoint", cache_dir)
+    record = TrialRecord(task="WNLI", seed=38, score=0.6, metrics={"acc": 0.6}, checkpoint=str(checkpoint))
+    out = tmp_path / "out"
+    finish(settings, [record], out, [], tracker=None)  # no exception
+    printed = capsys.readouterr().out
+    assert "importance: not written (RuntimeError: the analysis broke)" in printed
+    assert (out / "best" / "WNLI" / "config.json").is_file() and (out / "results.csv").is_file()
+    assert (out / "expected_max.csv").is_file()  # the other analysis still ran
