@@ -128,8 +128,24 @@ def test_node_wait_says_what_it_waits_for_and_times_out_only_when_nothing_arrive
     assert wait.check({"gpu_worker": 1}, requested) is not None  # one arrived: trials run, no error
     assert wait.check({"gpu_worker": 2}, requested) is None
     with pytest.raises(ScaleTimeoutError, match=r"^no node of type gpu_worker arrived within 900 s; "
-                                                r"pending: 2 x \{GPU: 1, CPU: 1\}"):
+                                                r"pending: 2 x \{GPU: 1, CPU: 1\}; check"):
         wait.check({}, requested)
+
+
+def test_the_timeout_names_the_sweeps_own_request_while_the_autoscalers_report_lags():
+    # the monitor publishes the standing request on its own beat: an empty report does not mean
+    # nothing was asked (CI once raised "pending: nothing" 10 s into a sweep that had asked for two)
+    now = [0.0]
+    plan = plan_scale([HEAD], [GPU_WORKER], {}, ONE_GPU, wanted=2)
+    wait = NodeWait(plan, {}, timeout_s=10, clock=lambda: now[0], asked=trial_bundles(ONE_GPU, 2))
+    now[0] = 11
+    with pytest.raises(ScaleTimeoutError) as error:
+        wait.check({}, [])
+    assert str(error.value).startswith(
+        "no node of type gpu_worker arrived within 10 s; pending: 2 x {GPU: 1, CPU: 1} "
+        "(as this sweep asked; the autoscaler reports none yet); check the autoscaler")
+    assert timeout_text(["gpu_worker"], 10, []).startswith("no node of type gpu_worker arrived within 10 s; "
+                                                           "pending: nothing; check")
 
 
 def test_node_types_from_a_cluster_config():

@@ -179,10 +179,18 @@ def format_pending(requested: Iterable[tuple[Mapping[str, float], int]]) -> str:
 
 
 def timeout_text(type_names: Iterable[str], waited_s: float,
-                 requested: Iterable[tuple[Mapping[str, float], int]]) -> str:
-    """'no node of type gpu_worker arrived within 900 s; pending: 2 x {GPU: 1, CPU: 1}'."""
+                 requested: Iterable[tuple[Mapping[str, float], int]],
+                 asked: Iterable[Mapping[str, float]] = ()) -> str:
+    """'no node of type gpu_worker arrived within 900 s; pending: 2 x {GPU: 1, CPU: 1}'.
+
+    ``requested``: the standing request as the autoscaler reports it. Its report lags the request (the
+    monitor publishes it on its own beat), so when it shows nothing yet the sweep's own ``asked``
+    bundles are named instead, and said to be only that."""
     names = " or ".join(sorted(set(type_names))) or "any launchable type"
-    return (f"no node of type {names} arrived within {waited_s:g} s; pending: {format_pending(requested)}; "
+    pending = format_pending(requested)
+    if pending == "nothing" and group_bundles(asked):
+        pending = f"{format_pending(group_bundles(asked))} (as this sweep asked; the autoscaler reports none yet)"
+    return (f"no node of type {names} arrived within {waited_s:g} s; pending: {pending}; "
             "check the autoscaler (ray status, its monitor log) or raise cluster.scale_timeout_s")
 
 
@@ -199,8 +207,9 @@ class NodeWait:
     """
 
     def __init__(self, plan: ScalePlan, alive_counts: Mapping[str, int], timeout_s: float,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, asked: Iterable[Mapping[str, float]] = ()):
         self.node_types = plan.node_types
+        self.asked = [dict(b) for b in asked]  # the bundles this sweep asked the autoscaler for
         self.start = {name: int(alive_counts.get(name, 0)) for name in plan.to_launch}
         self.target = {name: self.start[name] + n for name, n in plan.to_launch.items() if n > 0}
         self.timeout_s = float(timeout_s)
@@ -226,7 +235,7 @@ class NodeWait:
         if not missing:
             return None
         if self.arrived(alive_counts) == 0 and self.waited_s > self.timeout_s:
-            raise ScaleTimeoutError(timeout_text(missing, self.timeout_s, requested))
+            raise ScaleTimeoutError(timeout_text(missing, self.timeout_s, requested, self.asked))
         return waiting_text(missing, self.node_types)
 
 

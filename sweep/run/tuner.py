@@ -94,7 +94,8 @@ def sweep_callbacks(settings: Settings, plan: SweepPlan, tracking, launch_id: st
         callbacks.append(trial_runs)
     if plan.first.waiting:
         print(plan.first.waiting)
-        wait = NodeWait(plan.first.scale, plan.autoscaler.alive_counts, settings.cluster.scale_timeout_s)
+        wait = NodeWait(plan.first.scale, plan.autoscaler.alive_counts, settings.cluster.scale_timeout_s,
+                        asked=plan.asked)
         callbacks.append(WaitForNodes(wait, progress))
     return callbacks, progress, trial_runs
 
