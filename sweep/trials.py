@@ -29,6 +29,7 @@ from sweep.remote_files import is_remote
 
 FOLDER = "history"
 EVAL_PREFIX = "eval/"  # a report's key for each eval metric: eval/accuracy, eval/eval_loss, ...
+PBT_PREFIX = "pbt/"  # a report's key for each value PBT mutates: pbt/lr, ...
 # Tune keeps each trial's best checkpoint by this report key (plus the latest, for a restart).
 CHECKPOINT_RANK = "checkpoint_rank"
 CHECKPOINT_MARKER = "sweep_epoch.json"  # in each checkpoint folder: which evaluation (epoch, step) it holds
@@ -84,6 +85,12 @@ class Report:
     reported_at: float | None = None
     workers_ready: int | None = None
     checkpoint_path: str | None = None  # rows of Tune's own table may carry it
+    checkpoint_id: str | None = None  # the checkpoint this evaluation wrote (its marker says the same)
+    # sweep.scheduler=pbt: the mutated values this evaluation trained with, and on the first evaluation
+    # after an exploit, whose checkpoint (trial, step) the trial went on from
+    pbt: dict[str, float] = field(default_factory=dict)
+    donor: str | None = None
+    donor_step: int | None = None
     # the end of the trial (its last history row)
     trial_done: bool | None = None
     trial_error: str | None = None  # the one-line error of a trial that failed on its own data/config/model
@@ -96,17 +103,18 @@ class Report:
         return self.score is not None and self.step is not None
 
     def to_row(self) -> dict[str, Any]:
-        row = {f.name: getattr(self, f.name) for f in _FIELDS if f.name != "metrics"}
+        row = {f.name: getattr(self, f.name) for f in _FIELDS if f.name not in _PREFIXED}
         row = {k: v for k, v in row.items() if v is not None}
-        return {**row, **{f"{EVAL_PREFIX}{k}": v for k, v in self.metrics.items()}}
+        prefixed = {f"{prefix}{k}": v for name, prefix in _PREFIXED.items() for k, v in getattr(self, name).items()}
+        return {**row, **prefixed}
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Report:
-        values = {f.name: _cast(f.type, row.get(f.name)) for f in _FIELDS if f.name != "metrics"}
+        values = {f.name: _cast(f.type, row.get(f.name)) for f in _FIELDS if f.name not in _PREFIXED}
         values["trial_id"] = str(values["trial_id"] or "")
-        metrics = {k[len(EVAL_PREFIX):]: float(v) for k, v in row.items()
-                   if k.startswith(EVAL_PREFIX) and _set(v)}
-        return cls(**values, metrics=metrics)
+        prefixed = {name: {k[len(prefix):]: float(v) for k, v in row.items() if k.startswith(prefix) and _set(v)}
+                    for name, prefix in _PREFIXED.items()}
+        return cls(**values, **prefixed)
 
     def ended(self, **end: Any) -> Report:
         """This row as a trial's last: ``trial_done`` and whatever ``end`` says (why the rungs stopped it)."""
@@ -114,6 +122,7 @@ class Report:
 
 
 _FIELDS = dataclasses.fields(Report)
+_PREFIXED = {"metrics": EVAL_PREFIX, "pbt": PBT_PREFIX}  # dict fields, a flat key per entry
 
 
 def _set(value: Any) -> bool:
@@ -131,6 +140,23 @@ def _cast(kind: str, value: Any) -> Any:
     if kind.startswith("bool"):
         return bool(value)
     return str(value) if kind.startswith("str") else value
+
+
+def pbt_schedule(rows: list[Report]) -> list[dict[str, Any]]:
+    """A PBT trial's values over its training, from its history: one entry per stretch trained with one
+    set of values, ``{"from_step", "values", "donor"}``. After an exploit the stretch begins at the
+    donor's step (the trial went on from its checkpoint) and names the donor; [] without PBT."""
+    schedule: list[dict[str, Any]] = []
+    last_step = 0
+    for row in rows:
+        if not row.pbt:
+            continue
+        if row.donor is not None:
+            schedule.append({"from_step": row.donor_step or 0, "values": dict(row.pbt), "donor": row.donor})
+        elif not schedule or schedule[-1]["values"] != row.pbt:
+            schedule.append({"from_step": last_step, "values": dict(row.pbt), "donor": None})
+        last_step = row.step or last_step
+    return schedule
 
 
 def trial_of(config: dict[str, Any]) -> tuple[str, int, dict[str, Any]]:

@@ -9,7 +9,7 @@ from transformers import AutoModelForSequenceClassification
 
 from sweep.config.tasks import load_task
 from sweep.data.collate import count_tokens
-from sweep.train.loop import finetune, setup
+from sweep.train.loop import finetune, restore, setup
 from tests.helpers.configs import train_config
 
 QUICK = train_config(lr=5e-3, batch_size=16, epochs=3, max_seq_length=64, max_train_samples=160, max_eval_samples=64)
@@ -123,3 +123,38 @@ def test_optimizer_is_fused_adamw_with_the_same_update_as_the_default():
     assert [g["weight_decay"] for g in fused_opt.param_groups] == [0.01, 0.0]
     for a, b in zip(fused_params, plain_params):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_resume_with_other_values_trains_with_them_from_the_checkpoints_step(
+        synthetic_glue_dir, tiny_roberta_dir, cache_dir, tmp_path):
+    # what a PBT exploit does: go on from a (donor's) checkpoint with a mutated lr and weight decay
+    cfg = replace(QUICK, epochs=2, max_train_samples=64, warmup_ratio=0.0)
+    spec = load_task("RTE")
+
+    def stop_after_first(epoch, save):
+        save(tmp_path / "ckpt")
+        raise _Stop
+
+    with pytest.raises(_Stop):
+        finetune(spec, tiny_roberta_dir, synthetic_glue_dir, cfg, seed=42, cache_dir=cache_dir,
+                 on_evaluation=stop_after_first)
+    mutated = replace(cfg, lr=cfg.lr * 0.1, weight_decay=0.3)
+    run = setup(spec, tiny_roberta_dir, synthetic_glue_dir, mutated, seed=42, cache_dir=cache_dir,
+                resume_from=tmp_path / "ckpt")
+    restore(run, tmp_path / "ckpt")
+    steps_total, done = 2 * len(run.train_loader), run.scheduler.last_epoch
+    assert done == len(run.train_loader)  # the schedule goes on from the checkpoint's step ...
+    decayed, plain = run.optimizer.param_groups
+    linear = (steps_total - done) / steps_total  # ... with the new lr on the same linear decay
+    assert decayed["lr"] == pytest.approx(mutated.lr * linear) and plain["lr"] == pytest.approx(mutated.lr * linear)
+    assert run.scheduler.get_last_lr() == [decayed["lr"], plain["lr"]]
+    assert (decayed["weight_decay"], plain["weight_decay"]) == (0.3, 0.0)
+    run.scheduler.step()  # the next step decays from the new base, not the checkpoint's
+    assert decayed["lr"] == pytest.approx(mutated.lr * (steps_total - done - 1) / steps_total)
+    # and the values are used: the second epoch differs from the unmutated resume's
+    same = finetune(spec, tiny_roberta_dir, synthetic_glue_dir, cfg, seed=42, cache_dir=cache_dir,
+                    resume_from=tmp_path / "ckpt")
+    other = finetune(spec, tiny_roberta_dir, synthetic_glue_dir, mutated, seed=42, cache_dir=cache_dir,
+                     resume_from=tmp_path / "ckpt")
+    assert same.epochs[0].train_loss == other.epochs[0].train_loss  # the checkpoint's own epoch, carried
+    assert same.epochs[1].train_loss != other.epochs[1].train_loss

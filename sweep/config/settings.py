@@ -97,6 +97,23 @@ class HalvingConfig:
     at: float = 0.25  # the fraction of a trial's training steps; the rung is the first evaluation there
 
 
+# What a PBT exploit may change mid-training: the optimizer's values, read at every step. Keys that
+# fix the run's shape (batch size, epochs, sequence length, the adapters' rank) would not match the
+# donor's checkpoint and schedule.
+PBT_MUTABLE = ("lr", "weight_decay", "warmup_ratio", "max_grad_norm")
+PAUSING = ("seed_halving", "pbt")  # schedulers that pause trials (resumed later from their checkpoint)
+
+
+@dataclass
+class PbtConfig:
+    """sweep.scheduler=pbt: Tune's population-based training, per task."""
+
+    mutations: dict[str, Any] = field(default_factory=dict)  # train key -> {dist, low, high | values}, as `search`
+    interval: int = 1  # evaluations between a trial's perturbations (train.evals_per_epoch: mid-epoch ones)
+    quantile: float = 0.25  # the bottom share of a task's trials clones the top share
+    resample_probability: float = 0.25  # an exploit draws a new value, else perturbs the donor's (x0.8 / x1.2)
+
+
 @dataclass
 class SweepConfig:
     seeds: list[int] = field(default_factory=lambda: list(range(38, 48)))
@@ -109,6 +126,7 @@ class SweepConfig:
     aggregate: str = "mean"  # mean | median: what the study is told of a point's seeds
     scheduler: str = "fifo"
     halving: HalvingConfig = field(default_factory=HalvingConfig)
+    pbt: PbtConfig = field(default_factory=PbtConfig)
     max_failures: int = 2
     keep_checkpoints: str = "best"  # best: prune all but the exported best model; all: keep every trial's
     predict_test: bool = False  # the best model per task predicts its test split: out_dir/glue_submission.zip

@@ -18,6 +18,8 @@ from sweep.config.settings import (
     AUTO,
     DEFAULT_LR,
     METHODS,
+    PAUSING,
+    PBT_MUTABLE,
     ClusterConfig,
     HalvingConfig,
     LoraConfig,
@@ -39,7 +41,7 @@ CHOICES = {
     "train.padding": ("dynamic", "max_length"),
     "train.method": METHODS,
     "sweep.keep_checkpoints": ("best", "all"),
-    "sweep.scheduler": ("fifo", "asha", "seed_halving"),
+    "sweep.scheduler": ("fifo", "asha", "seed_halving", "pbt"),
     "sweep.search_alg": ("random", "optuna"),
     "sweep.aggregate": ("mean", "median"),
     "sweep.search.dist": ("loguniform", "uniform", "choice"),
@@ -121,6 +123,7 @@ def _check_ranges(s: Settings) -> None:
            "optuna needs a search space to learn over, e.g. '+sweep.search.lr={dist: loguniform, low: 1e-5, "
            "high: 1e-3}' sweep.num_samples=20")
     _check_seeds_per_point(s.sweep)
+    _check_pbt(s)
     _check(s.sweep.max_failures >= 0, "sweep.max_failures", f"must be >= 0, got {s.sweep.max_failures}")
     _check_hparams(s)
 
@@ -160,16 +163,17 @@ def _check_halving(h: HalvingConfig) -> None:
 
 
 def check_halving_trials(s: Settings, gpus: Mapping[str, float | str] | None = None) -> None:
-    """Seed halving pauses trials at its rung; a paused multi-GPU (DDP) trial would leave its Train
-    worker group running. ``gpus``: each task's GPUs per trial; by default as configured (here, in
-    validate: "auto" is not known yet), else as the plan chose them (the tuner, before any trial)."""
-    if s.sweep.scheduler != "seed_halving":
+    """Seed halving (at its rung) and PBT (to exploit, to share slots) pause trials; a paused multi-GPU
+    (DDP) trial would leave its Train worker group running. ``gpus``: each task's GPUs per trial; by
+    default as configured (here, in validate: "auto" is not known yet), else as the plan chose them
+    (the tuner, before any trial)."""
+    if s.sweep.scheduler not in PAUSING:
         return
     shares = {t.name: s.resources.gpus_for(t.name) for t in s.tasks} if gpus is None else gpus
     ddp = [t.name for t in s.tasks  # more than 1 GPU: DDP workers (in the tasks' order)
            if isinstance(n := shares.get(t.name), (int, float)) and n > 1]
-    _check(not ddp, "sweep.scheduler", f"seed_halving cannot pause the multi-GPU (DDP) trials of {', '.join(ddp)}; "
-           "give them 1 GPU (resources.gpus_per_trial=1) or use sweep.scheduler=asha")
+    _check(not ddp, "sweep.scheduler", f"{s.sweep.scheduler} cannot pause the multi-GPU (DDP) trials of "
+           f"{', '.join(ddp)}; give them 1 GPU (resources.gpus_per_trial=1) or use sweep.scheduler=asha")
 
 
 def _check_node_types(node_types: list[Any]) -> None:
@@ -245,17 +249,63 @@ def _check_hparams(s: Settings) -> None:
                 for value in spec:  # each value must pass the train schema and its ranges
                     _check_ranges_of(s, key, value, f"sweep.grid.{key}")
             else:
-                dist = spec.get("dist") if isinstance(spec, dict) else None
-                _check_choice("sweep.search.dist", dist)
-                if dist == "choice":
-                    _check(bool(spec.get("values")), f"sweep.search.{key}.values", "needs a non-empty list")
-                else:
-                    low, high = spec.get("low"), spec.get("high")
-                    loguniform = dist == "loguniform"
-                    numbers = isinstance(low, (int, float)) and isinstance(high, (int, float))
-                    _check(numbers and (0 < low < high if loguniform else low < high), f"sweep.search.{key}",
-                           f"needs numbers low < high{' (both > 0 for loguniform)' if loguniform else ''}, "
-                           f"got low={low!r} high={high!r}")
+                _check_dist(f"sweep.search.{key}", spec)
+
+
+def _check_dist(where: str, spec: Any) -> None:
+    """One dimension of ``sweep.search`` (or ``sweep.pbt.mutations``): {dist, low, high} or {dist: choice, values}."""
+    dist = spec.get("dist") if isinstance(spec, Mapping) else None
+    _check(dist in CHOICES["sweep.search.dist"], f"{where}.dist",
+           f"got {dist!r}, allowed: {', '.join(CHOICES['sweep.search.dist'])}")
+    if dist == "choice":
+        _check(bool(spec.get("values")), f"{where}.values", "needs a non-empty list")
+        return
+    low, high = spec.get("low"), spec.get("high")
+    loguniform = dist == "loguniform"
+    numbers = isinstance(low, (int, float)) and isinstance(high, (int, float))
+    _check(numbers and (0 < low < high if loguniform else low < high), where,
+           f"needs numbers low < high{' (both > 0 for loguniform)' if loguniform else ''}, "
+           f"got low={low!r} high={high!r}")
+
+
+def _check_pbt(s: Settings) -> None:
+    """sweep.scheduler=pbt: what to mutate, how often, and a population to clone from, per task."""
+    if s.sweep.scheduler != "pbt":
+        return
+    pbt, sweep, t = s.sweep.pbt, s.sweep, s.train
+    _check(bool(pbt.mutations), "sweep.pbt.mutations",
+           "PBT needs at least one train key to mutate, e.g. "
+           "'+sweep.pbt.mutations.lr={dist: loguniform, low: 1e-5, high: 1e-3}'")
+    for key, spec in pbt.mutations.items():
+        _check(key in PBT_MUTABLE, f"sweep.pbt.mutations.{key}",
+               f"cannot change in the middle of a trial (an exploit goes on from another trial's checkpoint); "
+               f"mutate {', '.join(PBT_MUTABLE)}")
+        _check(key not in sweep.grid, f"sweep.pbt.mutations.{key}",
+               "is also a sweep.grid key; a grid value names the trial: mutate it or grid it, not both")
+        _check_dist(f"sweep.pbt.mutations.{key}", spec)
+    _check(pbt.interval >= 1, "sweep.pbt.interval", f"must be >= 1 evaluation, got {pbt.interval}")
+    evaluations = t.epochs * t.evals_per_epoch if t.eval_every is None else None
+    _check(evaluations is None or pbt.interval < evaluations, "sweep.pbt.interval",
+           f"{pbt.interval} evaluation(s), but a trial evaluates only {evaluations} time(s) "
+           f"(train.epochs x train.evals_per_epoch), so no trial could ever exploit; lower it or raise "
+           "train.evals_per_epoch")
+    _check(0 < pbt.quantile <= 0.5, "sweep.pbt.quantile", f"must be in (0, 0.5], got {pbt.quantile}")
+    _check(0 <= pbt.resample_probability <= 1, "sweep.pbt.resample_probability",
+           f"must be in [0, 1], got {pbt.resample_probability}")
+    _check(sweep.search_alg == "random", "sweep.search_alg",
+           f"{sweep.search_alg} cannot drive sweep.scheduler=pbt: PBT searches by itself (exploit and mutate); "
+           "use sweep.search_alg=random for its first population")
+    population = len(sweep.seeds) * sweep.num_samples * _grid_size(sweep.grid)
+    _check(population >= 2, "sweep.scheduler",
+           f"pbt needs a population of at least 2 trials per task to clone from, got {population}; "
+           "add seeds (sweep.seeds=[38,39,40,41]) or samples (sweep.num_samples=4)")
+
+
+def _grid_size(grid: Mapping[str, Any]) -> int:
+    size = 1
+    for values in grid.values():
+        size *= len(values) if isinstance(values, list) else 1
+    return size
 
 def _check_resources(s: Settings) -> None:
     r = s.resources

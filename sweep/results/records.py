@@ -61,6 +61,8 @@ class TrialRecord:
     run_id: str = ""  # the trial's MLflow run (tracking=mlflow)
     pid: int | None = None  # the process that ran the loop: a reused process runs trial after trial
     started_at: float = 0.0  # unix time the trial began (its process start, for a process's first trial)
+    # sweep.scheduler=pbt: the values it trained with, from which step, and the trial it cloned (trials.pbt_schedule)
+    schedule: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -175,10 +177,20 @@ def summarize(records: list[TrialRecord], specs: list[TaskSpec], aggregate: str 
 
 
 def _flat_row(r: TrialRecord) -> dict[str, Any]:
-    row = {k: v for k, v in asdict(r).items() if k not in ("hparams", "metrics")}
+    row = {k: v for k, v in asdict(r).items() if k not in ("hparams", "metrics", "schedule")}
+    if r.schedule:  # one cell: "lr=1e-05 from 0; lr=1.2e-05 from 40 (cloned t_00002)"
+        row["schedule"] = format_schedule(r.schedule)
     row.update({f"hp.{k}": v for k, v in sorted(r.hparams.items())})
     row.update({f"metric.{k}": v for k, v in sorted(r.metrics.items())})
     return row
+
+
+def format_schedule(schedule: list[dict[str, Any]]) -> str:
+    def one(part: dict[str, Any]) -> str:
+        values = ", ".join(f"{k}={v:.3g}" for k, v in sorted(part["values"].items()))
+        return f"{values} from step {part['from_step']}" + (f" (cloned {part['donor']})" if part.get("donor") else "")
+
+    return "; ".join(one(part) for part in schedule)
 
 
 def _csv_text(rows: list[dict[str, Any]]) -> str:

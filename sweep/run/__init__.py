@@ -11,6 +11,7 @@
 - ``trial.py``:       one trial: the Tune function (``train_driver_fn``) running a TorchTrainer whose
                       workers run ``train_fn_per_worker`` with a typed ``TrialContext``
 - ``halving_scheduler.py``: Tune's side of seed halving: pause a trial at the rung until its task is decided
+- ``pbt_scheduler.py``: sweep.scheduler=pbt: Tune's PopulationBasedTraining, one population per task
 - ``stop.py``:        SIGTERM/SIGINT stop the sweep through Tune's own stop; the resume command line
 - ``progress.py``:    the one-line-per-change progress callback
 - ``mlflow_runs.py``: every trial's nested MLflow run, logged by the driver from the trials' reports

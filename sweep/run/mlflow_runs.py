@@ -55,7 +55,8 @@ def evaluation_metrics(report: Report, train) -> tuple[int, dict[str, float]] | 
     step = int(report.epoch if once_per_epoch else report.step)
     metrics = {"train_loss": report.train_loss, "score": report.score,
                "epoch": report.step / report.steps_total * train.epochs if report.steps_total else None,
-               **report.metrics}
+               **report.metrics,
+               **{f"pbt.{k}": v for k, v in report.pbt.items()}}  # PBT's values over the run: a curve
     return step, {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and v == v}
 
 

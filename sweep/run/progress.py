@@ -28,7 +28,8 @@ class SweepProgress(Callback):
         self.metric = {t.name: t.metric for t in settings.tasks}
         self.mode = {t.name: t.mode for t in settings.tasks}
         self.best: dict[str, tuple[float, int]] = {}  # task -> (metric value, seed)
-        self.running: set[str] = set()
+        self.running: set[str] = set()  # started, not ended (maybe paused)
+        self.paused = 0  # seed halving and PBT pause trials: their slot goes to another
         self.done: dict[str, float] = {}  # trial id -> wall seconds
         self.failed = 0
         self.start = time.time()
@@ -48,16 +49,24 @@ class SweepProgress(Callback):
 
     def print_line(self) -> None:
         pending = self.total - len(self.done) - len(self.running)
+        paused = min(self.paused, len(self.running))
         bests = " | ".join(
             f"{task} {self.metric[task]} best {value:.4f} (seed {seed})"
             for task, (value, seed) in sorted(self.best.items())
         )
-        line = (f"{len(self.done)}/{self.total} done, {len(self.running)} running, {max(pending, 0)} pending, "
+        line = (f"{len(self.done)}/{self.total} done, {len(self.running) - paused} running, "
+                + (f"{paused} paused, " if paused else "") + f"{max(pending, 0)} pending, "
                 f"{self.failed} failed" + (f" | {bests}" if bests else "") + f" | ETA {self._eta()}"
                 + (f" | {self.waiting}" if self.waiting else ""))
         if line != self.last_line:
             self.last_line = line
             print(f"[{_clock(time.time() - self.start)}] {line}", flush=True)
+
+    def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
+        paused = sum(1 for trial in trials if trial.status == "PAUSED")
+        if paused != self.paused:  # Tune has no pause callback: its loop's step shows it
+            self.paused = paused
+            self.print_line()
 
     def on_trial_start(self, iteration: int, trials: list, trial, **info: Any) -> None:
         self.running.add(trial.trial_id)

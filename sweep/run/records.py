@@ -13,7 +13,7 @@ from sweep.config.settings import Settings
 from sweep.failures import last_line
 from sweep.plan.sizes import TaskPlan
 from sweep.results.records import TrialRecord
-from sweep.trials import CHECKPOINT_MARKER, Report, TrialHistories, trial_of
+from sweep.trials import CHECKPOINT_MARKER, Report, TrialHistories, pbt_schedule, trial_of
 
 
 def records_from_results(grid, settings: Settings, plans: dict[str, TaskPlan], histories: TrialHistories | None = None,
@@ -37,6 +37,7 @@ def records_from_results(grid, settings: Settings, plans: dict[str, TaskPlan], h
         if ranked:
             best = max(ranked, key=lambda row: row.checkpoint_rank)  # the first of equal ranks, as idxmax
             _best_evaluation(record, settings, rows, best, first_in_process)
+            record.schedule = pbt_schedule(rows)
             record.run_id = run_id_of(trial_id, task, seed, hparams) if run_id_of is not None and trial_id else ""
             record.checkpoint = (_best_checkpoint(best, _checkpoint_dirs(result, train_dir, trial_id))
                                  if train_dir is not None else _remote_best_checkpoint(result, best))
@@ -167,7 +168,10 @@ def _best_checkpoint(best: Report, run_dirs: list[Path]) -> str | None:
     for run_dir in run_dirs:
         for marker in run_dir.glob(f"checkpoint_*/{CHECKPOINT_MARKER}"):
             held = json.loads(marker.read_text())
-            if "step" in held and best.step is not None:
+            if held.get("checkpoint_id") and best.checkpoint_id:  # a PBT trial may pass a step twice
+                if held["checkpoint_id"] == best.checkpoint_id:
+                    return str(marker.parent)
+            elif "step" in held and best.step is not None:
                 if held["step"] == best.step:
                     return str(marker.parent)
             elif held["epoch"] == best.epoch:  # a checkpoint of an older sweep: one per epoch
@@ -181,7 +185,10 @@ def _remote_best_checkpoint(result, best: Report) -> str | None:
     from sweep.remote_files import uri_of
 
     for checkpoint, metrics in result.best_checkpoints or []:
-        if best.step is not None and metrics.get("step") == best.step:
+        if best.checkpoint_id and metrics.get("checkpoint_id"):
+            if metrics["checkpoint_id"] == best.checkpoint_id:
+                return uri_of(checkpoint.filesystem, checkpoint.path)
+        elif best.step is not None and metrics.get("step") == best.step:
             return uri_of(checkpoint.filesystem, checkpoint.path)
     return None
 

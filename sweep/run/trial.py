@@ -33,6 +33,7 @@ import platform
 import shutil
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -111,14 +112,21 @@ class EvaluationReporter:
     so a node needs no route to the tracking store and writes nothing the driver must read but
     through Tune and the sweep's storage."""
 
-    def __init__(self, ctx: TrialContext, rank: int, resumed_at: int | None, timing: dict[str, float]) -> None:
-        """``resumed_at``: the step of the checkpoint the trial goes on from (None: from the start)."""
-        self.ctx, self.rank, self.resumed, self.timing = ctx, rank, resumed_at is not None, timing
+    def __init__(self, ctx: TrialContext, rank: int, resumed_from: dict[str, Any] | None,
+                 timing: dict[str, float]) -> None:
+        """``resumed_from``: the marker of the checkpoint the trial goes on from (None: from the start):
+        its own (a retry, a resumed sweep, a pause) or, after a PBT exploit, the donor's."""
+        self.ctx, self.rank, self.resumed, self.timing = ctx, rank, resumed_from is not None, timing
         self.node = ray.get_runtime_context().get_node_id()
         self.node_ip = ray.util.get_node_ip_address()
         self.device = _device_name()
         history = ctx.read_history() if self.resumed and rank == 0 else []
-        self.history = [row for row in history if (row.step or 0) <= resumed_at]
+        writer = (resumed_from or {}).get("trial_id")
+        # (donor trial, its step) until the first evaluation after an exploit has said so
+        self.donor = (writer, int(resumed_from.get("step", 0))) if writer not in (None, ctx.trial_id) else None
+        if self.donor is None and resumed_from is not None:  # its own checkpoint: the rows after it are redone
+            history = [row for row in history if (row.step or 0) <= int(resumed_from.get("step", 0))]
+        self.history = history  # after an exploit the trial's own past stays, the donor's steps follow
         self.board = ray.get_actor(ctx.rungs_board, namespace=ASHA_NAMESPACE) if ctx.rungs_board else None
         halving = ctx.settings.sweep.halving if ctx.settings.sweep.scheduler == "seed_halving" else None
         self.rung_at = halving.at if halving is not None else None
@@ -128,16 +136,19 @@ class EvaluationReporter:
     def __call__(self, evaluation, save) -> None:
         report = self.report_of(evaluation)
         # A history row says its checkpoint is registered (a killer, a resumed sweep rely on it), so
-        # it comes after the report; but seed halving's pause ends the trial inside the report of
-        # its rung evaluation, whose row therefore comes first (a retry drops rows past its checkpoint).
-        if report.rung:
+        # it comes after the report; but a pause ends the trial inside the report (seed halving's at
+        # its rung evaluation, PBT's at any), whose row therefore comes first (a retry drops rows
+        # past its checkpoint).
+        first = report.rung or self.mutated
+        if first:
             self.record(report)
         self.report(report, evaluation, save)
-        if not report.rung:
+        if not first:
             self.record(report)
         self.ask_rungs(report)
 
     def report_of(self, evaluation) -> Report:
+        donor, self.donor = self.donor, None
         return Report(
             trial_id=self.ctx.trial_id, task=self.ctx.task, seed=self.ctx.seed, launch_id=self.ctx.launch_id,
             epoch=evaluation.epoch, train_loss=evaluation.train_loss, score=evaluation.score,
@@ -150,7 +161,15 @@ class EvaluationReporter:
             # where a trial's time goes: driver start -> worker process -> imports -> loop -> evaluations
             driver_started=self.ctx.driver_started, process_started=PROCESS_STARTED, **self.timing,
             reported_at=time.time(),
+            checkpoint_id=uuid.uuid4().hex[:16] if self.rank == 0 else None,
+            pbt={k: float(v) for k, v in self.ctx.hparams.items() if k in self.mutated},
+            donor=donor[0] if donor else None, donor_step=donor[1] if donor else None,
         )
+
+    @property
+    def mutated(self) -> dict[str, Any]:
+        sweep = self.ctx.settings.sweep
+        return sweep.pbt.mutations if sweep.scheduler == "pbt" else {}
 
     def is_rung(self, epoch) -> bool:
         """Seed halving's decision point: the trial's first evaluation at or past fraction ``at``."""
@@ -176,7 +195,10 @@ class EvaluationReporter:
             with writing("a checkpoint", folder.parent, staged, key="TMPDIR"):
                 save(folder)
                 # found again without Tune's log (a plain write: the whole folder is private until reported)
-                (folder / CHECKPOINT_MARKER).write_text(json.dumps({"epoch": row.epoch, "step": row.step}))
+                # ... and whose it is: a PBT exploit restarts another trial from it
+                (folder / CHECKPOINT_MARKER).write_text(json.dumps({
+                    "epoch": row.epoch, "step": row.step, "trial_id": row.trial_id,
+                    "checkpoint_id": row.checkpoint_id}))
             self.checkpoint_bytes = folder_size(folder)
             storage = _checkpoint_storage(self.ctx)
             before = _checkpoints_in(storage)
@@ -269,7 +291,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
     timing["loop_started"] = time.time()
     device = _device(ctx.in_trial_process)
     resume_dir = _restore_latest(ctx.in_trial_process)
-    reporter = EvaluationReporter(ctx, rank, resumed_at=_checkpoint_step(resume_dir), timing=timing)
+    reporter = EvaluationReporter(ctx, rank, resumed_from=_checkpoint_marker(resume_dir), timing=timing)
     try:
         stopped = reporter.stopped_before() if resume_dir is not None else None
         if stopped is not None:
@@ -301,12 +323,12 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
             _free_for_the_next_trial()
 
 
-def _checkpoint_step(folder: Path | None) -> int | None:
-    """The training step of the evaluation a checkpoint folder holds (None: no checkpoint)."""
+def _checkpoint_marker(folder: Path | None) -> dict[str, Any] | None:
+    """What a checkpoint folder holds: the evaluation's epoch and step, the trial that wrote it (None:
+    no checkpoint)."""
     if folder is None:
         return None
-    marker = json.loads((folder / CHECKPOINT_MARKER).read_text())
-    return int(marker.get("step", 0))
+    return json.loads((folder / CHECKPOINT_MARKER).read_text())
 
 
 def _free_for_the_next_trial() -> None:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sweep.config.settings import Settings
+from sweep.config.settings import PAUSING, Settings
 from sweep.plan.costs import grid_points
 from sweep.plan.makespan import TrialWork
 from sweep.plan.scale import TrialSize
@@ -123,9 +123,9 @@ def make_tuner(settings: Settings, plan: SweepPlan, callbacks: list, launch_id: 
     if settings.resume:
         print(f"resume: nothing to resume in {experiment}; starting the sweep")
     ddp_tasks = {t for t, s in plan.sizes.items() if not s.in_trial_process}
-    # a trial paused at the seed-halving rung still counts as live for the generator's limit: it must
-    # hand out every seed (the resources limit)
-    concurrency = 0 if settings.sweep.scheduler == "seed_halving" else plan.concurrency
+    # a trial paused (at the seed-halving rung, or by PBT to share slots) still counts as live for the
+    # generator's limit: it must hand out every trial (the resources limit)
+    concurrency = 0 if settings.sweep.scheduler in PAUSING else plan.concurrency
     if settings.sweep.search_alg == "optuna":
         # Tune asks the searcher once per sample: every trial of the sweep is one
         space, samples = {}, len(plan.dispatch.order) * settings.sweep.num_samples
@@ -174,7 +174,9 @@ def param_space(settings: Settings, order: Sequence[TrialWork]) -> dict[str, Any
     points = grid_points(settings)
     trials = [point_of(t.task, t.seed, points[t.point]) for t in order]
     space: dict[str, Any] = {"trial": tune.grid_search(trials), "hparams": {}}
-    for key, spec in settings.sweep.search.items():
+    # PBT's first population draws each mutated key from its mutation range, unless the search has it
+    first = {**(settings.sweep.pbt.mutations if settings.sweep.scheduler == "pbt" else {}), **settings.sweep.search}
+    for key, spec in first.items():
         if spec["dist"] == "choice":
             space["hparams"][key] = tune.choice(list(spec["values"]))
         elif spec["dist"] == "loguniform":
@@ -206,6 +208,10 @@ def retries_and_checkpoints(settings: Settings, sizes: dict[str, TrialSize]) -> 
     retries = {"failure_config": tune.FailureConfig(max_failures=settings.sweep.max_failures)}
     if not any(s.in_trial_process for s in sizes.values()):
         return retries
+    if settings.sweep.scheduler == "pbt":
+        # An exploit clones a top trial's checkpoint of its last perturbation, which may no longer be
+        # its best or latest: PBT keeps every checkpoint until the sweep ends (keep_checkpoints prunes then).
+        return {**retries, "checkpoint_config": tune.CheckpointConfig(num_to_keep=None)}
     return {
         **retries,
         # the best by score, plus always the latest (Tune keeps it for a retry)
@@ -253,7 +259,12 @@ def replay_rungs(board, histories) -> None:
 
 
 def _tune_scheduler(settings: Settings, rungs_board: str | None) -> dict[str, Any]:
-    """Seed halving pauses trials that reach the rung before their task is decided (Tune's side)."""
+    """Seed halving pauses trials that reach the rung before their task is decided (Tune's side);
+    PBT (one population per task) pauses a trial to clone another's checkpoint."""
+    if settings.sweep.scheduler == "pbt":
+        from sweep.run.pbt_scheduler import TaskPbt
+
+        return {"scheduler": TaskPbt(settings.sweep.pbt)}
     if settings.sweep.scheduler != "seed_halving":
         return {}
     from sweep.run.halving_scheduler import SeedHalvingScheduler

@@ -291,6 +291,20 @@ def save(run: Run, folder: Path) -> None:
     }, Path(folder) / TRAINING_STATE)
 
 
+def _apply_recipe(run: Run) -> None:
+    """The run's own lr and weight decay over what the checkpoint's optimizer held: the same values
+    when a trial resumes its own checkpoint, mutated ones when PBT restarts it from a donor's. The
+    schedule's shape (warmup, linear decay) is the run's too: its step goes on from the checkpoint's."""
+    lr, scheduler = run.train.lr, run.scheduler
+    scheduler.base_lrs = [lr for _ in run.optimizer.param_groups]
+    for i, group in enumerate(run.optimizer.param_groups):
+        group["initial_lr"] = lr
+        group["lr"] = lr * scheduler.lr_lambdas[i](scheduler.last_epoch)
+        if i == 0:  # the decayed group (_optimizer); biases and norms stay at 0
+            group["weight_decay"] = run.train.weight_decay
+    scheduler._last_lr = [group["lr"] for group in run.optimizer.param_groups]
+
+
 @dataclass(frozen=True)
 class Resume:
     """Where a resumed run goes on: its epoch, the batches of that epoch already done, the RNG state."""
@@ -306,6 +320,7 @@ def restore(run: Run, folder: Path) -> Resume:
     run.optimizer.load_state_dict(state["optimizer"])
     run.scheduler.load_state_dict(state["scheduler"])
     run.scaler.load_state_dict(state["scaler"])
+    _apply_recipe(run)
     run.result.epochs = [Evaluation(**e) for e in state["epochs"]]
     run.result.best_index = state["best_index"]
     last = run.result.epochs[-1]

@@ -1,0 +1,161 @@
+"""sweep.scheduler=pbt: Tune's ``PopulationBasedTraining``, one population per task.
+
+Tune's PBT ranks every trial it is given against every other; scores of different tasks must never
+meet (as the rungs of ASHA and seed halving guarantee). ``TaskPbt`` holds one PBT per task and hands
+each the trials of its task only, and a view of the controller that shows it only those (PBT asks
+the controller for "all trials" to pick the next to run and to decide whether to pause for a
+pending one).
+
+An exploit pauses the trial and restarts it from the donor's latest checkpoint with mutated
+``hparams``: the trial's own resume path (``run/trial.py``), which reads from the checkpoint's marker
+whose trial wrote it and records the donor in the trial's history.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ray.tune.schedulers import FIFOScheduler, PopulationBasedTraining
+
+from sweep.config.settings import PbtConfig
+from sweep.trials import EVAL_PREFIX, trial_of
+
+METRIC, MODE = "score", "max"  # the task's selection score, higher is better (trials.Report)
+TIE_BREAK = 1e-6  # x eval loss, subtracted from the score PBT ranks by
+
+
+def domain_of(spec: dict[str, Any]):
+    """A ``sweep.search`` dimension as Tune's mutation: a list (PBT shifts to a neighbour) or a domain."""
+    from ray import tune
+
+    if spec["dist"] == "choice":
+        return list(spec["values"])
+    if spec["dist"] == "loguniform":
+        return tune.loguniform(spec["low"], spec["high"])
+    return tune.uniform(spec["low"], spec["high"])
+
+
+class KeepInRange:
+    """PBT perturbs a continuous value by x0.8 / x1.2, which can leave its range (a warmup ratio past 1):
+    clamp each mutated key to its [low, high]. A class, not a closure: Tune pickles its scheduler."""
+
+    def __init__(self, mutations: dict[str, dict[str, Any]]):
+        self.bounds = {k: (s["low"], s["high"]) for k, s in mutations.items() if s["dist"] != "choice"}
+
+    def __call__(self, config: dict[str, Any]) -> dict[str, Any]:
+        hparams = config.get("hparams") or {}
+        for key, (low, high) in self.bounds.items():
+            if key in hparams:
+                hparams[key] = min(max(float(hparams[key]), low), high)
+        return config
+
+
+class TaskPopulation(PopulationBasedTraining):
+    """Tune's PBT with three changes for fine-tuning runs:
+
+    * an exploit clones the donor's ``hparams`` only: Tune copies the donor's whole config, which here
+      also names the trial's seed and grid point (``trial``); the trial keeps its own;
+    * a trial's last evaluation is no perturbation point: its training is over, there is nothing left
+      to go on with (Tune would restart it from a donor's checkpoint after it ended);
+    * equal scores (accuracy moves in steps of 1/n; early evaluations often tie at the majority class)
+      are ranked by the lower eval loss, so a tie does not clone an arbitrary trial.
+    """
+
+    def _get_new_config(self, trial, trial_to_clone):
+        new_config, operations = super()._get_new_config(trial, trial_to_clone)
+        return {**new_config, "trial": trial.config["trial"]}, operations
+
+    def on_trial_result(self, tune_controller, trial, result: dict) -> str:
+        if (result.get("progress") or 0.0) >= 1.0:
+            return self.CONTINUE
+        return super().on_trial_result(tune_controller, trial, result)
+
+    def _save_trial_state(self, state, time, result: dict, trial):
+        score = super()._save_trial_state(state, time, result, trial)
+        loss = result.get(f"{EVAL_PREFIX}eval_loss")
+        if isinstance(loss, (int, float)) and math.isfinite(loss):
+            state.last_score = score - TIE_BREAK * loss  # far below a score's own resolution
+        return state.last_score
+
+
+def make_pbt(pbt: PbtConfig) -> PopulationBasedTraining:
+    """One task's PBT: every ``interval`` evaluations (Tune's training iterations) the bottom
+    ``quantile`` clones the top one's checkpoint and mutates ``hparams``."""
+    return TaskPopulation(
+        time_attr="training_iteration", metric=METRIC, mode=MODE,
+        perturbation_interval=pbt.interval,
+        hyperparam_mutations={"hparams": {k: domain_of(s) for k, s in pbt.mutations.items()}},
+        quantile_fraction=pbt.quantile, resample_probability=pbt.resample_probability,
+        custom_explore_fn=KeepInRange(pbt.mutations),
+        # a report that is no evaluation (a trial's error row) has no score: not a perturbation point
+        require_attrs=False,
+        log_config=False,  # the trial's history says its schedule (results.json), on any storage
+    )
+
+
+class _TaskView:
+    """The controller as one task's PBT should see it: only that task's trials."""
+
+    def __init__(self, controller, task: str):
+        self._controller, self._task = controller, task
+
+    def get_trials(self):
+        return [t for t in self._controller.get_trials() if trial_of(t.config)[0] == self._task]
+
+    def get_live_trials(self):
+        return [t for t in self._controller.get_live_trials() if trial_of(t.config)[0] == self._task]
+
+    def __getattr__(self, name: str):  # pause_trial, _schedule_trial_save, search_alg, ...
+        return getattr(self._controller, name)
+
+
+class TaskPbt(FIFOScheduler):
+    """A PBT per task (``make_pbt``), each over its task's trials alone."""
+
+    _supports_buffered_results = False  # PBT must see each evaluation before the trial trains on
+
+    def __init__(self, pbt: PbtConfig):
+        super().__init__()
+        self.config = pbt
+        self.by_task: dict[str, PopulationBasedTraining] = {}
+
+    def _of(self, trial) -> tuple[PopulationBasedTraining, str]:
+        task = trial_of(trial.config)[0]
+        if task not in self.by_task:
+            self.by_task[task] = make_pbt(self.config)
+        return self.by_task[task], task
+
+    def set_search_properties(self, metric, mode, **spec) -> bool:
+        return True  # each PBT has its own metric and mode (METRIC, MODE)
+
+    def on_trial_add(self, tune_controller, trial) -> None:
+        pbt, task = self._of(trial)
+        pbt.on_trial_add(_TaskView(tune_controller, task), trial)
+
+    def on_trial_result(self, tune_controller, trial, result: dict) -> str:
+        pbt, task = self._of(trial)
+        return pbt.on_trial_result(_TaskView(tune_controller, task), trial, result)
+
+    def on_trial_complete(self, tune_controller, trial, result) -> None:
+        pbt, task = self._of(trial)
+        pbt.on_trial_complete(_TaskView(tune_controller, task), trial, result)
+
+    def on_trial_error(self, tune_controller, trial) -> None:
+        pbt, task = self._of(trial)
+        pbt.on_trial_error(_TaskView(tune_controller, task), trial)
+
+    def on_trial_remove(self, tune_controller, trial) -> None:
+        pbt, task = self._of(trial)
+        pbt.on_trial_remove(_TaskView(tune_controller, task), trial)
+
+    def choose_trial_to_run(self, tune_controller):
+        """Each task's PBT picks its least-trained waiting trial; the tasks in their dispatch order."""
+        for task, pbt in self.by_task.items():
+            trial = pbt.choose_trial_to_run(_TaskView(tune_controller, task))
+            if trial is not None:
+                return trial
+        return None
+
+    def debug_string(self) -> str:
+        return "; ".join(f"{task}: {pbt.debug_string()}" for task, pbt in self.by_task.items())

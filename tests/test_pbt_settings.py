@@ -1,0 +1,78 @@
+"""sweep.scheduler=pbt without Ray: its settings refused one line each, the schedule a trial's
+history gives, the range a perturbed value is kept in, a row's PBT fields and their MLflow curve."""
+
+from __future__ import annotations
+
+import pytest
+
+from sweep.config.validate import compose_settings
+from sweep.errors import ConfigError
+from sweep.results.records import format_schedule
+from sweep.trials import Report, pbt_schedule
+
+LR = "+sweep.pbt.mutations.lr={dist:loguniform,low:1e-5,high:1e-2}"
+PBT = ["experiment=demo", "sweep.scheduler=pbt", "sweep.seeds=[1,2,3,4]", "train.epochs=2"]
+
+
+@pytest.mark.parametrize("overrides, says", [
+    ([], r"sweep.pbt.mutations: PBT needs at least one train key to mutate, e.g. '\+sweep.pbt.mutations.lr="),
+    (["+sweep.pbt.mutations.batch_size={dist:choice,values:[8,16]}"],
+     "sweep.pbt.mutations.batch_size: cannot change in the middle of a trial"),
+    (["+sweep.pbt.mutations.lr={dist:loguniform,low:0,high:1e-2}"],
+     r"sweep.pbt.mutations.lr: needs numbers low < high \(both > 0 for loguniform\), got low=0"),
+    ([LR, "+sweep.grid.lr=[1e-4,1e-3]"], "sweep.pbt.mutations.lr: is also a sweep.grid key"),
+    ([LR, "sweep.pbt.interval=0"], "sweep.pbt.interval: must be >= 1 evaluation, got 0"),
+    ([LR, "sweep.pbt.interval=2"], r"sweep.pbt.interval: 2 evaluation\(s\), but a trial evaluates only 2 time"),
+    ([LR, "sweep.pbt.quantile=0.6"], r"sweep.pbt.quantile: must be in \(0, 0.5\], got 0.6"),
+    ([LR, "sweep.pbt.resample_probability=2"], r"sweep.pbt.resample_probability: must be in \[0, 1\], got 2"),
+    ([LR, "sweep.search_alg=optuna", "+sweep.search.weight_decay={dist:uniform,low:0,high:0.1}"],
+     "sweep.search_alg: optuna cannot drive sweep.scheduler=pbt"),
+    ([LR, "sweep.seeds=[1]"], "sweep.scheduler: pbt needs a population of at least 2 trials per task"),
+    ([LR, "resources.gpus_per_trial=2"], r"sweep.scheduler: pbt cannot pause the multi-GPU \(DDP\) trials of WNLI"),
+])
+def test_bad_pbt_settings_are_one_line_each(overrides, says) -> None:
+    with pytest.raises(ConfigError, match=f"^{says}") as error:
+        compose_settings(*PBT, *overrides)
+    assert "\n" not in str(error.value)
+
+
+def test_good_pbt_settings_pass_and_a_search_key_may_also_be_mutated() -> None:
+    s = compose_settings(*PBT, LR, "+sweep.search.lr={dist:loguniform,low:1e-5,high:1e-3}", "sweep.pbt.interval=1")
+    assert s.sweep.pbt.mutations == {"lr": {"dist": "loguniform", "low": 1e-5, "high": 1e-2}}
+
+
+def _row(step: int, lr: float, **extra) -> Report:
+    return Report(trial_id="t1", step=step, score=0.5, pbt={"lr": lr}, **extra)
+
+
+def test_the_schedule_is_each_stretch_of_values_and_an_exploit_starts_at_the_donors_step() -> None:
+    rows = [_row(10, 1e-4), _row(20, 1e-4), _row(20, 2.4e-4, donor="t3", donor_step=10), _row(30, 2.4e-4),
+            Report(trial_id="t1", trial_error="boom")]  # a row without values is no stretch
+    schedule = pbt_schedule(rows)
+    assert schedule == [{"from_step": 0, "values": {"lr": 1e-4}, "donor": None},
+                        {"from_step": 10, "values": {"lr": 2.4e-4}, "donor": "t3"}]
+    assert format_schedule(schedule) == "lr=0.0001 from step 0; lr=0.00024 from step 10 (cloned t3)"
+    assert pbt_schedule([Report(trial_id="t", step=10, score=0.5)]) == []  # not a PBT trial
+
+
+def test_a_rows_pbt_fields_go_through_tune_and_the_history_and_become_an_mlflow_curve() -> None:
+    from sweep.run.mlflow_runs import evaluation_metrics
+    from tests.helpers.configs import train_config
+
+    row = _row(20, 2.4e-4, donor="t3", donor_step=10, epoch=1, steps_total=40, checkpoint_id="abc")
+    flat = row.to_row()
+    assert flat["pbt/lr"] == 2.4e-4 and flat["donor"] == "t3" and flat["checkpoint_id"] == "abc"
+    assert Report.from_row(flat) == row
+    step, metrics = evaluation_metrics(row, train_config(epochs=2, evals_per_epoch=2))
+    assert (step, metrics["pbt.lr"]) == (20, 2.4e-4)
+
+
+def test_a_perturbed_value_stays_in_its_range() -> None:
+    from sweep.run.pbt_scheduler import KeepInRange
+
+    keep = KeepInRange({"lr": {"dist": "loguniform", "low": 1e-5, "high": 1e-2},
+                        "warmup_ratio": {"dist": "uniform", "low": 0.0, "high": 0.5},
+                        "weight_decay": {"dist": "choice", "values": [0.0, 0.1]}})
+    config = keep({"trial": {"seed": 1}, "hparams": {"lr": 1.2e-2, "warmup_ratio": 0.4, "weight_decay": 0.1}})
+    assert config["hparams"] == {"lr": 1e-2, "warmup_ratio": 0.4, "weight_decay": 0.1}
+    assert keep({"hparams": {"lr": 0.8e-5}})["hparams"]["lr"] == 1e-5
