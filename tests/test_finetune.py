@@ -68,18 +68,21 @@ class _Stop(Exception):
     pass
 
 
+def _checkpoint_after_first_evaluation(spec, model_dir, data_dir, cfg, cache_dir, folder) -> None:
+    """A run (seed 42) stopped right after its first evaluation, which ``save`` wrote into ``folder``."""
+    def stop_after_first(epoch, save):
+        save(folder)
+        raise _Stop
+
+    with pytest.raises(_Stop):
+        finetune(spec, model_dir, data_dir, cfg, seed=42, cache_dir=cache_dir, on_evaluation=stop_after_first)
+
+
 def test_resume_after_a_stop_equals_an_uninterrupted_run(synthetic_glue_dir, tiny_roberta_dir, cache_dir, tmp_path):
     cfg = replace(QUICK, epochs=3, max_train_samples=64)
     spec = load_task("RTE")
     whole = finetune(spec, tiny_roberta_dir, synthetic_glue_dir, cfg, seed=42, cache_dir=cache_dir)
-
-    def stop_after_first(epoch, save):
-        save(tmp_path / "ckpt")
-        raise _Stop
-
-    with pytest.raises(_Stop):
-        finetune(spec, tiny_roberta_dir, synthetic_glue_dir, cfg, seed=42, cache_dir=cache_dir,
-                 on_evaluation=stop_after_first)
+    _checkpoint_after_first_evaluation(spec, tiny_roberta_dir, synthetic_glue_dir, cfg, cache_dir, tmp_path / "ckpt")
     resumed = finetune(spec, tiny_roberta_dir, synthetic_glue_dir, cfg, seed=42, cache_dir=cache_dir,
                        resume_from=tmp_path / "ckpt")
     assert [e.epoch for e in resumed.epochs] == [1, 2, 3]
@@ -130,14 +133,7 @@ def test_a_resume_with_other_values_trains_with_them_from_the_checkpoints_step(
     # what a PBT exploit does: go on from a (donor's) checkpoint with a mutated lr and weight decay
     cfg = replace(QUICK, epochs=2, max_train_samples=64, warmup_ratio=0.0)
     spec = load_task("RTE")
-
-    def stop_after_first(epoch, save):
-        save(tmp_path / "ckpt")
-        raise _Stop
-
-    with pytest.raises(_Stop):
-        finetune(spec, tiny_roberta_dir, synthetic_glue_dir, cfg, seed=42, cache_dir=cache_dir,
-                 on_evaluation=stop_after_first)
+    _checkpoint_after_first_evaluation(spec, tiny_roberta_dir, synthetic_glue_dir, cfg, cache_dir, tmp_path / "ckpt")
     mutated = replace(cfg, lr=cfg.lr * 0.1, weight_decay=0.3)
     run = setup(spec, tiny_roberta_dir, synthetic_glue_dir, mutated, seed=42, cache_dir=cache_dir,
                 resume_from=tmp_path / "ckpt")
