@@ -39,8 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def overrides(trials: int, out: Path, tracking: str) -> list[str]:
     seeds = ",".join(str(s) for s in range(trials))
+    store = [f"tracking.uri=sqlite:///{out.parent / 'mlflow.db'}"] if tracking == "mlflow" else []  # a fresh store
     return ["experiment=demo", f"sweep.seeds=[{seeds}]", "train.epochs=1", "train.max_train_samples=8",
-            "train.max_eval_samples=8", "train.batch_size=8", f"tracking={tracking}", f"out_dir={out}"]
+            "train.max_eval_samples=8", "train.batch_size=8", f"tracking={tracking}", *store, f"out_dir={out}"]
 
 
 class Sampler:
@@ -63,7 +64,39 @@ class Sampler:
         return next((rss for _, d, rss in self.samples if d >= done), self.samples[-1][2])
 
 
-def one(trials: int, tracking: str) -> dict:
+def profiled(trials: int, tracking: str, top: int = 30) -> None:
+    """``--profile N``: one sweep of N trials under cProfile (Tune's loop runs in the main thread) and
+    tracemalloc (what the driver's memory grew by between a tenth of the trials and the end)."""
+    import cProfile
+    import pstats
+    import tracemalloc
+
+    import sweep.run.progress as progress
+
+    tracemalloc.start(8)
+    snapshots = {}
+    finish_trial = progress.SweepProgress._finish
+
+    def snapshot_at_warmup(self, trial):
+        finish_trial(self, trial)
+        if len(self.done) == max(trials // 10, 1):
+            snapshots["warm"] = tracemalloc.take_snapshot()
+    progress.SweepProgress._finish = snapshot_at_warmup
+    profile = cProfile.Profile()
+    profile.enable()
+    row = one(trials, tracking, sample=False)
+    profile.disable()
+    end = tracemalloc.take_snapshot()
+    pstats.Stats(profile).sort_stats("tottime").print_stats(top)
+    print("memory grown after warm-up, by allocation site:")
+    for stat in end.compare_to(snapshots["warm"], "traceback")[:12]:
+        print(f"{stat.size_diff / 2**20:+.1f} MiB in {stat.count_diff:+d} blocks")
+        for line in stat.traceback.format()[-8:]:
+            print("    " + line)
+    print(json.dumps(row))
+
+
+def one(trials: int, tracking: str, sample: bool = True) -> dict:
     """Runs in the child: one sweep of ``trials`` trials, measured from inside."""
     import sweep.app as app
     import sweep.run.progress as progress
@@ -85,12 +118,13 @@ def one(trials: int, tracking: str) -> dict:
     # measurement wrappers around the real functions (the sweep runs unchanged)
     tuner.run_tune = timed("tune", tuner.run_tune)
     app.finish = timed("finish", app.finish)
-    finish_trial = progress.SweepProgress._finish
+    if sample:
+        finish_trial = progress.SweepProgress._finish
 
-    def counting_finish(self, trial):
-        finish_trial(self, trial)
-        sampler.done = len(self.done)
-    progress.SweepProgress._finish = counting_finish
+        def counting_finish(self, trial):
+            finish_trial(self, trial)
+            sampler.done = len(self.done)
+        progress.SweepProgress._finish = counting_finish
 
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
         out = Path(tmp) / "out"
@@ -121,7 +155,12 @@ def main() -> None:
     p.add_argument("--tracking", default="mlflow", choices=["mlflow", "none"])
     p.add_argument("--out", type=Path, default=ROOT / "bench_results" / "scale.json")
     p.add_argument("--one", type=int, help=argparse.SUPPRESS)  # the child: one count, JSON on stdout's last line
+    p.add_argument("--profile", type=int, metavar="N",
+                   help="instead: one sweep of N trials under cProfile and tracemalloc, the top entries printed")
     args = p.parse_args()
+    if args.profile:
+        profiled(args.profile, args.tracking)
+        return
     if args.one:
         print(json.dumps(one(args.one, args.tracking)), flush=True)
         return

@@ -110,3 +110,33 @@ def test_a_task_whose_data_does_not_read_is_costed_as_the_others_mean(tiny_rober
     sizes, _ = measure_sizes(settings, SimpleNamespace(model_dir=tiny_roberta_dir, data_dir=data))
     assert "unknown label 'maybe'" in sizes["RTE"].error
     assert (sizes["RTE"].rows, sizes["RTE"].mean_tokens) == (sizes["WNLI"].rows, sizes["WNLI"].mean_tokens)
+
+
+def test_the_forecast_kept_as_trials_move_equals_the_sum_over_every_trial():
+    """The progress line asks after every report, so the work left is kept up to date per key, not
+    summed over the sweep each time: it must equal that sum after any order of advances and ends."""
+    import random
+
+    from sweep.plan.costs import Forecast
+    from sweep.plan.makespan import DEFAULT_SPEEDUP, TrialWork
+
+    rng = random.Random(0)
+    keys = [f"k{i % 40}" for i in range(60)]  # 40 points, some sampled twice
+    trials = [TrialWork("A" if i % 3 else "B", i, rng.uniform(5, 50)) for i in range(60)]
+    shares = {"A": 1.0, "B": 0.5}
+    forecast = Forecast(trials, keys, shares, params=1000, capacity=3, on_gpus=True)
+    ids = [f"t{i}" for i in range(60)]
+    for _ in range(400):
+        i = rng.randrange(60)
+        if rng.random() < 0.8:
+            forecast.advance(ids[i], keys[i], rng.random())
+        elif ids[i] in forecast.running:
+            forecast.finish(keys[i], ids[i])
+        # the plain sum over every predicted point, at the measured scale
+        started: dict[str, float] = {}
+        for key, fraction in forecast.running.values():
+            started[key] = started.get(key, 0.0) + fraction
+        want = sum(max(0.0, copies - forecast.done.get(key, 0) - started.get(key, 0.0))
+                   * DEFAULT_SPEEDUP.seconds(seconds, shares[task]) * shares[task]
+                   for key, (task, seconds, copies) in forecast.predicted.items()) / 3
+        assert forecast.remaining() == pytest.approx(want, rel=1e-9, abs=1e-9)

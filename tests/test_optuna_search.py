@@ -63,3 +63,25 @@ def test_seeds_per_point_runs_each_point_on_its_seeds_and_tells_the_study_their_
     for params, score in told:
         assert score == pytest.approx(sum(rec.score for rec in points[params["lr"]]) / 3)
     assert "points WNLI by the mean of their seeds: lr=" in r.stdout
+
+
+def test_tpe_under_asha_tells_a_stopped_trial_its_best_score_so_far(tmp_path):
+    """ASHA still applies with search_alg=optuna: a point that cannot learn (its lr near 1e-9) is
+    stopped at a rung once another learns, and its study is told the best score it reached."""
+    from sweep.data.synthetic import write_synthetic_glue
+
+    out = tmp_path / "out"
+    data = write_synthetic_glue(tmp_path / "data", ["RTE"], n_train=600, n_dev=64)
+    r = sweep_cmd("experiment=demo", "task=RTE", "sweep.seeds=[1]", "train.epochs=3", "train.max_train_samples=null",
+                  "tracking=none", f"storage.data_dir={data}", "sweep.scheduler=asha",
+                  "+sweep.search.lr={dist:loguniform,low:1e-9,high:1e-2}", "sweep.search_alg=optuna",
+                  "sweep.search_seed=3", "sweep.num_samples=6", f"out_dir={out}",
+                  cwd=tmp_path, cache=tmp_path / "cache", timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    records = load_records(out / "results.json")
+    assert len(records) == 6 and all(rec.status == "TERMINATED" for rec in records)
+    stopped = [rec for rec in records if rec.stopped]
+    assert stopped and all(rec.epochs_done < 3 for rec in stopped), [(rec.hparams, rec.score) for rec in records]
+    (saved,) = (out / "ray" / "tune").rglob("searcher-state-*.pkl")
+    told = {params["lr"]: score for params, score in pickle.loads(saved.read_bytes())["studies"].finished["RTE"]}
+    assert told == pytest.approx({rec.hparams["lr"]: rec.score for rec in records})

@@ -158,7 +158,15 @@ class Forecast:
             self.predicted[key] = (t.task, t.gpu_seconds, copies + 1)
         self.done: dict[Any, int] = {}
         self.running: dict[str, tuple[Any, float]] = {}  # trial id -> key, share of its epochs done
+        self.started: dict[Any, float] = {}  # key -> the epochs its running trials have done, in trials
         self.measured = on_gpus  # the prior is only worth showing where trials run on GPUs
+        # The work left, kept per key and in total as trials advance (the progress line asks for it
+        # after every report: a sum over every trial there would cost O(trials) each time). A key's
+        # duration at its share, x the share, at the prior's scale (Speedup.seconds is linear in time).
+        self.weight = {key: self.speedup.seconds(seconds, self.shares.get(task, 1.0)) * self.shares.get(task, 1.0)
+                       for key, (task, seconds, _) in self.predicted.items()}
+        self.left = {key: self.weight[key] * copies for key, (_, _, copies) in self.predicted.items()}
+        self.total_left = sum(self.left.values())
 
     def observe(self, task: str, tokens: float, seconds: float) -> None:
         if tokens > 0 and seconds > 0 and self.params > 0:
@@ -168,11 +176,30 @@ class Forecast:
 
     def advance(self, trial_id: str, key: Any, fraction: float) -> None:
         """A running trial has done ``fraction`` of its epochs: only the rest of it is left."""
-        self.running[trial_id] = (key, min(max(fraction, 0.0), 1.0))
+        self._stop_running(trial_id)
+        fraction = min(max(fraction, 0.0), 1.0)
+        self.running[trial_id] = (key, fraction)
+        self.started[key] = self.started.get(key, 0.0) + fraction
+        self._recount(key)
 
     def finish(self, key: Any, trial_id: str | None = None) -> None:
         self.done[key] = self.done.get(key, 0) + 1
-        self.running.pop(trial_id, None)
+        self._stop_running(trial_id)
+        self._recount(key)
+
+    def _stop_running(self, trial_id: str | None) -> None:
+        if trial_id in self.running:
+            key, fraction = self.running.pop(trial_id)
+            self.started[key] = self.started.get(key, 0.0) - fraction
+            self._recount(key)
+
+    def _recount(self, key: Any) -> None:
+        if key not in self.predicted:  # a trial the plan did not predict: no share of the forecast
+            return
+        copies = self.predicted[key][2]
+        left = self.weight[key] * max(0.0, copies - self.done.get(key, 0) - self.started.get(key, 0.0))
+        self.total_left += left - self.left[key]
+        self.left[key] = left
 
     def remaining(self) -> float | None:
         """The work left (GPU- or slot-seconds: a trial's duration at its share x the share) over the
@@ -180,12 +207,4 @@ class Forecast:
         if not self.measured:
             return None
         scale = self.cost.seconds_per_token_param / self.prior
-        started: dict[Any, float] = {}  # key -> the epochs its running trials have done, in trials
-        for key, fraction in self.running.values():
-            started[key] = started.get(key, 0.0) + fraction
-        left = 0.0
-        for key, (task, seconds, copies) in self.predicted.items():
-            share = self.shares.get(task, 1.0)
-            trials_left = max(0.0, copies - self.done.get(key, 0) - started.get(key, 0.0))
-            left += trials_left * self.speedup.seconds(seconds * scale, share) * share
-        return left / self.capacity
+        return max(self.total_left, 0.0) * scale / self.capacity

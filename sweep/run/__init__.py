@@ -11,6 +11,7 @@
 - ``trial.py``:       one trial: the Tune function (``train_driver_fn``) running a TorchTrainer whose
                       workers run ``train_fn_per_worker`` with a typed ``TrialContext``
 - ``halving_scheduler.py``: Tune's side of seed halving: pause a trial at the rung until its task is decided
+- ``ended_trials.py``: an ended trial's per-metric analysis (Tune's, never read) leaves the driver's memory
 - ``pbt_scheduler.py``: sweep.scheduler=pbt: Tune's PopulationBasedTraining, one population per task
 - ``stop.py``:        SIGTERM/SIGINT stop the sweep through Tune's own stop; the resume command line
 - ``progress.py``:    the one-line-per-change progress callback

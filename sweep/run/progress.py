@@ -10,7 +10,7 @@ from typing import Any
 
 from ray.tune import Callback
 
-from sweep.config.settings import Settings
+from sweep.config.settings import PAUSING, Settings
 from sweep.results.records import rank_key
 from sweep.trials import Report, trial_key, trial_of
 
@@ -34,6 +34,7 @@ class SweepProgress(Callback):
         self.failed = 0
         self.start = time.time()
         self.last_line = ""
+        self.pauses = settings.sweep.scheduler in PAUSING
         self.waiting: str | None = None  # what the sweep waits for from the autoscaler (WaitForNodes sets it)
 
     def _eta(self) -> str:
@@ -63,6 +64,8 @@ class SweepProgress(Callback):
             print(f"[{_clock(time.time() - self.start)}] {line}", flush=True)
 
     def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
+        if not self.pauses:  # a walk over every trial each step of Tune's loop: only where trials pause
+            return
         paused = sum(1 for trial in trials if trial.status == "PAUSED")
         if paused != self.paused:  # Tune has no pause callback: its loop's step shows it
             self.paused = paused

@@ -82,13 +82,15 @@ def sweep_callbacks(settings: Settings, plan: SweepPlan, tracking, launch_id: st
     without tracking), which the caller closes."""
     from sweep.plan.scale import NodeWait
     from sweep.run.disk_stop import StopOnDiskFull
+    from sweep.run.ended_trials import ForgetEndedTrialMetrics
     from sweep.run.mlflow_runs import TrialRuns
     from sweep.run.progress import SweepProgress, WaitForNodes
     from sweep.run.stage_nodes import StagingLines
 
     progress = SweepProgress(settings, plan.total, plan.forecast)
     # a full disk ends the sweep with its one line; late nodes' staging lines reach this terminal
-    callbacks = [progress, StopOnDiskFull(), StagingLines(plan.staging.relay)]
+    # ... and an ended trial's per-metric analysis, which nothing reads, leaves the driver's memory
+    callbacks = [progress, StopOnDiskFull(), StagingLines(plan.staging.relay), ForgetEndedTrialMetrics()]
     trial_runs = TrialRuns(settings, tracking, launch_id, board_handle) if tracking is not None else None
     if trial_runs is not None:  # every trial's MLflow run, logged here from its reports (no node talks to MLflow)
         callbacks.append(trial_runs)
