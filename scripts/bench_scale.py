@@ -87,7 +87,10 @@ def profiled(trials: int, tracking: str, top: int = 30) -> None:
     row = one(trials, tracking, sample=False)
     profile.disable()
     end = tracemalloc.take_snapshot()
-    pstats.Stats(profile).sort_stats("tottime").print_stats(top)
+    stats = pstats.Stats(profile)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top * 2)  # where Tune's loop spends it, callers included
+    profile.dump_stats(str(Path(tempfile.gettempdir()) / f"bench-scale-{trials}.prof"))
     print("memory grown after warm-up, by allocation site:")
     for stat in end.compare_to(snapshots["warm"], "traceback")[:12]:
         print(f"{stat.size_diff / 2**20:+.1f} MiB in {stat.count_diff:+d} blocks")
