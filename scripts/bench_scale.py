@@ -32,7 +32,9 @@ import threading
 import time
 from pathlib import Path
 
-from sweep.config.validate import compose
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the tiny model is built here; nothing is fetched
+
+from sweep.config.validate import compose  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,7 +13,7 @@ sampler seeds; the arms alternate within each repetition (same machine, same loa
                sweep.scheduler=pbt, mutations over the same range, an exploit every evaluation
     reported: the best dev score found (mean ± sd over reps), and trials-to-within-1-point: the
     first trial (in start order) whose score is within 0.01 of the best score any arm found in that
-    repetition (PBT's population all starts at once: its count is the population, B).
+    repetition (B+1: never; PBT's population all starts at once: its count is B if it got there).
 (2) configs scored over seeds, at an equal total of T trials (T divisible by 3):
       single   TPE, T points x 1 seed: the pick is the best single trial's lr
       over-3   TPE, T/3 points x 3 seeds (sweep.seeds_per_point=3): the pick is the best point by the mean
@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -53,7 +52,7 @@ def sweep(args, out: Path, *overrides: str) -> list[dict]:
     if r.returncode != 0:
         sys.exit(f"sweep {' '.join(overrides)} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
     trials = json.loads((out / "results.json").read_text())["trials"]
-    return sorted(trials, key=lambda t: int(re.search(r"_(\d{5})_", t["trial_id"]).group(1)))
+    return sorted(trials, key=lambda t: t["started_at"])
 
 
 def space(args) -> str:
@@ -76,8 +75,8 @@ def scores(trials: list[dict]) -> list[float]:
 
 
 def to_within(trial_scores: list[float], best: float, population: int | None) -> int:
-    if population is not None:  # PBT: the whole population trains at once
-        return population
+    if population is not None:  # PBT: the whole population trains at once (B+1: it never got there)
+        return population if max(trial_scores) >= best - 0.01 else population + 1
     hits = [i + 1 for i, s in enumerate(trial_scores) if s >= best - 0.01]
     return hits[0] if hits else len(trial_scores) + 1
 

@@ -142,6 +142,24 @@ def _cast(kind: str, value: Any) -> Any:
     return str(value) if kind.startswith("str") else value
 
 
+def history_to_go_on_from(rows: list[Report], marker: dict[str, Any], trial_id: str) -> list[Report]:
+    """The history rows a trial keeps when it goes on from a checkpoint whose marker is ``marker``.
+
+    Its own checkpoint (a retry, a pause, a resumed sweep): the rows up to the evaluation that wrote it,
+    found by its ``checkpoint_id`` (by step for markers older than ids). Steps alone cannot say it: after
+    a PBT exploit a trial's steps may go back. Another trial's (an exploit): every row stays, but an
+    earlier start from that same checkpoint (a crash before its first own checkpoint) is dropped."""
+    writer, step = marker.get("trial_id"), int(marker.get("step") or 0)
+    if writer is not None and writer != trial_id:
+        again = [i for i, row in enumerate(rows) if row.donor == writer and row.donor_step == step]
+        return rows[:again[-1]] if again else list(rows)
+    ids = [row.checkpoint_id for row in rows]
+    wrote = marker.get("checkpoint_id")
+    if wrote and wrote in ids:
+        return rows[:len(ids) - ids[::-1].index(wrote)]
+    return [row for row in rows if (row.step or 0) <= step]
+
+
 def pbt_schedule(rows: list[Report]) -> list[dict[str, Any]]:
     """A PBT trial's values over its training, from its history: one entry per stretch trained with one
     set of values, ``{"from_step", "values", "donor"}``. After an exploit the stretch begins at the

@@ -76,3 +76,42 @@ def test_a_perturbed_value_stays_in_its_range() -> None:
     config = keep({"trial": {"seed": 1}, "hparams": {"lr": 1.2e-2, "warmup_ratio": 0.4, "weight_decay": 0.1}})
     assert config["hparams"] == {"lr": 1e-2, "warmup_ratio": 0.4, "weight_decay": 0.1}
     assert keep({"hparams": {"lr": 0.8e-5}})["hparams"]["lr"] == 1e-5
+
+
+def test_each_task_and_grid_point_is_a_population_of_its_own() -> None:
+    from sweep.run.pbt_scheduler import population_of
+    from sweep.trials import point_of
+
+    def config(task, seed, grid):
+        return {"trial": point_of(task, seed, grid), "hparams": {"lr": 1e-4}}
+
+    assert population_of(config("RTE", 1, {"batch_size": 8})) == population_of(config("RTE", 2, {"batch_size": 8}))
+    assert population_of(config("RTE", 1, {"batch_size": 8})) != population_of(config("RTE", 1, {"batch_size": 16}))
+    assert population_of(config("RTE", 1, {})) != population_of(config("MRPC", 1, {}))
+
+
+def _at(step: int, checkpoint: str, **extra) -> Report:
+    return Report(trial_id="t1", step=step, score=0.5, checkpoint_id=checkpoint, **extra)
+
+
+def test_the_history_a_trial_goes_on_with_is_cut_at_its_checkpoint_not_by_step() -> None:
+    from sweep.trials import history_to_go_on_from
+
+    # t1 ran to step 20, cloned t3 at step 10 and went on to 20 again, then 30 (not registered: it crashed)
+    rows = [_at(10, "a"), _at(20, "b"), _at(20, "c", donor="t3", donor_step=10), _at(30, "d")]
+    mine = {"trial_id": "t1", "step": 20, "checkpoint_id": "c"}
+    assert history_to_go_on_from(rows, mine, "t1") == rows[:3]  # a step cut would keep b and drop c
+    # an exploit keeps the trial's past; an earlier start from the same donor checkpoint is dropped
+    donor = {"trial_id": "t3", "step": 10, "checkpoint_id": "z"}
+    assert history_to_go_on_from(rows[:2], donor, "t1") == rows[:2]
+    assert history_to_go_on_from(rows, donor, "t1") == rows[:2]
+    # markers older than checkpoint ids: by step, as before
+    assert history_to_go_on_from([_at(10, None), _at(20, None)], {"step": 10}, "t1") == [_at(10, None)]
+
+
+def test_a_pbt_trials_mlflow_run_is_named_without_the_values_pbt_changes() -> None:
+    from sweep.run.mlflow_runs import TrialRuns
+
+    settings = compose_settings(*PBT, LR, "+sweep.grid.batch_size=[8,16]")
+    runs = TrialRuns(settings, None, "launch")
+    assert runs.sampled and runs._named({"lr": 1e-4, "batch_size": 8}) == {"batch_size": 8}

@@ -295,17 +295,10 @@ def _check_pbt(s: Settings) -> None:
     _check(sweep.search_alg == "random", "sweep.search_alg",
            f"{sweep.search_alg} cannot drive sweep.scheduler=pbt: PBT searches by itself (exploit and mutate); "
            "use sweep.search_alg=random for its first population")
-    population = len(sweep.seeds) * sweep.num_samples * _grid_size(sweep.grid)
+    population = len(sweep.seeds) * sweep.num_samples  # each grid point is a population of its own
     _check(population >= 2, "sweep.scheduler",
-           f"pbt needs a population of at least 2 trials per task to clone from, got {population}; "
+           f"pbt needs a population of at least 2 trials per task and grid point to clone from, got {population}; "
            "add seeds (sweep.seeds=[38,39,40,41]) or samples (sweep.num_samples=4)")
-
-
-def _grid_size(grid: Mapping[str, Any]) -> int:
-    size = 1
-    for values in grid.values():
-        size *= len(values) if isinstance(values, list) else 1
-    return size
 
 def _check_resources(s: Settings) -> None:
     r = s.resources

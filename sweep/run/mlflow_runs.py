@@ -71,7 +71,11 @@ class TrialRuns(Callback):
 
     def __init__(self, settings: Settings, tracking, launch_id: str, rungs_board=None) -> None:
         self.settings, self.tracking, self.launch_id, self.board = settings, tracking, launch_id, rungs_board
-        self.sampled = bool(settings.sweep.search)  # a search's samples may share a point: names add the number
+        pbt = settings.sweep.scheduler == "pbt"
+        # a search's samples (and PBT's trials) may share a point: names add the number
+        self.sampled = bool(settings.sweep.search) or pbt
+        # PBT changes these mid-run: a run's name keeps to what names the trial (task, seed, grid point)
+        self.mutated = set(settings.sweep.pbt.mutations) if pbt else set()
         self.loggers: dict[str, Any] = {}  # Tune trial id -> TrialLogger (used on the worker thread only)
         self.last: dict[str, Report] = {}  # Tune trial id -> its last evaluation report
         self.busy_s = 0.0  # the driver's time spent in this callback's hooks (bench_tracking reads it)
@@ -152,7 +156,7 @@ class TrialRuns(Callback):
 
         t = self.tracking
         try:
-            name = run_name(task, seed, hparams, trial_id, self.sampled)
+            name = run_name(task, seed, self._named(hparams), trial_id, self.sampled)
             return find_child_run(t.uri, t.experiment_id, t.parent_run_id, name) or ""
         except Exception as e:  # the store is away: the record has no run id, registration says so
             log.warning("tracking: cannot look up the run of trial %s (%s)", trial_id,
@@ -178,6 +182,9 @@ class TrialRuns(Callback):
                 log.warning("tracking: MLflow call for trial %s failed (%s)", args[0],
                             first_line(e, 300, scrubbed=True))
 
+    def _named(self, hparams: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in hparams.items() if k not in self.mutated}
+
     def _train(self, config: dict[str, Any]):
         _, _, hparams = trial_of(config)
         return with_hparams(self.settings.train, hparams)
@@ -188,8 +195,9 @@ class TrialRuns(Callback):
         if trial_id not in self.loggers:
             task, seed, hparams = trial_of(config)
             t = self.tracking
+            name = run_name(task, seed, self._named(hparams), trial_id, self.sampled)
             self.loggers[trial_id] = TrialLogger(
-                t.uri, t.experiment_id, t.parent_run_id, run_name=run_name(task, seed, hparams, trial_id, self.sampled),
+                t.uri, t.experiment_id, t.parent_run_id, run_name=name,
                 params={"task": task, "seed": seed, **asdict(self._train(config))},
                 # where it runs comes with its first report; never this driver's own host until then
                 tags={"sweep.trial_id": trial_id, "sweep.hparams": str(hparams or {}),

@@ -1,10 +1,10 @@
-"""sweep.scheduler=pbt: Tune's ``PopulationBasedTraining``, one population per task.
+"""sweep.scheduler=pbt: Tune's ``PopulationBasedTraining``, one population per task (and grid point).
 
 Tune's PBT ranks every trial it is given against every other; scores of different tasks must never
-meet (as the rungs of ASHA and seed halving guarantee). ``TaskPbt`` holds one PBT per task and hands
-each the trials of its task only, and a view of the controller that shows it only those (PBT asks
-the controller for "all trials" to pick the next to run and to decide whether to pause for a
-pending one).
+meet (as the rungs of ASHA and seed halving guarantee), and a trial can only clone a checkpoint of its
+own shape (a grid point). ``TaskPbt`` holds one PBT per population and hands each its own trials only,
+and a view of the controller that shows it only those (PBT asks the controller for "all trials" to
+pick the next to run and to decide whether to pause for a pending one).
 
 An exploit pauses the trial and restarts it from the donor's latest checkpoint with mutated
 ``hparams``: the trial's own resume path (``run/trial.py``), which reads from the checkpoint's marker
@@ -13,13 +13,14 @@ whose trial wrote it and records the donor in the trial's history.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
 from ray.tune.schedulers import FIFOScheduler, PopulationBasedTraining
 
 from sweep.config.settings import PbtConfig
-from sweep.trials import EVAL_PREFIX, trial_of
+from sweep.trials import EVAL_PREFIX
 
 METRIC, MODE = "score", "max"  # the task's selection score, higher is better (trials.Report)
 TIE_BREAK = 1e-6  # x eval loss, subtracted from the score PBT ranks by
@@ -94,37 +95,44 @@ def make_pbt(pbt: PbtConfig) -> PopulationBasedTraining:
     )
 
 
-class _TaskView:
-    """The controller as one task's PBT should see it: only that task's trials."""
+def population_of(config: dict[str, Any]) -> str:
+    """A trial's population: its task and grid point. A grid key (batch size, epochs, LoRA rank) fixes
+    the run's shape, so a trial can only go on from a checkpoint of its own grid point."""
+    point = config["trial"]
+    return json.dumps([point["task"], point.get("grid") or {}], sort_keys=True)
 
-    def __init__(self, controller, task: str):
-        self._controller, self._task = controller, task
+
+class _TaskView:
+    """The controller as one population's PBT should see it: only that population's trials."""
+
+    def __init__(self, controller, population: str):
+        self._controller, self._population = controller, population
 
     def get_trials(self):
-        return [t for t in self._controller.get_trials() if trial_of(t.config)[0] == self._task]
+        return [t for t in self._controller.get_trials() if population_of(t.config) == self._population]
 
     def get_live_trials(self):
-        return [t for t in self._controller.get_live_trials() if trial_of(t.config)[0] == self._task]
+        return [t for t in self._controller.get_live_trials() if population_of(t.config) == self._population]
 
     def __getattr__(self, name: str):  # pause_trial, _schedule_trial_save, search_alg, ...
         return getattr(self._controller, name)
 
 
 class TaskPbt(FIFOScheduler):
-    """A PBT per task (``make_pbt``), each over its task's trials alone."""
+    """A PBT per population (``make_pbt``): each task's trials, per grid point, alone."""
 
     _supports_buffered_results = False  # PBT must see each evaluation before the trial trains on
 
     def __init__(self, pbt: PbtConfig):
         super().__init__()
         self.config = pbt
-        self.by_task: dict[str, PopulationBasedTraining] = {}
+        self.by_task: dict[str, PopulationBasedTraining] = {}  # population_of -> its PBT
 
     def _of(self, trial) -> tuple[PopulationBasedTraining, str]:
-        task = trial_of(trial.config)[0]
-        if task not in self.by_task:
-            self.by_task[task] = make_pbt(self.config)
-        return self.by_task[task], task
+        population = population_of(trial.config)
+        if population not in self.by_task:
+            self.by_task[population] = make_pbt(self.config)
+        return self.by_task[population], population
 
     def set_search_properties(self, metric, mode, **spec) -> bool:
         return True  # each PBT has its own metric and mode (METRIC, MODE)
@@ -150,12 +158,15 @@ class TaskPbt(FIFOScheduler):
         pbt.on_trial_remove(_TaskView(tune_controller, task), trial)
 
     def choose_trial_to_run(self, tune_controller):
-        """Each task's PBT picks its least-trained waiting trial; the tasks in their dispatch order."""
-        for task, pbt in self.by_task.items():
-            trial = pbt.choose_trial_to_run(_TaskView(tune_controller, task))
+        """Each population's PBT offers its least-trained waiting trial; of those, the least trained
+        runs (taking the populations in order would leave a later one's paused trials waiting until
+        the first is nearly done: Tune resumes a paused trial only through this choice)."""
+        offers = []
+        for population, pbt in self.by_task.items():
+            trial = pbt.choose_trial_to_run(_TaskView(tune_controller, population))
             if trial is not None:
-                return trial
-        return None
+                offers.append((pbt._trial_state[trial].last_train_time, len(offers), trial))
+        return min(offers)[2] if offers else None
 
     def debug_string(self) -> str:
         return "; ".join(f"{task}: {pbt.debug_string()}" for task, pbt in self.by_task.items())

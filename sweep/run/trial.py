@@ -62,6 +62,7 @@ from sweep.trials import (
     Report,
     TrialHistories,
     checkpoint_rank,
+    history_to_go_on_from,
     trial_of,
 )
 
@@ -123,10 +124,9 @@ class EvaluationReporter:
         history = ctx.read_history() if self.resumed and rank == 0 else []
         writer = (resumed_from or {}).get("trial_id")
         # (donor trial, its step) until the first evaluation after an exploit has said so
-        self.donor = (writer, int(resumed_from.get("step", 0))) if writer not in (None, ctx.trial_id) else None
-        if self.donor is None and resumed_from is not None:  # its own checkpoint: the rows after it are redone
-            history = [row for row in history if (row.step or 0) <= int(resumed_from.get("step", 0))]
-        self.history = history  # after an exploit the trial's own past stays, the donor's steps follow
+        self.donor = (writer, int(resumed_from.get("step") or 0)) if writer not in (None, ctx.trial_id) else None
+        # the rows after its own checkpoint are redone; after an exploit its own past stays
+        self.history = history_to_go_on_from(history, resumed_from, ctx.trial_id) if resumed_from else history
         self.board = ray.get_actor(ctx.rungs_board, namespace=ASHA_NAMESPACE) if ctx.rungs_board else None
         halving = ctx.settings.sweep.halving if ctx.settings.sweep.scheduler == "seed_halving" else None
         self.rung_at = halving.at if halving is not None else None
