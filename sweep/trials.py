@@ -160,6 +160,20 @@ def history_to_go_on_from(rows: list[Report], marker: dict[str, Any], trial_id: 
     return [row for row in rows if (row.step or 0) <= step]
 
 
+def steps_trained(rows: list[Report]) -> int:
+    """The optimizer steps a trial trained: its last step, or after PBT exploits (which go on from a
+    donor's step, maybe behind its own) the sum of what each stretch trained."""
+    steps = [row for row in rows if row.step is not None]
+    if not any(row.donor for row in steps):
+        return max((row.step for row in steps), default=0)
+    trained, last = 0, 0
+    for row in steps:
+        start = (row.donor_step or 0) if row.donor else last
+        trained += max(row.step - start, 0)
+        last = row.step
+    return trained
+
+
 def pbt_schedule(rows: list[Report]) -> list[dict[str, Any]]:
     """A PBT trial's values over its training, from its history: one entry per stretch trained with one
     set of values, ``{"from_step", "values", "donor"}``. After an exploit the stretch begins at the

@@ -115,3 +115,12 @@ def test_a_pbt_trials_mlflow_run_is_named_without_the_values_pbt_changes() -> No
     settings = compose_settings(*PBT, LR, "+sweep.grid.batch_size=[8,16]")
     runs = TrialRuns(settings, None, "launch")
     assert runs.sampled and runs._named({"lr": 1e-4, "batch_size": 8}) == {"batch_size": 8}
+
+
+def test_a_pbt_trials_steps_trained_count_each_stretch() -> None:
+    from sweep.trials import steps_trained
+
+    plain = [_at(10, "a"), _at(20, "b")]
+    assert steps_trained(plain) == 20
+    # 10 + 10 of its own, then from the donor's step 10 to 20 and 30: 20 more
+    assert steps_trained([*plain, _at(20, "c", donor="t3", donor_step=10), _at(30, "d")]) == 40

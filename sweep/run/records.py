@@ -13,7 +13,7 @@ from sweep.config.settings import Settings
 from sweep.failures import last_line
 from sweep.plan.sizes import TaskPlan
 from sweep.results.records import TrialRecord
-from sweep.trials import CHECKPOINT_MARKER, Report, TrialHistories, pbt_schedule, trial_of
+from sweep.trials import CHECKPOINT_MARKER, Report, TrialHistories, pbt_schedule, steps_trained, trial_of
 
 
 def records_from_results(grid, settings: Settings, plans: dict[str, TaskPlan], histories: TrialHistories | None = None,
@@ -77,7 +77,7 @@ def _steps_and_stop(record: TrialRecord, rows: list[Report], best: Report) -> No
         record.epochs_done = max(row.epoch or 0 for row in rows)
         return
     record.best_step = int(best.step)
-    record.steps_done = max(steps)
+    record.steps_done = steps_trained(rows)
     record.steps_total = max(row.steps_total or 0 for row in rows)
     ends = [row.epoch or 0 for row in rows if row.end_of_epoch]
     record.epochs_done = max(ends) if ends else 0
