@@ -88,7 +88,7 @@ def test_a_cluster_that_can_grow_needs_storage_every_node_reaches(tmp_path):
     ("+sweep.grid.learning_rate=[1]", "sweep.grid.learning_rate: is not a train option; tunable: lr,"),
     ("+sweep.grid.lr=[-1]", "sweep.grid.lr: value -1: train.lr: must be > 0"),
     ("+sweep.grid.lr=[]", "sweep.grid.lr: needs a non-empty list"),
-    ("+sweep.search.lr={dist:normal}", "sweep.search.dist: got 'normal', allowed: loguniform, uniform, choice"),
+    ("+sweep.search.lr={dist:normal}", "sweep.search.lr.dist: got 'normal', allowed: loguniform, uniform, choice"),
     ("+sweep.search.lr={dist:loguniform,low:0,high:1}",
      "sweep.search.lr: needs numbers low < high (both > 0 for loguniform)"),
     ("sweep.scheduler=hyperband", "sweep.scheduler: got 'hyperband', allowed: fifo, asha, seed_halving"),
