@@ -12,6 +12,7 @@
                       workers run ``train_fn_per_worker`` with a typed ``TrialContext``
 - ``halving_scheduler.py``: Tune's side of seed halving: pause a trial at the rung until its task is decided
 - ``ended_trials.py``: an ended trial's per-metric analysis (Tune's, never read) leaves the driver's memory
+- ``search_space.py``: a sweep.search / sweep.pbt.mutations dimension as Tune's domain
 - ``pbt_scheduler.py``: sweep.scheduler=pbt: Tune's PopulationBasedTraining, one population per task
 - ``stop.py``:        SIGTERM/SIGINT stop the sweep through Tune's own stop; the resume command line
 - ``progress.py``:    the one-line-per-change progress callback

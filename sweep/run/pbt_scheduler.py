@@ -26,17 +26,6 @@ METRIC, MODE = "score", "max"  # the task's selection score, higher is better (t
 TIE_BREAK = 1e-6  # x eval loss, subtracted from the score PBT ranks by
 
 
-def domain_of(spec: dict[str, Any]):
-    """A ``sweep.search`` dimension as Tune's mutation: a list (PBT shifts to a neighbour) or a domain."""
-    from ray import tune
-
-    if spec["dist"] == "choice":
-        return list(spec["values"])
-    if spec["dist"] == "loguniform":
-        return tune.loguniform(spec["low"], spec["high"])
-    return tune.uniform(spec["low"], spec["high"])
-
-
 class KeepInRange:
     """PBT perturbs a continuous value by x0.8 / x1.2, which can leave its range (a warmup ratio past 1):
     clamp each mutated key to its [low, high]. A class, not a closure: Tune pickles its scheduler."""
@@ -83,10 +72,12 @@ class TaskPopulation(PopulationBasedTraining):
 def make_pbt(pbt: PbtConfig) -> PopulationBasedTraining:
     """One task's PBT: every ``interval`` evaluations (Tune's training iterations) the bottom
     ``quantile`` clones the top one's checkpoint and mutates ``hparams``."""
+    from sweep.run.search_space import search_domain
+
     return TaskPopulation(
         time_attr="training_iteration", metric=METRIC, mode=MODE,
         perturbation_interval=pbt.interval,
-        hyperparam_mutations={"hparams": {k: domain_of(s) for k, s in pbt.mutations.items()}},
+        hyperparam_mutations={"hparams": {k: search_domain(s, choice_as_list=True) for k, s in pbt.mutations.items()}},
         quantile_fraction=pbt.quantile, resample_probability=pbt.resample_probability,
         custom_explore_fn=KeepInRange(pbt.mutations),
         # a report that is no evaluation (a trial's error row) has no score: not a perturbation point
@@ -126,13 +117,13 @@ class TaskPbt(FIFOScheduler):
     def __init__(self, pbt: PbtConfig):
         super().__init__()
         self.config = pbt
-        self.by_task: dict[str, PopulationBasedTraining] = {}  # population_of -> its PBT
+        self.by_population: dict[str, PopulationBasedTraining] = {}  # population_of -> its PBT
 
     def _of(self, trial) -> tuple[PopulationBasedTraining, str]:
         population = population_of(trial.config)
-        if population not in self.by_task:
-            self.by_task[population] = make_pbt(self.config)
-        return self.by_task[population], population
+        if population not in self.by_population:
+            self.by_population[population] = make_pbt(self.config)
+        return self.by_population[population], population
 
     def set_search_properties(self, metric, mode, **spec) -> bool:
         return True  # each PBT has its own metric and mode (METRIC, MODE)
@@ -162,11 +153,11 @@ class TaskPbt(FIFOScheduler):
         runs (taking the populations in order would leave a later one's paused trials waiting until
         the first is nearly done: Tune resumes a paused trial only through this choice)."""
         offers = []
-        for population, pbt in self.by_task.items():
+        for population, pbt in self.by_population.items():
             trial = pbt.choose_trial_to_run(_TaskView(tune_controller, population))
             if trial is not None:
                 offers.append((pbt._trial_state[trial].last_train_time, len(offers), trial))
         return min(offers)[2] if offers else None
 
     def debug_string(self) -> str:
-        return "; ".join(f"{task}: {pbt.debug_string()}" for task, pbt in self.by_task.items())
+        return "; ".join(f"{task}: {pbt.debug_string()}" for task, pbt in self.by_population.items())

@@ -139,7 +139,7 @@ class EvaluationReporter:
         # it comes after the report; but a pause ends the trial inside the report (seed halving's at
         # its rung evaluation, PBT's at any), whose row therefore comes first (a retry drops rows
         # past its checkpoint).
-        first = report.rung or self.mutated
+        first = bool(report.rung or self.mutated)
         if first:
             self.record(report)
         self.report(report, evaluation, save)

@@ -178,14 +178,12 @@ def param_space(settings: Settings, order: Sequence[TrialWork]) -> dict[str, Any
     space: dict[str, Any] = {"trial": tune.grid_search(trials), "hparams": {}}
     # PBT's first population draws each mutated key from its mutation range, unless the search has it
     first = {**(settings.sweep.pbt.mutations if settings.sweep.scheduler == "pbt" else {}), **settings.sweep.search}
+    from sweep.run.search_space import search_domain
+
     for key, spec in first.items():
-        if spec["dist"] == "choice":
-            space["hparams"][key] = tune.choice(list(spec["values"]))
-        elif spec["dist"] == "loguniform":
-            space["hparams"][key] = tune.loguniform(spec["low"], spec["high"])
-        else:
-            space["hparams"][key] = tune.uniform(spec["low"], spec["high"])
+        space["hparams"][key] = search_domain(spec)
     return space
+
 
 
 class ResourcesByTask:
