@@ -9,7 +9,7 @@ import json
 import pytest
 
 from sweep.results.records import MADE_BY, load_records
-from sweep.trials import Report
+from sweep.trials import CHECKPOINT_MARKER, Report
 from tests.helpers.sweeps import sweep_cmd
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
@@ -27,7 +27,7 @@ def test_pbt_clones_a_top_trials_checkpoint_with_a_mutated_lr_and_says_so(tmp_pa
     out = tmp_path / "out"
     r = sweep_cmd("experiment=demo", "task=RTE", "sweep.seeds=[38,39,40,41]", "train.epochs=2",
                   "train.evals_per_epoch=2", "tracking=none", "sweep.scheduler=pbt",
-                  f"+sweep.pbt.mutations.lr={{dist:loguniform,low:{LOW},high:{HIGH}}}", f"out_dir={out}",
+                  "sweep.keep_checkpoints=all", f"+sweep.pbt.mutations.lr={{dist:loguniform,low:{LOW},high:{HIGH}}}", f"out_dir={out}",
                   cwd=tmp_path, cache=tmp_path / "cache", timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     records = load_records(out / "results.json")
@@ -46,6 +46,14 @@ def test_pbt_clones_a_top_trials_checkpoint_with_a_mutated_lr_and_says_so(tmp_pa
         # ... with the donor's lr mutated (x0.8, x1.2 or drawn again), within the range
         donor_lr = donor_rows[row.donor_step].pbt["lr"]
         assert row.pbt["lr"] != donor_lr and LOW <= row.pbt["lr"] <= HIGH
+    # every evaluation's checkpoint is still there, the exploited trial's last own one included (Tune
+    # stops that trial without counting it: the next stretch's first checkpoint took its folder)
+    markers = [json.loads(p.read_text()) for p in out.rglob(CHECKPOINT_MARKER) if "best" not in p.parts]
+    held = {(m["trial_id"], m["checkpoint_id"]) for m in markers}
+    assert len(held) == len(markers)
+    evaluated = {(row.trial_id, row.checkpoint_id) for trial_rows in rows.values() for row in trial_rows
+                 if row.is_evaluation}
+    assert evaluated <= held, f"evaluations without their checkpoint: {sorted(evaluated - held)}"
     # results.json: each trial's schedule; an exploiting trial's names the donor and the step
     by_trial = {rec.trial_id: rec for rec in records}
     for trial, row in exploits:

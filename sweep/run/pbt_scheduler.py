@@ -17,6 +17,7 @@ import json
 import math
 from typing import Any
 
+from ray.train.constants import CHECKPOINT_DIR_NAME
 from ray.tune.schedulers import FIFOScheduler, PopulationBasedTraining
 
 from sweep.config.settings import PbtConfig
@@ -49,8 +50,16 @@ class TaskPopulation(PopulationBasedTraining):
     * a trial's last evaluation is no perturbation point: its training is over, there is nothing left
       to go on with (Tune would restart it from a donor's checkpoint after it ended);
     * equal scores (accuracy moves in steps of 1/n; early evaluations often tie at the majority class)
-      are ranked by the lower eval loss, so a tie does not clone an arbitrary trial.
+      are ranked by the lower eval loss, so a tie does not clone an arbitrary trial;
+    * the checkpoint a running trial reported with the result that has it exploited stays its own:
+      Tune stops it without registering that checkpoint, so its checkpoint count falls one behind and
+      the next stretch's first checkpoint overwrote it (the trial's history still names it).
     """
+
+    def _exploit(self, tune_controller, trial, trial_to_clone):
+        if trial.status == trial.RUNNING:
+            keep_reported_checkpoint(trial, self._trial_state[trial].last_result)
+        super()._exploit(tune_controller, trial, trial_to_clone)
 
     def _get_new_config(self, trial, trial_to_clone):
         new_config, operations = super()._get_new_config(trial, trial_to_clone)
@@ -67,6 +76,21 @@ class TaskPopulation(PopulationBasedTraining):
         if isinstance(loss, (int, float)) and math.isfinite(loss):
             state.last_score = score - TIE_BREAK * loss  # far below a score's own resolution
         return state.last_score
+
+
+def keep_reported_checkpoint(trial, result: dict | None) -> None:
+    """Register the checkpoint ``result`` came with as ``trial``'s: it keeps its folder (Tune names each
+    checkpoint by the trial's count of registered ones) and is among the trial's checkpoints Tune hands
+    back, where the records look for the best evaluation's on remote storage."""
+    from ray.train import Checkpoint
+    from ray.train._internal.session import _TrainingResult
+
+    name = (result or {}).get(CHECKPOINT_DIR_NAME)
+    if not name or trial.storage.checkpoint_dir_name == name:  # none, or registered already
+        return
+    path = f"{trial.storage.trial_fs_path}/{name}"
+    trial.on_checkpoint(_TrainingResult(checkpoint=Checkpoint(path, trial.storage.storage_filesystem),
+                                        metrics=dict(result)))
 
 
 def make_pbt(pbt: PbtConfig) -> PopulationBasedTraining:
