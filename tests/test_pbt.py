@@ -27,7 +27,8 @@ def test_pbt_clones_a_top_trials_checkpoint_with_a_mutated_lr_and_says_so(tmp_pa
     out = tmp_path / "out"
     r = sweep_cmd("experiment=demo", "task=RTE", "sweep.seeds=[38,39,40,41]", "train.epochs=2",
                   "train.evals_per_epoch=2", "tracking=none", "sweep.scheduler=pbt",
-                  "sweep.keep_checkpoints=all", f"+sweep.pbt.mutations.lr={{dist:loguniform,low:{LOW},high:{HIGH}}}", f"out_dir={out}",
+                  "sweep.keep_checkpoints=all", f"+sweep.pbt.mutations.lr={{dist:loguniform,low:{LOW},high:{HIGH}}}",
+                  f"out_dir={out}",
                   cwd=tmp_path, cache=tmp_path / "cache", timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     records = load_records(out / "results.json")
