@@ -157,7 +157,10 @@ def history_to_go_on_from(rows: list[Report], marker: dict[str, Any], trial_id: 
     wrote = marker.get("checkpoint_id")
     if wrote and wrote in ids:
         return rows[:len(ids) - ids[::-1].index(wrote)]
-    return [row for row in rows if (row.step or 0) <= step]
+    kept = [row for row in rows if (row.step or 0) <= step]
+    if marker.get("report"):  # reported, then killed before its history row: the checkpoint holds the row
+        kept.append(Report.from_row(marker["report"]))
+    return kept
 
 
 def steps_trained(rows: list[Report]) -> int:

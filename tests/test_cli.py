@@ -189,8 +189,9 @@ def test_resume_after_the_driver_is_killed_skips_finished_trials(tmp_path):
     assert "resume: continuing the sweep" in r.stdout
     records = load_records(out / "results.json")
     assert sorted(rec.seed for rec in records) == [38, 39, 40, 41]
-    assert all(rec.status == "TERMINATED" and rec.epochs_done == 2 and rec.steps_done == rec.steps_total
-               for rec in records)
+    unfinished = [(rec.seed, rec.status, rec.epochs_done, rec.steps_done, rec.steps_total) for rec in records
+                  if not (rec.status == "TERMINATED" and rec.epochs_done == 2 and rec.steps_done == rec.steps_total)]
+    assert not unfinished, unfinished
     after = _launch_ids(out)
     (launch_1,) = {next(iter(ids)) for ids in first.values() if len(ids) == 1} or {None}
     rerun = {t for t, ids in after.items() if ids - {launch_1}}

@@ -63,3 +63,22 @@ def test_a_checkpoint_folder_on_s3_is_fetched_whole(moto_server, monkeypatch, tm
     remove_folder("s3://sweep-storage/ckpt")
     remove_folder("s3://sweep-storage/ckpt")  # already gone: no error
     assert client.list_objects_v2(Bucket="sweep-storage").get("KeyCount", 0) == 0
+
+
+def test_a_trial_resumed_from_a_checkpoint_its_history_missed_gets_the_row_back():
+    """A driver killed after a trial's last report registered its checkpoint but before the history row:
+    the resumed trial goes on from that (final) checkpoint with no evaluation left to write the row, so
+    the checkpoint's marker carries it; without it the trial's record ends an evaluation short."""
+    import json
+
+    from sweep.trials import history_to_go_on_from
+
+    rows = [Report("t1", epoch=1, step=5, end_of_epoch=True, checkpoint_id="a")]
+    last = Report("t1", epoch=2, step=10, steps_total=10, end_of_epoch=True, checkpoint_id="b",
+                  metrics={"accuracy": 0.75})
+    marker = json.loads(json.dumps({"trial_id": "t1", "step": 10, "checkpoint_id": "b", "report": last.to_row()}))
+    assert history_to_go_on_from(rows, marker, "t1") == [*rows, last]
+    # a row the history holds is not added twice
+    assert history_to_go_on_from([*rows, last], marker, "t1") == [*rows, last]
+    # a marker without the row (written before it carried one): the rows up to its step, as before
+    assert history_to_go_on_from(rows, {k: v for k, v in marker.items() if k != "report"}, "t1") == rows

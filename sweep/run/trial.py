@@ -196,9 +196,12 @@ class EvaluationReporter:
                 save(folder)
                 # found again without Tune's log (a plain write: the whole folder is private until reported)
                 # ... and whose it is: a PBT exploit restarts another trial from it
+                # ... and its evaluation's row: a driver killed between this report and the history
+                # row loses the row, and a trial resumed from this (its last) checkpoint has no
+                # evaluation left to write it again
                 (folder / CHECKPOINT_MARKER).write_text(json.dumps({
                     "epoch": row.epoch, "step": row.step, "trial_id": row.trial_id,
-                    "checkpoint_id": row.checkpoint_id}))
+                    "checkpoint_id": row.checkpoint_id, "report": metrics}, default=float))
             self.checkpoint_bytes = folder_size(folder)
             storage = _checkpoint_storage(self.ctx)
             before = _checkpoints_in(storage)
