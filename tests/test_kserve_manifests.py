@@ -21,7 +21,9 @@ from tests.helpers.manifests import (
     kserve_stack_errors,
     load_yaml_documents,
     manifest_errors,
+    selected_runtime,
     server_options,
+    storage_credential_errors,
     storage_version,
 )
 
@@ -123,6 +125,42 @@ def test_the_mlflow_variant_is_served_by_this_runtime_from_a_logged_models_files
     del unnamed["spec"]["predictor"]["model"]["runtime"]  # the format is not auto-selected: KServe's own would win
     assert any("no ServingRuntime auto-selects 'mlflow'" in e
                for e in all_errors([d for d in docs if d is not variant] + [unnamed], crds))
+
+
+# KServe's own Hugging Face runtime as its install defines it (config/runtimes/kserve-huggingfaceserver.yaml):
+# a ClusterServingRuntime that auto-selects the `huggingface` format, v2 and v1
+KSERVE_HF_RUNTIME = {
+    "apiVersion": "serving.kserve.io/v1alpha1", "kind": "ServingRuntime",
+    "metadata": {"name": "kserve-huggingfaceserver"},
+    "spec": {"supportedModelFormats": [{"name": "huggingface", "version": "1", "autoSelect": True}],
+             "protocolVersions": ["v2", "v1"],
+             "containers": [{"name": KSERVE_CONTAINER, "image": "kserve/huggingfaceserver:latest",
+                             "args": ["--model_name={{.Name}}"]}]},
+}
+
+
+def test_the_vllm_variant_serves_the_same_export_on_kserves_huggingface_runtime_with_a_gpu(crds) -> None:
+    """vllm/inferenceservice.yaml: KServe's `huggingface` format (its runtime, not ours), the vLLM backend
+    forced, a GPU asked, and the same storageUri and S3 credentials as the folder's InferenceService."""
+    [variant] = load_yaml_documents(KSERVE / "vllm" / "inferenceservice.yaml")
+    assert manifest_errors(variant, crds) == []
+    folder = _docs()
+    assert storage_credential_errors(variant, folder) == []
+    model = variant["spec"]["predictor"]["model"]
+    assert model["storageUri"] == _kind(folder, "InferenceService")["spec"]["predictor"]["model"]["storageUri"]
+    assert "runtime" not in model  # auto-selected: KServe's Hugging Face runtime, which OpenShift AI picks for GPUs
+    runtime, errors = selected_runtime(variant, {"sweep-runtime": _runtime(folder),
+                                                 "kserve-huggingfaceserver": KSERVE_HF_RUNTIME})
+    assert errors == [] and runtime is KSERVE_HF_RUNTIME  # ours does not claim the format
+    args = dict(arg.split("=", 1) for arg in model["args"])
+    assert args["--backend"] == "vllm" and args["--model_dir"] == MODEL_MOUNT
+    assert args["--model_name"] == variant["metadata"]["name"]
+    for side in ("requests", "limits"):
+        assert model["resources"][side]["nvidia.com/gpu"] == "1"
+    wrong = copy.deepcopy(variant)
+    wrong["spec"]["predictor"]["model"]["protocolVersion"] = "grpc-v2"
+    assert any("'grpc-v2'" in e and "not one the runtime speaks" in e
+               for e in selected_runtime(wrong, {"kserve-huggingfaceserver": KSERVE_HF_RUNTIME})[1])
 
 
 # ---------------------------------------------------------------------------------------------
