@@ -42,7 +42,7 @@ def test_tpe_search_resumed_after_the_driver_is_killed_keeps_its_study(tmp_path)
     told = state["studies"].finished["WNLI"]
     assert sorted(round(score, 6) for _, score in told) == sorted(round(rec.score, 6) for rec in records)
     assert sorted(params["lr"] for params, _ in told) == sorted(lrs)
-    assert not state["studies"].running.get("WNLI") and not state["queue"]
+    assert not state["studies"].running.get("WNLI") and state["position"] == state["count"] == SAMPLES
 
 
 def test_seeds_per_point_runs_each_point_on_its_seeds_and_tells_the_study_their_mean(tmp_path):

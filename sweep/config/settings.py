@@ -121,7 +121,7 @@ class SweepConfig:
     search: dict[str, Any] = field(default_factory=dict)  # train key -> {dist, low, high | values}
     num_samples: int = 1
     search_alg: str = "random"  # random (Tune's sampling) | optuna (a TPE study per task that learns from the scores)
-    search_seed: Optional[int] = None  # the optuna sampler's seed: the same points again
+    search_seed: Optional[int] = None  # the search's seed (random or optuna): the same points again
     seeds_per_point: int = 1  # search_alg=optuna: each point runs on this many seeds, scored by their aggregate
     aggregate: str = "mean"  # mean | median: what the study is told of a point's seeds
     scheduler: str = "fifo"

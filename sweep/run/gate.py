@@ -1,41 +1,115 @@
-"""Tune's trial generator, held shut while a DDP trial waits for its worker group.
+"""Tune's searchers of the sweep: its trial points in the dispatch order, held while a DDP trial waits
+for its worker group, and saved as a position rather than a copy of every trial.
 
-A one-worker trial asks Tune for its GPU when Tune starts it, but a DDP trial's GPUs are asked by
-its Train controller seconds later (Train V2 places the worker group itself). Without a gate the
-trials dispatched after a DDP trial take its GPUs in those seconds (Ray spreads them over the
-nodes), and the DDP trial then waits for a whole node to free; seen on a 2-node cluster: three
-1-GPU trials on both nodes and the 2-GPU trial, first in the order, started last. So: after
-handing Tune a DDP trial, hand out nothing more until that trial reports that its workers are up
-(a ``trials.Report`` with ``workers_ready``, sent by its workers before their first batch) or ends.
+The gate: a one-worker trial asks Tune for its GPU when Tune starts it, but a DDP trial's GPUs are
+asked by its Train controller seconds later (Train V2 places the worker group itself). Without a gate
+the trials dispatched after a DDP trial take its GPUs in those seconds (Ray spreads them over the
+nodes), and the DDP trial then waits for a whole node to free; seen on a 2-node cluster: three 1-GPU
+trials on both nodes and the 2-GPU trial, first in the order, started last. So: after handing Tune a
+DDP trial, hand out nothing more until that trial reports that its workers are up (a
+``trials.Report`` with ``workers_ready``, sent by its workers before their first batch) or ends.
+
+The state: Tune saves the searcher with every experiment snapshot (every few seconds). Tune's own
+``BasicVariantGenerator`` over a grid of the trial points saves all of them each time, so a sweep of
+n trials spent O(n) per snapshot (12.8 s of a 400-trial run's driver). Here the points are fixed by
+the config (a resumed driver rebuilds them from the pickled Tuner) and the state is where the
+searcher is: O(1) for random search.
 """
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
-from ray.tune.search.basic_variant import BasicVariantGenerator
+import numpy as np
+from ray.tune.search import Searcher
+
+from sweep.run.search_space import search_domain
 
 
-class DdpFirst(BasicVariantGenerator):
-    """The grid in its given order (``BasicVariantGenerator``), gated on DDP trials' worker groups."""
+class OrderedTrials(Searcher):
+    """The trial points in their given order, one Tune trial each, gated on DDP trials' worker groups.
+    A subclass says which ``hparams`` a point runs with (``config_of``) and what else it saves."""
 
-    def __init__(self, ddp_tasks: set[str], max_concurrent: int = 0):
-        super().__init__(max_concurrent=max_concurrent)
+    UNSAVED = ("trials", "placing")  # rebuilt from the config / empty after a restart
+
+    def __init__(self, trials: list[dict[str, Any]], ddp_tasks: set[str]) -> None:
+        # no metric: Tune would then demand it in every result, and a DDP trial's first report
+        # (its workers are up) has none; the sweep ranks trials itself (results/records.py)
+        super().__init__()
+        self.trials = list(trials)
+        self.position = 0  # the next point to hand out
         self.ddp_tasks = set(ddp_tasks)
         self.placing: set[str] = set()  # trial ids of DDP trials whose workers are not up yet
 
-    def next_trial(self):
+    def set_search_properties(self, metric, mode, config, **spec) -> bool:
+        return True  # the space is the sweep's, given at construction; Tune's param_space is empty
+
+    def config_of(self, trial_id: str, point: dict[str, Any]) -> dict[str, Any]:
+        """The Tune config of the trial at ``point``: ``{"trial": point, "hparams": {...}}``."""
+        raise NotImplementedError
+
+    def suggest(self, trial_id: str):
         if self.placing:
             return None
-        trial = super().next_trial()
-        if trial is not None and trial.config.get("trial", {}).get("task") in self.ddp_tasks:
-            self.placing.add(trial.trial_id)
-        return trial
+        if self.position >= len(self.trials):
+            return Searcher.FINISHED
+        point = self.trials[self.position]
+        config = self.config_of(trial_id, point)
+        self.position += 1
+        if point["task"] in self.ddp_tasks:
+            self.placing.add(trial_id)
+        return config
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         self.placing.discard(trial_id)  # any report comes from running workers
-        super().on_trial_result(trial_id, result)
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         self.placing.discard(trial_id)
-        super().on_trial_complete(trial_id, result=result, error=error)
+
+    def saved_state(self) -> dict[str, Any]:
+        return {"position": self.position, "count": len(self.trials)}
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        if state["count"] != len(self.trials):  # the Tuner pickled with the sweep rebuilt the same points
+            raise RuntimeError(f"the saved search covered {state['count']} trials, this sweep has {len(self.trials)}")
+        self.position = state["position"]
+        self.placing = set()
+
+    def save(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "wb") as f:
+            pickle.dump(self.saved_state(), f)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as f:
+            self.restore_state(pickle.load(f))
+
+
+class RandomSearch(OrderedTrials):
+    """sweep.search_alg=random: each point's ``hparams`` drawn from ``space`` (``sweep.search`` syntax)
+    on its own. The draw of the i-th point depends on (seed, i) only: ``sweep.search_seed`` repeats a
+    sweep's points, and a resumed driver draws what the killed one would have."""
+
+    def __init__(self, trials: list[dict[str, Any]], ddp_tasks: set[str], space: dict[str, Any],
+                 seed: int | None) -> None:
+        super().__init__(trials, ddp_tasks)
+        self.space = {key: search_domain(spec) for key, spec in space.items()}
+        # no seed given: a fresh one, kept in the saved state (the resumed sweep goes on with it)
+        self.seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy % 2**63)
+
+    def config_of(self, trial_id: str, point: dict[str, Any]) -> dict[str, Any]:
+        rng = np.random.default_rng([self.seed, self.position])
+        return {"trial": point, "hparams": {key: _plain(domain.sample(random_state=rng))
+                                            for key, domain in self.space.items()}}
+
+    def saved_state(self) -> dict[str, Any]:
+        return {**super().saved_state(), "seed": self.seed}
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        super().restore_state(state)
+        self.seed = state["seed"]
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar as Python's (Tune's config goes into JSON and MLflow params)."""
+    return value.item() if isinstance(value, np.generic) else value

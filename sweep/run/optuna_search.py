@@ -4,22 +4,19 @@ It hands out the sweep's trial points (task, seed, grid point) in the dispatch o
 search point its study asks for (one study per task and grid point), and tells the study the trial's
 best score when it ends. With ``sweep.seeds_per_point=k`` a point is asked once and given to k trials
 of its task and grid point (k consecutive seeds), and the study is told their aggregate once all k
-have ended. Like ``gate.DdpFirst``,
-no trial follows a DDP one until its workers are placed. Tune saves it with the experiment: a resumed
-driver goes on with the same studies.
+have ended. Its order, its DDP gate and its saved position are ``gate.OrderedTrials``'. Tune saves
+it with the experiment: a resumed driver goes on with the same studies.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import pickle
 from typing import Any
-
-from ray.tune.search import Searcher
 
 from sweep.plan.task_studies import TaskStudies
 from sweep.results.records import AGGREGATES
+from sweep.run.gate import OrderedTrials
 
 
 def group_key(point: dict[str, Any]) -> str:
@@ -29,11 +26,10 @@ def group_key(point: dict[str, Any]) -> str:
     return f"{point['task']} {json.dumps(grid, sort_keys=True)}" if grid else point["task"]
 
 
-class TaskOptunaSearch(Searcher):
+class TaskOptunaSearch(OrderedTrials):
     def __init__(self, trials: list[dict[str, Any]], search: dict[str, Any], seed: int | None,
                  ddp_tasks: set[str], seeds_per_point: int = 1, aggregate: str = "mean") -> None:
-        super().__init__(metric="score", mode="max")
-        self.queue = list(trials)  # the trial points still to hand out, in order
+        super().__init__(trials, ddp_tasks)
         self.search, self.seed = search, seed
         self.k, self.aggregate = seeds_per_point, aggregate
         keys = [group_key(t) for t in trials]
@@ -43,17 +39,8 @@ class TaskOptunaSearch(Searcher):
         self.best: dict[str, float] = {}  # Tune trial id -> its best score so far
         self.open: dict[str, list] = {}  # group key -> [number, params, trials still to hand it]
         self.groups: dict[tuple[str, int], dict[str, Any]] = {}  # (key, number) -> trials left, scores so far
-        self.ddp_tasks, self.placing = set(ddp_tasks), set()
 
-    def set_search_properties(self, metric, mode, config, **spec) -> bool:
-        return True  # the space is sweep.search, given at construction; param_space holds no search keys
-
-    def suggest(self, trial_id: str):
-        if self.placing:
-            return None
-        if not self.queue:
-            return Searcher.FINISHED
-        point = self.queue.pop(0)
+    def config_of(self, trial_id: str, point: dict[str, Any]) -> dict[str, Any]:
         key = group_key(point)
         if key not in self.open:
             number, params = self.studies.ask(key)
@@ -64,18 +51,16 @@ class TaskOptunaSearch(Searcher):
         if not opened[2]:
             del self.open[key]
         self.live[trial_id] = (key, number)
-        if point["task"] in self.ddp_tasks:
-            self.placing.add(trial_id)
         return {"trial": point, "hparams": dict(params)}
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
-        self.placing.discard(trial_id)  # any report comes from running workers
+        super().on_trial_result(trial_id, result)
         score = result.get("score")
         if isinstance(score, (int, float)) and not math.isnan(score):
             self.best[trial_id] = max(self.best.get(trial_id, -math.inf), float(score))
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
-        self.placing.discard(trial_id)
+        super().on_trial_complete(trial_id, result=result, error=error)
         if result:
             self.on_trial_result(trial_id, result)
         key, number = self.live.pop(trial_id, (None, None))
@@ -91,20 +76,17 @@ class TaskOptunaSearch(Searcher):
             scores = group["scores"]
             self.studies.tell(key, number, AGGREGATES[self.aggregate](scores) if scores else None)
 
-    def save(self, checkpoint_path: str) -> None:
-        state = {key: getattr(self, key) for key in ("queue", "search", "seed", "k", "aggregate", "budget", "live",
-                                                      "best", "open", "groups", "ddp_tasks")}
-        state["studies"] = self.studies.state
-        with open(checkpoint_path, "wb") as f:
-            pickle.dump(state, f)
+    def saved_state(self) -> dict[str, Any]:
+        state = {key: getattr(self, key) for key in ("search", "seed", "k", "aggregate", "budget", "live",
+                                                      "best", "open", "groups")}
+        return {**super().saved_state(), **state, "studies": self.studies.state}
 
-    def restore(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "rb") as f:
-            state = pickle.load(f)
+    def restore_state(self, state: dict[str, Any]) -> None:
+        super().restore_state(state)
+        state = dict(state)
         studies = state.pop("studies")
-        for key, value in state.items():
-            setattr(self, key, value)
-        self.placing = set()
+        for key in ("search", "seed", "k", "aggregate", "budget", "live", "best", "open", "groups"):
+            setattr(self, key, state[key])
         # the running points are asked again as they were, under new numbers in the rebuilt studies
         self.studies, new = TaskStudies.restored(self.search, self.seed, self.budget, studies)
         self.live = {trial_id: (key, new[(key, n)]) for trial_id, (key, n) in self.live.items()}

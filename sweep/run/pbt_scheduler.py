@@ -120,6 +120,10 @@ def population_of(config: dict[str, Any]) -> str:
 class _TaskView:
     """The controller as one population's PBT should see it: only that population's trials."""
 
+    # Tune's PBT refuses any search algorithm (it would fight the exploits over the configs); the
+    # sweep's only hands out its trial points in order and draws the first population (run/gate.py)
+    search_alg = None
+
     def __init__(self, controller, population: str):
         self._controller, self._population = controller, population
 
@@ -129,7 +133,7 @@ class _TaskView:
     def get_live_trials(self):
         return [t for t in self._controller.get_live_trials() if population_of(t.config) == self._population]
 
-    def __getattr__(self, name: str):  # pause_trial, _schedule_trial_save, search_alg, ...
+    def __getattr__(self, name: str):  # pause_trial, _schedule_trial_save, ...
         return getattr(self._controller, name)
 
 

@@ -106,7 +106,6 @@ def make_tuner(settings: Settings, plan: SweepPlan, callbacks: list, launch_id: 
     """One Tuner over every trial, or the sweep's saved one restored (``resume=true``)."""
     from ray import tune
 
-    from sweep.run.gate import DdpFirst
     from sweep.run.trial import train_driver_fn
 
     trainable = tune.with_parameters(
@@ -128,16 +127,9 @@ def make_tuner(settings: Settings, plan: SweepPlan, callbacks: list, launch_id: 
     # a trial paused (at the seed-halving rung, or by PBT to share slots) still counts as live for the
     # generator's limit: it must hand out every trial (the resources limit)
     concurrency = 0 if settings.sweep.scheduler in PAUSING else plan.concurrency
-    if settings.sweep.search_alg == "optuna":
-        # Tune asks the searcher once per sample: every trial of the sweep is one
-        space, samples = {}, len(plan.dispatch.order) * settings.sweep.num_samples
-        search = optuna_search(settings, plan.dispatch.order, ddp_tasks, concurrency)
-    else:  # the dispatch order as given; no trial after a DDP one until its workers are placed
-        space, samples = param_space(settings, plan.dispatch.order), settings.sweep.num_samples
-        search = DdpFirst(ddp_tasks, concurrency)
+    search, samples = make_search(settings, plan.dispatch.order, ddp_tasks, concurrency)
     return tune.Tuner(
         trainable,
-        param_space=space,
         tune_config=tune.TuneConfig(
             num_samples=samples,
             search_alg=search,
@@ -152,38 +144,28 @@ def make_tuner(settings: Settings, plan: SweepPlan, callbacks: list, launch_id: 
     )
 
 
-def optuna_search(settings: Settings, order: Sequence[TrialWork], ddp_tasks: set[str], concurrency: int):
-    """sweep.search_alg=optuna: the trial points in the dispatch order, ``num_samples`` rounds of them,
-    each given its search point by its task's TPE study (run/optuna_search.py)."""
+def make_search(settings: Settings, order: Sequence[TrialWork], ddp_tasks: set[str], concurrency: int):
+    """Tune's searcher over every trial of the sweep, and their number (Tune asks it once per trial):
+    one per (task, seed, grid point) in the dispatch order, ``num_samples`` rounds of them, each with
+    its ``hparams`` drawn at random (run/gate.RandomSearch) or asked of its task's TPE study
+    (run/optuna_search.py). Tune starts trials in the order it gets them: the dispatch order holds."""
     from ray.tune.search import ConcurrencyLimiter
 
+    from sweep.run.gate import RandomSearch
     from sweep.run.optuna_search import TaskOptunaSearch
 
     points = grid_points(settings)
     trials = [point_of(t.task, t.seed, points[t.point]) for t in order] * settings.sweep.num_samples
     sweep = settings.sweep
-    searcher = TaskOptunaSearch(trials, sweep.search, sweep.search_seed, ddp_tasks, sweep.seeds_per_point,
-                                sweep.aggregate)
-    return ConcurrencyLimiter(searcher, max_concurrent=concurrency) if concurrency > 0 else searcher
-
-
-def param_space(settings: Settings, order: Sequence[TrialWork]) -> dict[str, Any]:
-    """One Tune trial per (task, seed, grid point) in the dispatch order (x search samples), all in
-    ONE run. Tune generates grid trials in list order and starts them in that order, so the order
-    is one grid over the trial points, not a grid per key (whose product order is Tune's)."""
-    from ray import tune
-
-    points = grid_points(settings)
-    trials = [point_of(t.task, t.seed, points[t.point]) for t in order]
-    space: dict[str, Any] = {"trial": tune.grid_search(trials), "hparams": {}}
-    # PBT's first population draws each mutated key from its mutation range, unless the search has it
-    first = {**(settings.sweep.pbt.mutations if settings.sweep.scheduler == "pbt" else {}), **settings.sweep.search}
-    from sweep.run.search_space import search_domain
-
-    for key, spec in first.items():
-        space["hparams"][key] = search_domain(spec)
-    return space
-
+    if sweep.search_alg == "optuna":
+        searcher = TaskOptunaSearch(trials, sweep.search, sweep.search_seed, ddp_tasks, sweep.seeds_per_point,
+                                    sweep.aggregate)
+    else:
+        # PBT's first population draws each mutated key from its mutation range, unless the search has it
+        space = {**(sweep.pbt.mutations if sweep.scheduler == "pbt" else {}), **sweep.search}
+        searcher = RandomSearch(trials, ddp_tasks, space, sweep.search_seed)
+    limited = ConcurrencyLimiter(searcher, max_concurrent=concurrency) if concurrency > 0 else searcher
+    return limited, len(trials)
 
 
 class ResourcesByTask:
