@@ -48,6 +48,9 @@ OPTIONS: dict[str, Option] = {
                            "MLflow tracking URI for models:/ (default: $MLFLOW_TRACKING_URI, else MLflow's default)"),
     "cache_dir": Option(non_empty, _DEFAULTS["cache_dir"],
                         "where registry and S3 copies are kept (default: $SWEEP_CACHE_DIR or ~/.cache/sweep)"),
+    "adapters": Option(non_empty, _DEFAULTS["adapters"],
+                       "LoRA adapters to serve on the base model=, loaded once: NAME=DIR,NAME=DIR,... or a sweep's "
+                       "output folder (its best/<TASK>/adapter/ exports, each served as <model>-<task>)"),
     "log_requests": Option(as_bool, _DEFAULTS["log_requests"], "log a line per request (access and timing logs)"),
 }
 
@@ -73,6 +76,11 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> None:
     except UsageError as e:
         _fail(e)
     try:
-        serve_model(options)
+        if options.adapters:
+            from sweep.serving.adapters import serve_adapters
+
+            serve_adapters(options)
+        else:
+            serve_model(options)
     except ServeError as e:
         _fail(e)

@@ -43,6 +43,7 @@ class ServeOptions:
     tracking_uri: str | None = None
     cache_dir: str | None = None
     log_requests: bool = True
+    adapters: str | None = None  # LoRA adapters on the base model= (sweep/serving/adapters.py serves them)
 
 
 def _default_cache_dir() -> Path:
