@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,8 @@ PAIRS = (["The cat sees a dog.", "A river runs to the sea.", "Nobody came."],
          ["A dog is seen.", "Water flows.", "Everyone came."])
 PROMPTS = ["The meaning of life is", "Once upon a time"]
 NEW_TOKENS = 8
+# PEFT 0.21 reads transformers' deprecated is_gradient_checkpointing when it wraps and saves the adapters
+pytestmark = pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")
 
 
 def _export(base: Path, task: str, seed: int, best: Path, model_name: str) -> Path:
@@ -182,6 +185,11 @@ def test_each_lm_adapter_completes_as_its_merged_export_over_v2_and_openai(serve
         assert openai.json()["model"] == name
         assert [c["text"] for c in openai.json()["choices"]] == want
         completions[name] = want
+    streamed = httpx.post(f"{url}/openai/v1/completions", timeout=60, json={
+        "model": "critic", "prompt": PROMPTS[0], "max_tokens": NEW_TOKENS, "temperature": 0, "stream": True})
+    chunks = [json.loads(line[len("data: "):]) for line in streamed.text.splitlines()
+              if line.startswith("data: {")]
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == completions["critic"][0]
     assert completions["poet"] != completions["critic"]
 
 
@@ -214,6 +222,21 @@ def _fails(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     return err.strip()
 
 
+def _adapter_copy(adapter: Path, dest: Path, labels: int | None = None, **config: Any) -> Path:
+    """A copy of an adapter with other ``adapter_config.json`` values, or a head of ``labels`` outputs."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(adapter, dest)
+    settings = json.loads((dest / "adapter_config.json").read_text())
+    (dest / "adapter_config.json").write_text(json.dumps({**settings, **config}))
+    if labels is not None:
+        weights = load_file(dest / "adapter_model.safetensors")
+        for key in [k for k in weights if ".out_proj." in k]:
+            weights[key] = torch.zeros((labels, *weights[key].shape[1:]))
+        save_file(weights, dest / "adapter_model.safetensors")
+    return dest
+
+
 def test_bad_adapters_are_one_line_exit_2(built, capsys, tmp_path) -> None:
     clf, lm = f"model={built['clf_base']}", f"model={built['lm_base']}"
     missing = tmp_path / "nowhere"
@@ -227,16 +250,29 @@ def test_bad_adapters_are_one_line_exit_2(built, capsys, tmp_path) -> None:
     assert "not a model name" in _fails(capsys, clf, f"adapters=a/b={rte}")
     assert "expected NAME=DIR" in _fails(capsys, clf, f"adapters=={rte}")
     # the wrong base: a GPT-2 for RoBERTa's adapters; a RoBERTa of another width
-    assert "does not fit model=" in _fails(capsys, lm, f"adapters={rte}")
+    assert "was trained on " in _fails(capsys, lm, f"adapters={rte}")  # its recorded base: a RoBERTa
+    gone = _adapter_copy(rte / ADAPTER_FOLDER, tmp_path / "gone", base_model_name_or_path="/gone/roberta")
+    assert "does not fit model=" in _fails(capsys, lm, f"adapters=moved={gone}")  # its base unknown: its head tells
     wide = tmp_path / "wide"
     wide.mkdir()
     config = json.loads((built["clf_base"] / "config.json").read_text())
     (wide / "config.json").write_text(json.dumps({**config, "hidden_size": 64}))
     line = _fails(capsys, f"model={wide}", f"adapters={rte}")
     assert line.startswith("error: adapters: tiny-roberta-RTE was trained on ") and "hidden_size 32" in line
+    moved = _adapter_copy(rte / ADAPTER_FOLDER, tmp_path / "moved", base_model_name_or_path="/gone/roberta")
+    line = _fails(capsys, f"model={wide}", f"adapters=moved={moved}")  # its base unknown here: its shapes tell
+    assert line.startswith("error: adapters: moved (") and "does not fit model=" in line
+    assert "lora_A.weight is [4, 32]: made for 32 features where" in line and "has 64" in line
+    three = _adapter_copy(rte / ADAPTER_FOLDER, tmp_path / "three", labels=3)
+    line = _fails(capsys, clf, f"adapters=two={rte},three={three}")
+    assert "share one head shape, these differ (2 label(s): two; 3 label(s): three)" in line
     # model= that is no base: a merged LoRA export, an adapter
     assert "is a merged LoRA export" in _fails(capsys, f"model={rte}", f"adapters={built['MRPC']}")
     assert "is an adapter, not a base model" in _fails(capsys, f"model={rte / ADAPTER_FOLDER}", f"adapters={rte}")
+    tuned = tmp_path / "tuned"  # a model a sweep fine-tuned (its made-by), not the base the adapters know
+    shutil.copytree(built["clf_base"], tuned)
+    (tuned / MADE_BY).write_text(json.dumps({"model": "tiny-roberta", "task": "SST-2"}))
+    assert "is a model a sweep fine-tuned" in _fails(capsys, f"model={tuned}", f"adapters={rte}")
     assert "each adapter has its own name" in _fails(capsys, clf, "name=x", f"adapters={rte}")
 
 

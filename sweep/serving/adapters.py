@@ -195,6 +195,9 @@ def check_base(model_dir: Path, model: str, adapters: Sequence[Adapter]) -> int 
     if (model_dir / ADAPTER_FOLDER / ADAPTER_CONFIG).is_file():
         raise ServeError(f"model={model}: is a merged LoRA export (its adapter is already in its weights); give "
                          f"the base the sweep fine-tuned ({_base_hint(model_dir / ADAPTER_FOLDER)})")
+    if (model_dir / MADE_BY).is_file() and not any(_is_folder(a.base_model, model_dir) for a in adapters):
+        raise ServeError(f"model={model}: is a model a sweep fine-tuned ({model_dir / MADE_BY}), not the base the "
+                         f"adapters were trained on ({adapters[0].base_model}); give that base")
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
     from transformers.pytorch_utils import Conv1D
@@ -206,6 +209,8 @@ def check_base(model_dir: Path, model: str, adapters: Sequence[Adapter]) -> int 
             config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
     except (OSError, ValueError) as e:
         raise ServeError(f"model={model}: cannot read the base model's config: {' '.join(str(e).split())}") from None
+    for adapter in adapters:
+        _check_same_base(adapter, config, model)
     shapes = {a.name: _saved_shapes(a.folder) for a in adapters}
     classifier = adapters[0].task_type == SEQ_CLS
     num_labels = _head_size(model, config, shapes, adapters) if classifier else None
@@ -221,14 +226,21 @@ def check_base(model_dir: Path, model: str, adapters: Sequence[Adapter]) -> int 
     modules = dict(base.named_modules())
     params = {k: tuple(v.shape) for k, v in base.named_parameters()}
     for adapter in adapters:
-        _check_same_base(adapter, config, model)
-        for key, shape in shapes[adapter.name].items():
+        for key, shape in sorted(shapes[adapter.name].items(), key=lambda kv: ".lora_" not in kv[0]):  # LoRA's first
             problem = _mismatch(key, shape, modules, params, Conv1D)
             if problem:
                 raise ServeError(f"adapters: {adapter.name} ({adapter.folder}) does not fit model={model} "
                                  f"({config.model_type}, hidden size {getattr(config, 'hidden_size', '?')}): "
                                  f"{problem}; was it trained on another base ({adapter.base_model})?")
     return num_labels
+
+
+def _is_folder(recorded: str | None, folder: Path) -> bool:
+    """Whether an adapter's recorded base is ``folder`` (the same folder, however named)."""
+    try:
+        return recorded is not None and Path(recorded).expanduser().resolve() == folder.resolve()
+    except OSError:
+        return False
 
 
 def _base_hint(folder: Path) -> str:
