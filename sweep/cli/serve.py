@@ -32,6 +32,9 @@ OPTIONS: dict[str, Option] = {
                     required=True),
     "name": Option(non_empty, _DEFAULTS["name"],
                    "name the model is published under (default: its registered name <model>-<task>)"),
+    "adapters": Option(non_empty, _DEFAULTS["adapters"],
+                       "LoRA adapters to serve on the base model=, loaded once: NAME=DIR,NAME=DIR,... or a sweep's "
+                       "output folder (its best/<TASK>/adapter/ exports, each served as <model>-<task>)"),
     "port": Option(port_number, _DEFAULTS["port"], "HTTP port"),
     "grpc_port": Option(port_number, _DEFAULTS["grpc_port"], "gRPC port (Open Inference Protocol v2 over gRPC)"),
     "grpc": Option(as_bool, _DEFAULTS["grpc"], "serve gRPC too (false: REST only)"),
@@ -48,9 +51,6 @@ OPTIONS: dict[str, Option] = {
                            "MLflow tracking URI for models:/ (default: $MLFLOW_TRACKING_URI, else MLflow's default)"),
     "cache_dir": Option(non_empty, _DEFAULTS["cache_dir"],
                         "where registry and S3 copies are kept (default: $SWEEP_CACHE_DIR or ~/.cache/sweep)"),
-    "adapters": Option(non_empty, _DEFAULTS["adapters"],
-                       "LoRA adapters to serve on the base model=, loaded once: NAME=DIR,NAME=DIR,... or a sweep's "
-                       "output folder (its best/<TASK>/adapter/ exports, each served as <model>-<task>)"),
     "log_requests": Option(as_bool, _DEFAULTS["log_requests"], "log a line per request (access and timing logs)"),
 }
 
