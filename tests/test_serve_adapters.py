@@ -153,6 +153,7 @@ def test_grpc_reaches_each_adapter(servers, built) -> None:
     from sweep.serving.kserve_import import import_kserve
 
     import_kserve()
+    import grpc
     from kserve.inference_client import InferenceGRPCClient
     from kserve.protocol.infer_type import InferInput, InferRequest
 
@@ -165,6 +166,11 @@ def test_grpc_reaches_each_adapter(servers, built) -> None:
     for task in CLASSIFIER_TASKS:
         answer = asyncio.run(call(f"tiny-roberta-{task}"))
         assert output(answer, "score") == pytest.approx(_merged_classifier(built[task])[1], abs=1e-5)
+    with pytest.raises(grpc.RpcError) as unknown:
+        asyncio.run(call("tiny-roberta-SST-2"))
+    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+    assert unknown.value.details() == ("Model with name tiny-roberta-SST-2 does not exist. "
+                                       "Served here: tiny-roberta-MRPC, tiny-roberta-RTE.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -283,6 +289,11 @@ def test_a_sweep_folder_names_its_adapters_by_model_and_task(built) -> None:
         ("tiny-roberta-MRPC", built["MRPC"] / ADAPTER_FOLDER), ("tiny-roberta-RTE", built["RTE"] / ADAPTER_FOLDER)]
     assert [a.name for a in find_adapters(str(root / "best"))] == ["tiny-roberta-MRPC", "tiny-roberta-RTE"]
     assert by_folder[1].labels == tuple(load_task("RTE").labels)
+    hydra = built["root"] / "multirun" / "train.method=lora"  # an output folder with "=" in its path
+    hydra.parent.mkdir(exist_ok=True)
+    if not hydra.exists():
+        hydra.symlink_to(root)
+    assert [a.name for a in find_adapters(str(hydra))] == ["tiny-roberta-MRPC", "tiny-roberta-RTE"]
     with pytest.raises(ServeError, match="the name tiny-gpt2-wikitext-2 is given twice .*; name them apart: NAME=DIR"):
         find_adapters(str(built["root"] / "lm"))  # two exports of one task: one default name
     with pytest.raises(ServeError, match="holds no adapter_config.json"):

@@ -125,7 +125,7 @@ def find_adapters(value: str) -> list[Adapter]:
             raise ServeError(f"adapters: an empty entry in {value!r}; give NAME=DIR,NAME=DIR or a sweep's output "
                              "folder")
         name, sep, where = entry.partition("=")
-        if sep:
+        if sep and not Path(entry).expanduser().exists():  # a folder may have "=" in its name (Hydra's multirun)
             if not name or not where:
                 raise ServeError(f"adapters: {entry}: expected NAME=DIR")
             found.append(_read_adapter(name, _adapter_folder(Path(where).expanduser(), entry), entry))

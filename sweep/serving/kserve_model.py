@@ -183,10 +183,29 @@ def _not_a_grpc_call_line(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("grpc method:")
 
 
+class UnknownModel(ModelNotFound):
+    """KServe's "Model with name X does not exist.", naming the models served (a 404; gRPC NOT_FOUND)."""
+
+    def __init__(self, name: str, served: Sequence[str]) -> None:
+        super().__init__(name)
+        self.reason = f"{self.reason} Served here: {', '.join(sorted(served))}."
+
+
+class ServedModels(kserve.ModelRepository):
+    """KServe's model registry, whose miss says what is served (the v2 REST and gRPC routes ask it)."""
+
+    def get_model(self, name: str) -> Any:
+        model = super().get_model(name)
+        if model is None:
+            raise UnknownModel(name, list(self.get_models()))
+        return model
+
+
 async def _unknown_model(request: Request, exc: ModelNotFound) -> JSONResponse:
-    """KServe's 404 for a model name nobody serves, naming the ones served (v2 and OpenAI routes alike)."""
-    served = ", ".join(sorted(_SERVED))
-    return JSONResponse(status_code=404, content={"error": f"{exc} Served here: {served}."})
+    """The 404 of a model nobody serves. The OpenAI routes ask a registry of their own (not ``ServedModels``):
+    their miss is KServe's plain one, named here."""
+    served = "" if isinstance(exc, UnknownModel) else f" Served here: {', '.join(sorted(_SERVED))}."
+    return JSONResponse(status_code=404, content={"error": f"{exc}{served}"})
 
 
 _SERVED: list[str] = []  # the names serve() registered
@@ -206,6 +225,7 @@ def serve(models: BatchedTextModel | Sequence[BatchedTextModel], port: int, log_
         enable_grpc=grpc_port is not None,
         enable_latency_logging=log_requests,
         workers=1,
+        registered_models=ServedModels(),
     )
     if not log_requests:
         for logger_name in ("uvicorn.access", "kserve.trace"):
