@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import warnings
 from collections.abc import Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -336,7 +337,8 @@ def load_adapters(base: Any, adapters: Sequence[Adapter]) -> SharedBase:
     from sweep.models.quiet import quiet_transformers
 
     first, *rest = adapters
-    with quiet_transformers():
+    with quiet_transformers(), warnings.catch_warnings():  # PEFT 0.21 reads a deprecated transformers property
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
         model = PeftModel.from_pretrained(base, first.folder, adapter_name=first.name)
         for adapter in rest:
             model.load_adapter(adapter.folder, adapter_name=adapter.name)
