@@ -1,7 +1,8 @@
 """``sweep serve model=<best-model folder | models:/<name>@champion | s3://bucket/prefix> [port=8080] ...``
 
 (also ``python -m sweep.serve``, what the KServe ServingRuntime and the image run). Its arguments are
-``key=value`` like the sweep's overrides; ``--help`` lists them. The server is sweep/serving/serve.py.
+``key=value`` like the sweep's overrides; ``--help`` lists them. The server is sweep/serving/serve.py;
+with ``adapters=`` (``model=`` is then the base) it is sweep/serving/adapters.py: many LoRA adapters, one base.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ PROG = "sweep serve"
 _DEFAULTS = {f.name: f.default for f in fields(ServeOptions) if f.default is not MISSING}
 OPTIONS: dict[str, Option] = {
     "model": Option(non_empty, None,
-                    "a folder exported by a sweep (best/<TASK>/), models:/<name>@<alias>, or s3://bucket/prefix",
-                    required=True),
+                    "a folder exported by a sweep (best/<TASK>/), models:/<name>@<alias>, or s3://bucket/prefix; "
+                    "with adapters=: the base model they were trained on", required=True),
     "name": Option(non_empty, _DEFAULTS["name"],
                    "name the model is published under (default: its registered name <model>-<task>)"),
     "adapters": Option(non_empty, _DEFAULTS["adapters"],
