@@ -1,7 +1,8 @@
 """``sweep serve model=<best-model folder | models:/<name>@champion | s3://bucket/prefix> [port=8080] ...``
 
 (also ``python -m sweep.serve``, what the KServe ServingRuntime and the image run). Its arguments are
-``key=value`` like the sweep's overrides; ``--help`` lists them. The server is sweep/serving/serve.py.
+``key=value`` like the sweep's overrides; ``--help`` lists them. The server is sweep/serving/serve.py;
+with ``adapters=`` (``model=`` is then the base) it is sweep/serving/adapters.py: many LoRA adapters, one base.
 """
 
 from __future__ import annotations
@@ -28,10 +29,13 @@ PROG = "sweep serve"
 _DEFAULTS = {f.name: f.default for f in fields(ServeOptions) if f.default is not MISSING}
 OPTIONS: dict[str, Option] = {
     "model": Option(non_empty, None,
-                    "a folder exported by a sweep (best/<TASK>/), models:/<name>@<alias>, or s3://bucket/prefix",
-                    required=True),
+                    "a folder exported by a sweep (best/<TASK>/), models:/<name>@<alias>, or s3://bucket/prefix; "
+                    "with adapters=: the base model they were trained on", required=True),
     "name": Option(non_empty, _DEFAULTS["name"],
                    "name the model is published under (default: its registered name <model>-<task>)"),
+    "adapters": Option(non_empty, _DEFAULTS["adapters"],
+                       "LoRA adapters to serve on the base model=, loaded once: NAME=DIR,NAME=DIR,... or a sweep's "
+                       "output folder (its best/<TASK>/adapter/ exports, each served as <model>-<task>)"),
     "port": Option(port_number, _DEFAULTS["port"], "HTTP port"),
     "grpc_port": Option(port_number, _DEFAULTS["grpc_port"], "gRPC port (Open Inference Protocol v2 over gRPC)"),
     "grpc": Option(as_bool, _DEFAULTS["grpc"], "serve gRPC too (false: REST only)"),
@@ -73,6 +77,11 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> None:
     except UsageError as e:
         _fail(e)
     try:
-        serve_model(options)
+        if options.adapters:
+            from sweep.serving.adapters import serve_adapters
+
+            serve_adapters(options)
+        else:
+            serve_model(options)
     except ServeError as e:
         _fail(e)

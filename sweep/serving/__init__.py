@@ -3,6 +3,7 @@
 - ``serve.py``:       ``ServeOptions`` -> a model source -> a KServe ModelServer (the command: sweep/cli/serve.py)
 - ``kserve_model.py``: the kserve.Model subclasses that answer the Open Inference Protocol
 - ``openai_model.py``: the causal LM over KServe's OpenAI endpoints too (completions, chat, streaming)
+- ``adapters.py``:    many LoRA adapters on one base (``adapters=``): each its own model name and micro-batch queue
 - ``infer.py``:       one inference call to a running server (the command: sweep/cli/infer.py)
 - ``tiny.py``:        tiny trained-shape models built offline (tests, demos)
 

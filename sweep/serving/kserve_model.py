@@ -18,8 +18,9 @@ kserve = import_kserve()
 from fastapi import Request  # noqa: E402 - after kserve, which builds the app
 from fastapi.exceptions import RequestValidationError  # noqa: E402
 from fastapi.responses import JSONResponse  # noqa: E402
-from kserve.errors import InvalidInput  # noqa: E402
+from kserve.errors import InvalidInput, ModelNotFound  # noqa: E402
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse, to_http_parameters  # noqa: E402
+from kserve.protocol.rest import server as kserve_rest_server  # noqa: E402
 
 from sweep.serving import server_metrics  # noqa: E402
 from sweep.serving.batcher import MicroBatcher  # noqa: E402
@@ -182,15 +183,49 @@ def _not_a_grpc_call_line(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("grpc method:")
 
 
-def serve(model: BatchedTextModel, port: int, log_requests: bool, grpc_port: int | None = None) -> None:
-    """Run KServe's ModelServer with ``model`` until SIGINT/SIGTERM: REST on ``port``, and the v2
+class UnknownModel(ModelNotFound):
+    """KServe's "Model with name X does not exist.", naming the models served (a 404; gRPC NOT_FOUND)."""
+
+    def __init__(self, name: str, served: Sequence[str]) -> None:
+        super().__init__(name)
+        self.reason = f"{self.reason} Served here: {', '.join(sorted(served))}."
+
+
+class ServedModels(kserve.ModelRepository):
+    """KServe's model registry, whose miss says what is served (the v2 REST and gRPC routes ask it)."""
+
+    def get_model(self, name: str) -> Any:
+        model = super().get_model(name)
+        if model is None:
+            raise UnknownModel(name, list(self.get_models()))
+        return model
+
+
+async def _unknown_model(request: Request, exc: ModelNotFound) -> JSONResponse:
+    """The 404 of a model nobody serves. The OpenAI routes ask a registry of their own (not ``ServedModels``):
+    their miss is KServe's plain one, named here."""
+    served = "" if isinstance(exc, UnknownModel) else f" Served here: {', '.join(sorted(_SERVED))}."
+    return JSONResponse(status_code=404, content={"error": f"{exc}{served}"})
+
+
+_SERVED: list[str] = []  # the names serve() registered
+
+
+def serve(models: BatchedTextModel | Sequence[BatchedTextModel], port: int, log_requests: bool,
+          grpc_port: int | None = None) -> None:
+    """Run KServe's ModelServer with the model(s) until SIGINT/SIGTERM: REST on ``port``, and the v2
     gRPC service (KServe's own gRPC server) on ``grpc_port`` unless it is None."""
+    models = [models] if isinstance(models, BatchedTextModel) else list(models)
+    _SERVED[:] = [m.name for m in models]
+    # KServe adds its own ModelNotFound handler when the app is built (in server.start): it takes ours by name
+    kserve_rest_server.model_not_found_handler = _unknown_model
     server = kserve.ModelServer(
         http_port=port,
         grpc_port=grpc_port or 0,  # unused when gRPC is off
         enable_grpc=grpc_port is not None,
         enable_latency_logging=log_requests,
         workers=1,
+        registered_models=ServedModels(),
     )
     if not log_requests:
         for logger_name in ("uvicorn.access", "kserve.trace"):
@@ -198,5 +233,6 @@ def serve(model: BatchedTextModel, port: int, log_requests: bool, grpc_port: int
         logging.getLogger("kserve").addFilter(_not_a_grpc_call_line)
     kserve.model_server.app.add_exception_handler(RequestValidationError, validation_error)
     kserve.model_server.app.add_middleware(server_metrics.RequestMetrics)  # sweep_http_* on GET /metrics
-    model.load()
-    server.start([model])
+    for model in models:
+        model.load()
+    server.start(models)

@@ -32,6 +32,7 @@ class ServeOptions:
 
     model: str  # a folder exported by a sweep, models:/<name>@<alias>, or s3://bucket/prefix
     name: str | None = None  # None: the registered name <model>-<task>
+    adapters: str | None = None  # LoRA adapters on the base model= (sweep/serving/adapters.py serves them)
     port: int = DEFAULT_PORT
     grpc_port: int = DEFAULT_GRPC_PORT
     grpc: bool = True
