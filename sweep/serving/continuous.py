@@ -125,6 +125,10 @@ class ContinuousBatch:
         return (f"generation continuous (up to {self.admission.max_running} sequences, {self.admission.max_queued} "
                 f"queued; KV cache {self.cache_mb:.0f} MiB = {self.cache_tokens} tokens)")
 
+    def sharing(self, rows: int) -> int:
+        """Sequences that will share the batch with a request of ``rows`` arriving now (itself included)."""
+        return min(self.admission.running + rows, self.admission.max_running)
+
     def close(self) -> None:
         if self.manager.is_running():
             self.manager.stop(block=True, timeout=10)
@@ -168,6 +172,11 @@ class ContinuousBatch:
 
     async def _run(self, slots: list[asyncio.Future[None]], params: GenerationParams, prompts: Sequence[str],
                    on_texts: Callable[[list[str]], None] | None) -> list[Completion]:
+        if params.seed is not None and params.sampling:
+            results = await self._seeded(slots, params, prompts, on_texts)
+            server_metrics.count_tokens(self.name, [r.prompt_tokens for r in results],
+                                        [r.completion_tokens for r in results])
+            return results
         texts = [""] * len(prompts)
 
         def row_callback(i: int) -> Callable[[str], None] | None:
@@ -197,8 +206,6 @@ class ContinuousBatch:
         arrived = time.perf_counter()
         try:
             await self.admission.wait(slot)
-            if params.seed is not None and params.sampling:
-                return await self._seeded(params, prompt, on_text)
             return await self._in_batch(params, prompt, on_text, arrived)
         finally:
             self.admission.leave(slot)
@@ -255,29 +262,36 @@ class ContinuousBatch:
         with router._lock:
             router.result_handlers.pop(request_id, None)
 
-    async def _seeded(self, params: GenerationParams, prompt: str, on_text: Callable[[str], None] | None
-                      ) -> Completion:
-        if not self.seeds_alone:
-            from sweep.serving.protocol import RequestError
-
-            raise RequestError("parameter seed: not supported by this model with generation=continuous "
-                               "(serve it with generation=batched)")
-        loop = asyncio.get_running_loop()
-        cancelled = threading.Event()
-
-        def on_texts(texts: list[str]) -> None:  # on the seeded thread
-            if on_text is not None:
-                loop.call_soon_threadsafe(on_text, texts[0])
-
-        def run() -> Completion:
-            with self.manager.pause():
-                return self.engine.generate(params, [prompt], on_texts=on_texts if on_text else None,
-                                            cancelled=cancelled)[0]
-
+    async def _seeded(self, slots: list[asyncio.Future[None]], params: GenerationParams, prompts: Sequence[str],
+                      on_texts: Callable[[list[str]], None] | None) -> list[Completion]:
+        """A seeded request: all its rows in one ``generate`` after one seed (as generation=batched), alone."""
         try:
-            return await loop.run_in_executor(self._alone, run)
+            if not self.seeds_alone:
+                from sweep.serving.protocol import RequestError
+
+                raise RequestError("parameter seed: not supported by this model with generation=continuous "
+                                   "(serve it with generation=batched)")
+            for slot in slots:
+                await self.admission.wait(slot)
+            loop = asyncio.get_running_loop()
+            cancelled = threading.Event()
+
+            def texts_now(texts: list[str]) -> None:  # on the seeded thread
+                if on_texts is not None:
+                    loop.call_soon_threadsafe(on_texts, texts)
+
+            def run() -> list[Completion]:
+                with self.manager.pause():
+                    return self.engine.generate(params, prompts, on_texts=texts_now if on_texts else None,
+                                                cancelled=cancelled)
+
+            try:
+                return await loop.run_in_executor(self._alone, run)
+            finally:
+                cancelled.set()
         finally:
-            cancelled.set()
+            for slot in slots:
+                self.admission.leave(slot)
 
 
 class Stream:

@@ -148,6 +148,7 @@ class GeneratorModel(BatchedTextModel):
     async def submit(self, key: Hashable | None, items: list[Any], from_grpc: bool) -> Batched[Any]:
         if self.continuous is None:
             return await self.batcher.submit(key, items)
+        sharing = self.continuous.sharing(len(items))
         try:
             results = await self.continuous.generate(items[0][1], [prompt for prompt, _ in items])
         except Overloaded as e:
@@ -158,7 +159,7 @@ class GeneratorModel(BatchedTextModel):
             raise
         except RequestError as e:
             raise InvalidInput(str(e)) from None
-        return Batched(results, self.continuous.admission.running)
+        return Batched(results, sharing)
 
     def parse(self, inputs: list[Tensor], parameters: Mapping[str, Any] | None) -> tuple[Hashable | None, list[Any]]:
         request = parse_generate(inputs, parameters, self.engine.context_length)

@@ -265,7 +265,8 @@ class OpenAIGeneratorModel(GeneratorModel, OpenAIGenerativeModel):
     async def _complete(self, job: OpenAIJob, context: dict[str, Any] | None) -> list[Generated]:
         """Not streamed: the rows join the micro-batcher like v2 requests with the same settings."""
         if self.continuous is not None:
-            batched = Batched(await self.continuous.generate(job.params, job.rows), self.continuous.admission.running)
+            sharing = self.continuous.sharing(len(job.rows))
+            batched = Batched(await self.continuous.generate(job.params, job.rows), sharing)
         else:
             batched = await self.batcher.submit(job.params.batch_key, [(row, job.params) for row in job.rows])
         response = (context or {}).get("response")
