@@ -200,22 +200,24 @@ def test_a_client_that_leaves_frees_its_slot(server: Server) -> None:
 def test_overload_answers_429_and_resource_exhausted_and_keeps_serving(server: Server) -> None:
     body = {"inputs": [texts("text", ["Hello"])], "parameters": {"max_new_tokens": 4}}
 
+    assert _grpc_status(server, body) == "OK"  # and the gRPC client is imported before the clock matters
+
     async def run() -> tuple[list[str], httpx.Response, Any, str]:
         async with httpx.AsyncClient(timeout=60) as http:
-            payload = {"model": LM_NAME, "prompt": "Once", "max_tokens": 230, "temperature": 0, "stream": True}
+            payload = {"model": LM_NAME, "prompt": "Once", "max_tokens": 250, "temperature": 0, "stream": True}
             held = []
             for _ in range(SLOTS + QUEUED):  # every slot and every place in the queue
                 request = http.build_request("POST", f"{server.url}/openai/v1/completions", json=payload)
                 response = await http.send(request, stream=True)
                 assert response.status_code == 200
                 held.append(response)
+            grpc_status = await asyncio.to_thread(_grpc_status, server, body)
             rest = await http.post(f"{server.url}/v2/models/{LM_NAME}/infer", json=body)
             try:
                 await _whole(_client(server), "Hello", 4)
                 refused: Any = None
             except openai.RateLimitError as e:
                 refused = e
-            grpc_status = await asyncio.to_thread(_grpc_status, server, body)
             # The admitted streams still run to the end.
             lasts = []
             for response in held[:2] + held[-2:]:
@@ -240,7 +242,26 @@ def test_overload_answers_429_and_resource_exhausted_and_keeps_serving(server: S
         assert f"\n{name}{{" in metrics, name
 
 
+def test_grpc_and_rest_answer_alike_from_the_batch(server: Server) -> None:
+    body = {"inputs": [texts("text", PROMPTS[:3])], "parameters": {"max_new_tokens": 12}}
+
+    async def run() -> tuple[Any, Any]:
+        async with httpx.AsyncClient(timeout=60) as http:
+            return await asyncio.gather(http.post(f"{server.url}/v2/models/{LM_NAME}/infer", json=body),
+                                        asyncio.to_thread(_grpc_answer, server, body))
+
+    rest, grpc_answer = asyncio.run(run())
+    assert rest.status_code == 200 and not isinstance(grpc_answer, str)
+    assert [o["data"] for o in rest.json()["outputs"]] == [o["data"] for o in grpc_answer["outputs"]]
+
+
 def _grpc_status(server: Server, body: dict[str, Any]) -> str:
+    answer = _grpc_answer(server, body)
+    return answer if isinstance(answer, str) else "OK"
+
+
+def _grpc_answer(server: Server, body: dict[str, Any]) -> dict[str, Any] | str:
+    """The REST-shaped answer over gRPC, or its status code's name."""
     from sweep.serving.kserve_import import import_kserve
 
     import_kserve()
@@ -256,7 +277,6 @@ def _grpc_status(server: Server, body: dict[str, Any]) -> str:
             return await client.infer(request)
 
     try:
-        asyncio.run(call())
+        return asyncio.run(call()).to_rest()[0]
     except grpc.RpcError as e:
         return e.code().name
-    return "OK"

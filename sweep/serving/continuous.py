@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -42,6 +43,7 @@ from sweep.serving.generation import finish_completion, streamable_text
 from sweep.serving.protocol import Completion, GenerationParams
 
 CONTINUOUS, BATCHED = "continuous", "batched"
+logger = logging.getLogger("kserve")  # KServe's logging configuration prints it
 PAGE_SIZE = 64  # tokens per KV-cache page
 # The batch's generation config: sampling, with a temperature and top_p that are not the no-op defaults
 # (transformers only builds the per-request processors for settings present at start); every request
@@ -220,7 +222,11 @@ class ContinuousBatch:
         request_id = f"{self.name}-{next(self._ids)}"
         streaming = on_text is not None or bool(stops)
 
+        made = 0
+
         def handle(output: Any) -> None:  # on the event loop, for every step's output (streaming) or the last
+            nonlocal made
+            made = len(output.generated_tokens)
             if done.done():
                 return
             if output.error:
@@ -249,6 +255,8 @@ class ContinuousBatch:
             output = await done
         except asyncio.CancelledError:  # the client went away
             self._cancel(request_id)
+            logger.info(f"{self.name}: {'stream' if on_text else 'request'} cancelled by the client; generation "
+                        f"stopped after {made} of {params.max_new_tokens} tokens")
             raise
         stamps = output.timestamps or []
         if stamps:
