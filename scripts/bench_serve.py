@@ -26,7 +26,14 @@ used once before the clock starts. gRPC calls go through KServe's generated stub
 the REST client (JSON in, JSON out) does not do, and which on this box would be taken from the
 server. Req/s, p50, p99, errors at 1 and 64 clients, and the gRPC/REST ratios.
 
-``stream``: the tiny GPT-2 server (batching on), ``POST /openai/v1/completions`` with greedy
+``continuous``: tiny GPT-2 servers with generation=continuous (every request in one running batch),
+generation=batched (the micro-batcher) and generation=continuous unstreamed=batched ("hybrid": streams in
+the batch, unstreamed requests by whole-batch generates), alternating, each asked by C = 1, 4, 16, 64
+closed-loop clients streamed and not (as in ``stream``), then by a Poisson arrival of streamed requests
+(``--poisson-rate``): streamed tokens/s, TTFT p50/p99, per-output-token latency p50 (per stream:
+(last text - first text) / (tokens - 1)), unstreamed tokens/s; and the issue's goals, computed.
+
+``stream``: the tiny GPT-2 server (batching on, generation=batched), ``POST /openai/v1/completions`` with greedy
 decoding (``temperature: 0``) and ``max_tokens`` (``--stream-tokens``, 64), by C=1 and C=16
 closed-loop clients (one httpx connection each), streamed (``stream: true``, Server-Sent Events read
 line by line with httpx streaming) and, alternating with it, the same requests not streamed. Per
@@ -94,13 +101,13 @@ def _new_port() -> int:
 
 
 def start_server(model_dir: Path, batching: bool, args: argparse.Namespace, log: Path,
-                 generation: str = "batched") -> Server:
+                 generation: str = "batched", *extra: str) -> Server:
     """Launches a server; ``wait_ready`` waits for it (so that several start at once)."""
     port, grpc_port = _new_port(), _new_port()
     command = [
         sys.executable, "-m", "sweep.serve", f"model={model_dir}", f"port={port}", f"grpc_port={grpc_port}",
         f"batching={str(batching).lower()}", f"device={args.device}", f"threads={args.threads}", "log_requests=false",
-        f"generation={generation}",
+        f"generation={generation}", *extra,
     ]
     if args.max_latency_ms is not None:
         command.append(f"max_latency_ms={args.max_latency_ms}")
@@ -503,7 +510,9 @@ def run_stream(server: Server, args: argparse.Namespace) -> dict[str, Any]:
 
 # -- continuous batching on vs off ---------------------------------------------------------------------
 
-GENERATIONS = ("continuous", "batched")
+# continuous: every request in the batch; batched: the micro-batcher; hybrid: streams in the batch,
+# unstreamed requests by the micro-batcher's whole-batch generate (generation=continuous unstreamed=batched).
+GENERATIONS = ("continuous", "batched", "hybrid")
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -554,6 +563,15 @@ def run_continuous(servers: dict[str, Server], args: argparse.Namespace) -> dict
         "streamed_tokens_per_s_continuous_over_batched": {
             r["concurrency"]: _ratio(r["continuous"]["streamed"]["aggregate_tokens_per_s"],
                                      r["batched"]["streamed"]["aggregate_tokens_per_s"]) for r in rows},
+        "hybrid: not_streamed_tokens_per_s_over_batched": {
+            r["concurrency"]: _ratio(r["hybrid"]["not_streamed"]["aggregate_tokens_per_s"],
+                                     r["batched"]["not_streamed"]["aggregate_tokens_per_s"]) for r in rows},
+        "hybrid: streamed_tokens_per_s_16_over_1": _ratio(at(16, "hybrid", "streamed", "aggregate_tokens_per_s"),
+                                                          at(1, "hybrid", "streamed", "aggregate_tokens_per_s")),
+        "hybrid: ttft_p50_ms_at_16": at(16, "hybrid", "streamed", "ttft_p50_ms"),
+        "hybrid: streamed_over_not_streamed_tokens_per_s_at_16": _ratio(
+            at(16, "hybrid", "streamed", "aggregate_tokens_per_s"),
+            at(16, "hybrid", "not_streamed", "aggregate_tokens_per_s")),
     }
     print()
     print("| clients | generation | streamed tok/s | TTFT p50 ms | TTFT p99 ms | per-token p50 ms | "
@@ -575,7 +593,8 @@ def run_continuous(servers: dict[str, Server], args: argparse.Namespace) -> dict
     print(flush=True)
     return {"model": "lm", "endpoint": "POST /openai/v1/completions", "max_tokens": args.stream_tokens,
             "temperature": 0, "servers": {"continuous": "generation=continuous",
-                                          "batched": "generation=batched batching=true"},
+                                          "batched": "generation=batched batching=true",
+                                          "hybrid": "generation=continuous unstreamed=batched"},
             "rows": rows, "poisson": poisson, "goals": goals}
 
 
@@ -662,7 +681,7 @@ def main() -> None:
     if ("stream" in parts or "continuous" in parts) and ("lm", True) not in needed:
         needed.append(("lm", True))
     if "continuous" in parts:
-        needed.append(("lm", "continuous"))  # type: ignore[arg-type]
+        needed += [("lm", "continuous"), ("lm", "hybrid")]  # type: ignore[list-item]
 
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
@@ -683,9 +702,10 @@ def main() -> None:
             # Every server runs throughout (an idle one costs nothing) so that the modes compared can
             # alternate: a machine whose load drifts then drifts under both alike.
             for kind, batching in needed:
-                if batching == "continuous":
-                    servers[kind, batching] = start_server(models[kind], True, args, root / f"{kind}-continuous.log",
-                                                           generation="continuous")
+                if batching in ("continuous", "hybrid"):
+                    servers[kind, batching] = start_server(
+                        models[kind], True, args, root / f"{kind}-{batching}.log", "continuous",
+                        *(["unstreamed=batched"] if batching == "hybrid" else []))
                 else:
                     servers[kind, batching] = start_server(models[kind], batching, args,
                                                            root / f"{kind}-{batching}.log")
@@ -706,7 +726,8 @@ def main() -> None:
                 else:
                     print("== continuous batching vs the micro-batcher (tiny GPT-2)", flush=True)
                     continuous_report = run_continuous(
-                        {"continuous": servers["lm", "continuous"], "batched": servers["lm", True]}, args)
+                        {"continuous": servers["lm", "continuous"], "batched": servers["lm", True],
+                         "hybrid": servers["lm", "hybrid"]}, args)
                 part_wall_s[part] = round(time.perf_counter() - part_started, 1)
         finally:
             for server in servers.values():

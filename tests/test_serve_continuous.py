@@ -67,6 +67,7 @@ def test_bad_options_exit_2_with_one_line() -> None:
         (["model=x", "kv_cache_mb=0"], "error: kv_cache_mb: must be >= 1, got 0"),
         (["model=x", "max_concurrent_sequences=0"], "error: max_concurrent_sequences: must be >= 1, got 0"),
         (["model=x", "max_queued=-1"], "error: max_queued: must be >= 0, got -1"),
+        (["model=x", "unstreamed=later"], "error: unstreamed: expected continuous or batched, got 'later'"),
     ]:
         done = subprocess.run([sys.executable, "-m", "sweep.serve", *argv], capture_output=True, text=True, timeout=60)
         assert done.returncode == 2, done.stderr

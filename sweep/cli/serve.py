@@ -58,6 +58,10 @@ OPTIONS: dict[str, Option] = {
                          "continuous: a causal LM's sequences share one running batch, a new one joins at the next "
                          "decoding step (when transformers cannot, the server says why and uses the micro-batcher); "
                          "batched: the micro-batcher's whole-batch generate"),
+    "unstreamed": Option(_generation, _DEFAULTS["unstreamed"],
+                         "with generation=continuous, how requests that are not streamed generate: in the batch "
+                         "(continuous), or by the micro-batcher's whole-batch generate beside it (batched; "
+                         "still under max_concurrent_sequences / max_queued)"),
     "kv_cache_mb": Option(positive_int, _DEFAULTS["kv_cache_mb"],
                           "MiB of KV cache for the continuous batch (never more than max_concurrent_sequences "
                           "full contexts)"),

@@ -27,9 +27,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -44,6 +45,9 @@ from sweep.serving.protocol import Completion, GenerationParams
 
 CONTINUOUS, BATCHED = "continuous", "batched"
 logger = logging.getLogger("kserve")  # KServe's logging configuration prints it
+# The decoding thread and the event loop (which streams every step's text) take turns with the GIL; at
+# Python's default switch interval (5 ms) each could wait that long for the other at every step.
+SWITCH_INTERVAL_S = 0.0005
 PAGE_SIZE = 64  # tokens per KV-cache page
 # The batch's generation config: sampling, with a temperature and top_p that are not the no-op defaults
 # (transformers only builds the per-request processors for settings present at start); every request
@@ -119,13 +123,32 @@ class ContinuousBatch:
         # A seed needs the generator to itself: such a sequence runs alone with the batch paused, through
         # ``Generator.generate``, which needs the model's own attention (CB may have switched it).
         self.seeds_alone = self.manager._original_attn_impl is None
+        # What runs beside the batch (seeded requests; unstreamed=batched: whole-batch generates) runs on the
+        # micro-batcher's forward thread (``use_forward_thread``): the engine's tokenizer stays on one thread.
         self._alone = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seeded")
+        self._run_alone: Callable[[Callable[[], Any]], Awaitable[Any]] | None = None
         self._ids = itertools.count()
+        if SWITCH_INTERVAL_S:
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
         self.manager.start()
 
     def describe(self) -> str:
         return (f"generation continuous (up to {self.admission.max_running} sequences, {self.admission.max_queued} "
                 f"queued; KV cache {self.cache_mb:.0f} MiB = {self.cache_tokens} tokens)")
+
+    def use_forward_thread(self, run_alone: Callable[[Callable[[], Any]], Awaitable[Any]]) -> None:
+        self._run_alone = run_alone
+
+    async def admitted(self, rows: int, work: Callable[[], Awaitable[Any]]) -> Any:
+        """``work()`` once ``rows`` slots are held (unstreamed=batched: the micro-batcher, under the same bounds)."""
+        slots = self.admission.enter(rows)
+        try:
+            for slot in slots:
+                await self.admission.wait(slot)
+            return await work()
+        finally:
+            for slot in slots:
+                self.admission.leave(slot)
 
     def sharing(self, rows: int) -> int:
         """Sequences that will share the batch with a request of ``rows`` arriving now (itself included)."""
@@ -174,7 +197,7 @@ class ContinuousBatch:
 
     async def _run(self, slots: list[asyncio.Future[None]], params: GenerationParams, prompts: Sequence[str],
                    on_texts: Callable[[list[str]], None] | None) -> list[Completion]:
-        if params.seed is not None and params.sampling:
+        if params.seeded:
             results = await self._seeded(slots, params, prompts, on_texts)
             server_metrics.count_tokens(self.name, [r.prompt_tokens for r in results],
                                         [r.completion_tokens for r in results])
@@ -294,6 +317,8 @@ class ContinuousBatch:
                                                 cancelled=cancelled)
 
             try:
+                if self._run_alone is not None:
+                    return await self._run_alone(run)
                 return await loop.run_in_executor(self._alone, run)
             finally:
                 cancelled.set()

@@ -136,9 +136,13 @@ class GeneratorModel(BatchedTextModel):
                                         [c.completion_tokens for c in completions])
             return completions
 
-        super().__init__(name, MicroBatcher(run_batch, **batcher_options))
+        super().__init__(name, MicroBatcher(run_batch, **{k: v for k, v in batcher_options.items()
+                                                          if k != "unstreamed_batched"}))
         self.engine = engine
         self.continuous = continuous  # None: generation=batched (the micro-batcher)
+        self.unstreamed_batched = bool(batcher_options.get("unstreamed_batched"))
+        if continuous is not None:
+            continuous.use_forward_thread(self.batcher.run_alone)
 
     def stop(self) -> None:
         if self.continuous is not None:
@@ -150,6 +154,8 @@ class GeneratorModel(BatchedTextModel):
             return await self.batcher.submit(key, items)
         sharing = self.continuous.sharing(len(items))
         try:
+            if self.unstreamed_batched and not items[0][1].seeded:  # whole-batch generates, under the same bounds
+                return await self.continuous.admitted(len(items), lambda: self.batcher.submit(key, items))
             results = await self.continuous.generate(items[0][1], [prompt for prompt, _ in items])
         except Overloaded as e:
             if from_grpc:

@@ -264,11 +264,14 @@ class OpenAIGeneratorModel(GeneratorModel, OpenAIGenerativeModel):
 
     async def _complete(self, job: OpenAIJob, context: dict[str, Any] | None) -> list[Generated]:
         """Not streamed: the rows join the micro-batcher like v2 requests with the same settings."""
-        if self.continuous is not None:
+        rows = [(row, job.params) for row in job.rows]
+        if self.continuous is not None and self.unstreamed_batched and not job.params.seeded:
+            batched = await self.continuous.admitted(len(rows), lambda: self.batcher.submit(job.params.batch_key, rows))
+        elif self.continuous is not None:
             sharing = self.continuous.sharing(len(job.rows))
             batched = Batched(await self.continuous.generate(job.params, job.rows), sharing)
         else:
-            batched = await self.batcher.submit(job.params.batch_key, [(row, job.params) for row in job.rows])
+            batched = await self.batcher.submit(job.params.batch_key, rows)
         response = (context or {}).get("response")
         if response is not None:  # KServe hands the endpoint's FastAPI Response: its headers are sent
             response.headers[BATCH_SIZE_HEADER] = str(batched.batch_size)

@@ -47,6 +47,7 @@ class ServeOptions:
     kv_cache_mb: int = 256  # the continuous batch's KV cache
     max_concurrent_sequences: int = 32  # sequences in the continuous batch at once
     max_queued: int = 1024  # sequences waiting for a slot; past that, 429
+    unstreamed: str = "continuous"  # continuous | batched: unstreamed requests' generation beside the batch
 
 
 def _default_cache_dir() -> Path:
@@ -81,6 +82,7 @@ def build_model(model_dir: Path, name: str, options: ServeOptions) -> Any:
         "max_latency_ms": options.max_latency_ms,
         "observe_batch": server_metrics.batch_observer(name),
     }
+    generator_options = {**batcher_options, "unstreamed_batched": options.unstreamed == "batched"}
     if model_kind(model_dir) == CLASSIFIER:
         return ClassifierModel(name, Classifier(model_dir, options.device), batcher_options)
     engine = Generator(model_dir, options.device)
@@ -95,8 +97,8 @@ def build_model(model_dir: Path, name: str, options: ServeOptions) -> Any:
             f"no OpenAI endpoints: KServe's OpenAI support needs {e.name!r} (pip install --no-deps vllm==0.24.0 "
             "and its protocol dependencies: see the Makefile); serving v2 only"
         )
-        return GeneratorModel(name, engine, batcher_options, continuous)
-    return OpenAIGeneratorModel(name, engine, batcher_options, continuous)
+        return GeneratorModel(name, engine, generator_options, continuous)
+    return OpenAIGeneratorModel(name, engine, generator_options, continuous)
 
 
 def serve_model(options: ServeOptions) -> None:
@@ -132,7 +134,8 @@ def serve_model(options: ServeOptions) -> None:
     )
     continuous = getattr(model, "continuous", None)
     if continuous is not None:
-        batching = f"{continuous.describe()}; {batching}"
+        unstreamed = "; unstreamed requests: the micro-batcher" if options.unstreamed == "batched" else ""
+        batching = f"{continuous.describe()}{unstreamed}; {batching}"
     grpc_port = options.grpc_port if options.grpc else None
     if grpc_port and _port_taken(grpc_port):
         raise ServeError(f"grpc_port: port {grpc_port} is in use (another server?); "
