@@ -9,9 +9,9 @@ whole) sends its sequences here, one ``add_request`` each, through ``admission.p
 
 Per-request settings, where the library decodes a whole batch with one generation config:
 
-- ``temperature`` and ``top_p``: transformers' per-request logits processors (``per_request_processors``);
-- greedy (``temperature`` 0): exact, not a tiny temperature: ``GreedyRows`` keeps only the argmax of the
-  rows that asked for it, so sampling draws that token with probability 1 (text equals ``generate``'s);
+- greedy (``temperature`` 0), ``temperature`` and ``top_p``: the batch decodes greedily (exact argmax, the
+  text of ``generate``), and ``RowSampling``, a per-request logits processor, draws the token of each row
+  that samples, at its own temperature and top_p;
 - ``max_tokens``: ``add_request(max_new_tokens=...)``; ``stop``: read after every step (such a sequence is
   streamed internally), the sequence cancelled at the first stop sequence and its text cut there;
 - ``seed``: the batch has one random generator, so a seeded sequence runs alone, as ``generation=batched``
@@ -49,29 +49,52 @@ logger = logging.getLogger("kserve")  # KServe's logging configuration prints it
 # Python's default switch interval (5 ms) each could wait that long for the other at every step.
 SWITCH_INTERVAL_S = 0.0005
 PAGE_SIZE = 64  # tokens per KV-cache page
-# The batch's generation config: sampling, with a temperature and top_p that are not the no-op defaults
-# (transformers only builds the per-request processors for settings present at start); every request
-# sets its own values.
-_BASE_TEMPERATURE, _BASE_TOP_P = 0.7, 0.9
 
 
-class GreedyRows(ContinuousBatchingLogitsProcessor):
-    """Rows whose request says ``greedy=1`` keep only their best token: sampling then picks it for sure."""
+class RowSampling(ContinuousBatchingLogitsProcessor):
+    """Each row decodes as its request asks: greedy, or sampling at its own temperature and top_p.
 
-    supported_kwargs: dict[str, type] = {"greedy": int}
+    The batch itself decodes greedily (``do_sample=False``: the argmax of every row); for a sampling row this
+    draws its token and leaves it the only finite score, so the argmax is the draw. Greedy rows cost nothing
+    here, and top_p's sort over the vocabulary runs only for rows that ask for it (transformers' per-request
+    warpers sort every row at every step: measured, most of a step of the tiny GPT-2).
+    """
+
+    supported_kwargs: dict[str, type] = {"greedy": int, "temperature": float, "top_p": float}
     ignored_kwargs: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self._rows: torch.Tensor | None = None  # this step's [greedy, temperature, top_p] per row
 
     def fill_defaults(self, int32_tensor: torch.Tensor) -> None:
         int32_tensor.fill_(0)
 
     def prepare_tensor_args(self, requests_with_new_token: list[Any]) -> torch.Tensor:
-        flags = [int(r.state.logit_processor_kwargs.get("greedy", 0)) for r in requests_with_new_token]
-        return torch.tensor(flags, dtype=torch.int32, device="cpu")
+        kwargs = [r.state.logit_processor_kwargs for r in requests_with_new_token]
+        self._rows = torch.tensor([[float(k.get("greedy", 1)), float(k.get("temperature", 1.0)),
+                                    float(k.get("top_p", 1.0))] for k in kwargs], dtype=torch.float32).reshape(-1, 3)
+        return torch.zeros(len(kwargs), dtype=torch.int32)
 
     def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
-        greedy = tensor_arg[: scores.size(0)].bool().unsqueeze(-1)
-        best = torch.full_like(scores, float("-inf")).scatter(-1, scores.argmax(dim=-1, keepdim=True), 0.0)
-        return torch.where(greedy, best, scores)
+        rows = self._rows
+        if rows is None:
+            return scores
+        rows = rows[: scores.size(0)].to(scores.device)
+        sampled = (rows[:, 0] == 0).nonzero().squeeze(-1)
+        if sampled.numel() == 0:
+            return scores
+        logits = scores[sampled] / rows[sampled, 1:2]
+        top_p = rows[sampled, 2:3]
+        if bool((top_p < 1).any()):  # as TopPLogitsWarper: drop the least likely tokens outside top_p
+            ordered, order = logits.sort(dim=-1)
+            drop = ordered.softmax(dim=-1).cumsum(dim=-1) <= (1 - top_p)
+            drop[..., -1:] = False
+            logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+        drawn = torch.multinomial(logits.softmax(dim=-1), 1).squeeze(-1)
+        out = scores.clone()
+        out[sampled] = float("-inf")
+        out[sampled, drawn] = 0.0
+        return out
 
 
 def kv_bytes_per_token(model: Any) -> int:
@@ -101,20 +124,19 @@ class ContinuousBatch:
             raise ValueError(f"kv_cache_mb={kv_cache_mb}: holds {allowed_tokens} tokens of this model "
                              f"({per_token} bytes each): too few for one page of {PAGE_SIZE}")
         self.cache_mb = self.cache_tokens * per_token / 2**20
-        generation_config = GenerationConfig(
-            do_sample=True, temperature=_BASE_TEMPERATURE, top_p=_BASE_TOP_P, top_k=None,
-            eos_token_id=engine.eos_token_id, pad_token_id=engine.tokenizer.pad_token_id,
+        generation_config = GenerationConfig(  # greedy: RowSampling samples the rows that ask for it
+            do_sample=False, eos_token_id=engine.eos_token_id, pad_token_id=engine.tokenizer.pad_token_id,
         )
         cb_config = ContinuousBatchingConfig(
             page_size=PAGE_SIZE, num_blocks=self.cache_tokens // PAGE_SIZE,
             max_batch_tokens=max(256, min(engine.context_length, 2048)),
             max_requests_per_batch=max_concurrent_sequences, per_request_processors=True,
-            allow_block_sharing=False, auto_switch_to_flash=False, use_cuda_graph=False,
+            allow_block_sharing=False, auto_switch_to_flash=False, use_cuda_graph=False, use_async_batching=False,
         )
         self.manager = engine.model.init_continuous_batching(generation_config=generation_config,
                                                              continuous_batching_config=cb_config)
         processors = self.manager.logit_processor
-        processors.logits_processor.append(GreedyRows())
+        processors.logits_processor.append(RowSampling())
         processors.tensors_required += 1
         processors._retrieve_processors_kwargs()
         processors.do_processing = True
