@@ -150,9 +150,13 @@ class ContinuousBatch:
         self._alone = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seeded")
         self._run_alone: Callable[[Callable[[], Any]], Awaitable[Any]] | None = None
         self._ids = itertools.count()
+
+    def start(self) -> None:
+        """The decoding thread: started when the server starts (a mistake found before then exits at once)."""
         if SWITCH_INTERVAL_S:
             sys.setswitchinterval(SWITCH_INTERVAL_S)
-        self.manager.start()
+        if not self.manager.is_running():
+            self.manager.start()
 
     def describe(self) -> str:
         return (f"generation continuous (up to {self.admission.max_running} sequences, {self.admission.max_queued} "

@@ -144,6 +144,11 @@ class GeneratorModel(BatchedTextModel):
         if continuous is not None:
             continuous.use_forward_thread(self.batcher.run_alone)
 
+    def load(self) -> bool:
+        if self.continuous is not None:
+            self.continuous.start()
+        return super().load()
+
     def stop(self) -> None:
         if self.continuous is not None:
             self.continuous.close()
