@@ -26,7 +26,14 @@ used once before the clock starts. gRPC calls go through KServe's generated stub
 the REST client (JSON in, JSON out) does not do, and which on this box would be taken from the
 server. Req/s, p50, p99, errors at 1 and 64 clients, and the gRPC/REST ratios.
 
-``stream``: the tiny GPT-2 server (batching on), ``POST /openai/v1/completions`` with greedy
+``continuous``: tiny GPT-2 servers with generation=continuous (every request in one running batch),
+generation=batched (the micro-batcher) and generation=continuous unstreamed=batched ("hybrid": streams in
+the batch, unstreamed requests by whole-batch generates), alternating, each asked by C = 1, 4, 16, 64
+closed-loop clients streamed and not (as in ``stream``), then by a Poisson arrival of streamed requests
+(``--poisson-rate``): streamed tokens/s, TTFT p50/p99, per-output-token latency p50 (per stream:
+(last text - first text) / (tokens - 1)), unstreamed tokens/s; and the issue's goals, computed.
+
+``stream``: the tiny GPT-2 server (batching on, generation=batched), ``POST /openai/v1/completions`` with greedy
 decoding (``temperature: 0``) and ``max_tokens`` (``--stream-tokens``, 64), by C=1 and C=16
 closed-loop clients (one httpx connection each), streamed (``stream: true``, Server-Sent Events read
 line by line with httpx streaming) and, alternating with it, the same requests not streamed. Per
@@ -51,6 +58,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -92,12 +100,14 @@ def _new_port() -> int:
     return port
 
 
-def start_server(model_dir: Path, batching: bool, args: argparse.Namespace, log: Path) -> Server:
+def start_server(model_dir: Path, batching: bool, args: argparse.Namespace, log: Path,
+                 generation: str = "batched", *extra: str) -> Server:
     """Launches a server; ``wait_ready`` waits for it (so that several start at once)."""
     port, grpc_port = _new_port(), _new_port()
     command = [
         sys.executable, "-m", "sweep.serve", f"model={model_dir}", f"port={port}", f"grpc_port={grpc_port}",
         f"batching={str(batching).lower()}", f"device={args.device}", f"threads={args.threads}", "log_requests=false",
+        f"generation={generation}", *extra,
     ]
     if args.max_latency_ms is not None:
         command.append(f"max_latency_ms={args.max_latency_ms}")
@@ -308,6 +318,7 @@ class StreamSamples:
     latencies_s: list[float] = field(default_factory=list)  # request sent -> last chunk (streamed) / response read
     ttft_s: list[float] = field(default_factory=list)  # streamed: request sent -> first chunk with text
     stream_tokens_per_s: list[float] = field(default_factory=list)  # streamed: per request
+    per_token_s: list[float] = field(default_factory=list)  # streamed: (last - first text) / (tokens - 1)
     completion_tokens: int = 0
     wall_s: float = 0.0
     errors: int = 0
@@ -335,14 +346,20 @@ class StreamSamples:
                 "ttft_p99_ms": ms(self.ttft_s, 0.99),
                 "stream_tokens_per_s_p50": round(statistics.median(rates), 1) if rates else None,
                 "stream_tokens_per_s_mean": round(statistics.fmean(rates), 1) if rates else None,
+                "per_output_token_p50_ms": ms(self.per_token_s, 0.5),
+                "per_output_token_p99_ms": ms(self.per_token_s, 0.99),
                 "completion_tokens_from": {k: v for k, v in self.tokens_from.items() if v},
             })
         return out
 
 
 async def stream_closed_loop(url: str, concurrency: int, total: int, max_tokens: int, stream: bool,
-                             into: StreamSamples) -> None:
-    """``concurrency`` clients (one connection each) sending OpenAI completions, streamed or not."""
+                             into: StreamSamples, arrivals_per_s: float | None = None) -> None:
+    """``concurrency`` clients (one connection each) sending OpenAI completions, streamed or not.
+
+    ``arrivals_per_s``: an open loop instead: ``total`` requests arriving as a Poisson process of that
+    rate (seeded: the same arrival times in every run), each on the next of the ``concurrency`` connections.
+    """
     next_index = iter(range(total))
     async with httpx.AsyncClient(base_url=url, timeout=300) as probe:
         name = (await probe.get("/v1/models")).json()["models"][0]
@@ -407,6 +424,8 @@ async def stream_closed_loop(url: str, concurrency: int, total: int, max_tokens:
         into.latencies_s.append(last - start)
         if last > first:
             into.stream_tokens_per_s.append(tokens / (last - first))
+            if tokens > 1:
+                into.per_token_s.append((last - first) / (tokens - 1))
 
     clients = [httpx.AsyncClient(base_url=url, timeout=300, limits=httpx.Limits(max_connections=1))
                for _ in range(concurrency)]
@@ -418,8 +437,19 @@ async def stream_closed_loop(url: str, concurrency: int, total: int, max_tokens:
             for i in next_index:
                 await one(client, i, record=True)
 
+        async def arrival(client: httpx.AsyncClient, i: int, at: float) -> None:
+            await asyncio.sleep(at)
+            await one(client, i, record=True)
+
         started = time.perf_counter()
-        await asyncio.gather(*(client_loop(client) for client in clients))
+        if arrivals_per_s is None:
+            await asyncio.gather(*(client_loop(client) for client in clients))
+        else:
+            rng, at, arrivals = random.Random(0), 0.0, []
+            for i in range(total):
+                at += rng.expovariate(arrivals_per_s)
+                arrivals.append(arrival(clients[i % concurrency], i, at))
+            await asyncio.gather(*arrivals)
         into.wall_s += time.perf_counter() - started
     finally:
         await asyncio.gather(*(client.aclose() for client in clients))
@@ -478,6 +508,96 @@ def run_stream(server: Server, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+# -- continuous batching on vs off ---------------------------------------------------------------------
+
+# continuous: every request in the batch; batched: the micro-batcher; hybrid: streams in the batch,
+# unstreamed requests by the micro-batcher's whole-batch generate (generation=continuous unstreamed=batched).
+GENERATIONS = ("continuous", "batched", "hybrid")
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 2) if a and b else None
+
+
+def run_continuous(servers: dict[str, Server], args: argparse.Namespace) -> dict[str, Any]:
+    """generation=continuous vs generation=batched (the micro-batcher), alternating, streamed and not."""
+    rows: list[dict[str, Any]] = []
+    for concurrency in args.continuous_concurrency:
+        total = max(concurrency * 2, args.stream_requests // (3 if concurrency == 1 else 1))
+        samples = {(g, stream): StreamSamples() for g in GENERATIONS for stream in (True, False)}
+        order = [(g, stream) for stream in (True, False) for g in GENERATIONS]
+        for repeat in range(args.repeats):
+            for generation, stream in (order if repeat % 2 == 0 else order[::-1]):
+                asyncio.run(stream_closed_loop(servers[generation].url, concurrency, total, args.stream_tokens,
+                                               stream, samples[generation, stream]))
+        row: dict[str, Any] = {"concurrency": concurrency}
+        for generation in GENERATIONS:
+            row[generation] = {"streamed": samples[generation, True].summary(streamed=True),
+                               "not_streamed": samples[generation, False].summary(streamed=False)}
+            print(f"  lm {generation:<10} C={concurrency:<3} {row[generation]}", flush=True)
+        rows.append(row)
+    poisson: dict[str, Any] = {"arrivals_per_s": args.poisson_rate, "requests": args.poisson_requests}
+    samples = {g: StreamSamples() for g in GENERATIONS}
+    for repeat in range(args.repeats):
+        for generation in (GENERATIONS if repeat % 2 == 0 else GENERATIONS[::-1]):
+            asyncio.run(stream_closed_loop(servers[generation].url, args.poisson_requests, args.poisson_requests,
+                                           args.stream_tokens, True, samples[generation], args.poisson_rate))
+    for generation in GENERATIONS:
+        poisson[generation] = samples[generation].summary(streamed=True)
+        print(f"  lm poisson {generation:<10} {poisson[generation]}", flush=True)
+
+    def at(concurrency: int, generation: str, mode: str, key: str) -> Any:
+        row = next((r for r in rows if r["concurrency"] == concurrency), None)
+        return row[generation][mode][key] if row else None
+
+    goals = {
+        "streamed_tokens_per_s_16_over_1 (>= 6)": _ratio(at(16, "continuous", "streamed", "aggregate_tokens_per_s"),
+                                                        at(1, "continuous", "streamed", "aggregate_tokens_per_s")),
+        "ttft_p50_ms_at_16 (<= 150)": at(16, "continuous", "streamed", "ttft_p50_ms"),
+        "streamed_over_not_streamed_tokens_per_s_at_16 (>= 0.8)": _ratio(
+            at(16, "continuous", "streamed", "aggregate_tokens_per_s"),
+            at(16, "continuous", "not_streamed", "aggregate_tokens_per_s")),
+        "not_streamed_tokens_per_s_continuous_over_batched (>= 1)": {
+            r["concurrency"]: _ratio(r["continuous"]["not_streamed"]["aggregate_tokens_per_s"],
+                                     r["batched"]["not_streamed"]["aggregate_tokens_per_s"]) for r in rows},
+        "streamed_tokens_per_s_continuous_over_batched": {
+            r["concurrency"]: _ratio(r["continuous"]["streamed"]["aggregate_tokens_per_s"],
+                                     r["batched"]["streamed"]["aggregate_tokens_per_s"]) for r in rows},
+        "hybrid: not_streamed_tokens_per_s_over_batched": {
+            r["concurrency"]: _ratio(r["hybrid"]["not_streamed"]["aggregate_tokens_per_s"],
+                                     r["batched"]["not_streamed"]["aggregate_tokens_per_s"]) for r in rows},
+        "hybrid: streamed_tokens_per_s_16_over_1": _ratio(at(16, "hybrid", "streamed", "aggregate_tokens_per_s"),
+                                                          at(1, "hybrid", "streamed", "aggregate_tokens_per_s")),
+        "hybrid: ttft_p50_ms_at_16": at(16, "hybrid", "streamed", "ttft_p50_ms"),
+        "hybrid: streamed_over_not_streamed_tokens_per_s_at_16": _ratio(
+            at(16, "hybrid", "streamed", "aggregate_tokens_per_s"),
+            at(16, "hybrid", "not_streamed", "aggregate_tokens_per_s")),
+    }
+    print()
+    print("| clients | generation | streamed tok/s | TTFT p50 ms | TTFT p99 ms | per-token p50 ms | "
+          "not streamed tok/s | not streamed p50 ms | errors |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        for generation in GENERATIONS:
+            st, ns = r[generation]["streamed"], r[generation]["not_streamed"]
+            print(f"| {r['concurrency']} | {generation} | {st['aggregate_tokens_per_s']} | {st['ttft_p50_ms']} | "
+                  f"{st['ttft_p99_ms']} | {st['per_output_token_p50_ms']} | {ns['aggregate_tokens_per_s']} | "
+                  f"{ns['latency_p50_ms']} | {st['errors'] + ns['errors']} |")
+    for generation in GENERATIONS:
+        p = poisson[generation]
+        print(f"| Poisson {args.poisson_rate:g}/s | {generation} | {p['aggregate_tokens_per_s']} | "
+              f"{p['ttft_p50_ms']} | {p['ttft_p99_ms']} | {p['per_output_token_p50_ms']} | - | - | {p['errors']} |")
+    print()
+    for goal, value in goals.items():
+        print(f"{goal}: {value}")
+    print(flush=True)
+    return {"model": "lm", "endpoint": "POST /openai/v1/completions", "max_tokens": args.stream_tokens,
+            "temperature": 0, "servers": {"continuous": "generation=continuous",
+                                          "batched": "generation=batched batching=true",
+                                          "hybrid": "generation=continuous unstreamed=batched"},
+            "rows": rows, "poisson": poisson, "goals": goals}
+
+
 # -- batching on vs off -------------------------------------------------------------------------------
 
 
@@ -522,7 +642,7 @@ def run_batching(urls: dict[tuple[str, bool], str],
     return rows, ratios
 
 
-PARTS = ("batching", "grpc", "stream")
+PARTS = ("batching", "grpc", "stream", "continuous")
 
 
 def main() -> None:
@@ -540,6 +660,11 @@ def main() -> None:
     parser.add_argument("--stream-requests", type=int, default=STREAM_REQUESTS,
                         help="stream part: requests per run at the highest concurrency (1 client: a third)")
     parser.add_argument("--stream-tokens", type=int, default=64, help="stream part: max_tokens of each completion")
+    parser.add_argument("--continuous-concurrency", type=int, nargs="+", default=[1, 4, 16, 64],
+                        help="continuous part: clients")
+    parser.add_argument("--poisson-rate", type=float, default=20.0,
+                        help="continuous part: streamed requests arriving per second (Poisson)")
+    parser.add_argument("--poisson-requests", type=int, default=64, help="continuous part: requests per Poisson run")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="the server's torch threads (same in every mode)")
     parser.add_argument("--max-latency-ms", type=float, default=None,
@@ -553,14 +678,17 @@ def main() -> None:
         needed += [("classifier", True), ("classifier", False), ("lm", True), ("lm", False)]
     if "grpc" in parts and ("classifier", True) not in needed:
         needed.append(("classifier", True))
-    if "stream" in parts and ("lm", True) not in needed:
+    if ("stream" in parts or "continuous" in parts) and ("lm", True) not in needed:
         needed.append(("lm", True))
+    if "continuous" in parts:
+        needed += [("lm", "continuous"), ("lm", "hybrid")]  # type: ignore[list-item]
 
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
     ratios: list[dict[str, Any]] = []
     grpc_report: dict[str, Any] | None = None
     stream_report: dict[str, Any] | None = None
+    continuous_report: dict[str, Any] | None = None
     servers: dict[tuple[str, bool], Server] = {}
     part_wall_s: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -574,7 +702,13 @@ def main() -> None:
             # Every server runs throughout (an idle one costs nothing) so that the modes compared can
             # alternate: a machine whose load drifts then drifts under both alike.
             for kind, batching in needed:
-                servers[kind, batching] = start_server(models[kind], batching, args, root / f"{kind}-{batching}.log")
+                if batching in ("continuous", "hybrid"):
+                    servers[kind, batching] = start_server(
+                        models[kind], True, args, root / f"{kind}-{batching}.log", "continuous",
+                        *(["unstreamed=batched"] if batching == "hybrid" else []))
+                else:
+                    servers[kind, batching] = start_server(models[kind], batching, args,
+                                                           root / f"{kind}-{batching}.log")
             for server in servers.values():  # all started at once, not one after another: less waiting
                 wait_ready(server)
             part_wall_s["servers_ready"] = round(time.perf_counter() - started, 1)
@@ -586,9 +720,14 @@ def main() -> None:
                 elif part == "grpc":
                     print("== REST vs gRPC (classifier, batching on)", flush=True)
                     grpc_report = run_grpc(servers["classifier", True], args)
-                else:
+                elif part == "stream":
                     print("== streamed completions (tiny GPT-2, batching on)", flush=True)
                     stream_report = run_stream(servers["lm", True], args)
+                else:
+                    print("== continuous batching vs the micro-batcher (tiny GPT-2)", flush=True)
+                    continuous_report = run_continuous(
+                        {"continuous": servers["lm", "continuous"], "batched": servers["lm", True],
+                         "hybrid": servers["lm", "hybrid"]}, args)
                 part_wall_s[part] = round(time.perf_counter() - part_started, 1)
         finally:
             for server in servers.values():
@@ -618,6 +757,8 @@ def main() -> None:
         report["grpc"] = grpc_report
     if stream_report is not None:
         report["stream"] = stream_report
+    if continuous_report is not None:
+        report["continuous"] = continuous_report
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out} ({report['wall_s']} s: {part_wall_s})")

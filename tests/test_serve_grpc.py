@@ -96,7 +96,9 @@ def servers(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Iterat
     lm_dir = export_tiny_lm(root / "best" / "wikitext-2", cache_dir)
     started = {
         "classifier": start_server(CLASSIFIER_NAME, classifier_dir, root / "classifier.log", cache_dir),
-        "lm": start_server(LM_NAME, lm_dir, root / "lm.log", cache_dir),
+        # The micro-batcher: its metrics test counts forward passes (continuous batching over gRPC:
+        # tests/test_serve_continuous.py).
+        "lm": start_server(LM_NAME, lm_dir, root / "lm.log", cache_dir, "generation=batched"),
         "rest-only": start_server(CLASSIFIER_NAME, classifier_dir, root / "rest-only.log", cache_dir, "grpc=false"),
     }
     with serving(started):

@@ -26,6 +26,20 @@ from sweep.cli.key_values import (
 from sweep.serving.serve import ServeError, ServeOptions, serve_model
 
 PROG = "sweep serve"
+
+
+def _generation(text: str) -> str:
+    if text not in ("continuous", "batched"):
+        raise ValueError(f"expected continuous or batched, got {text!r}")
+    return text
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"must be >= 0, got {value}")
+    return value
+
 _DEFAULTS = {f.name: f.default for f in fields(ServeOptions) if f.default is not MISSING}
 OPTIONS: dict[str, Option] = {
     "model": Option(non_empty, None,
@@ -44,6 +58,22 @@ OPTIONS: dict[str, Option] = {
     "max_latency_ms": Option(non_negative_float, _DEFAULTS["max_latency_ms"],
                              "longest an idle server holds a request back for others to join it "
                              "(0: never; requests that arrive during a forward pass share the next one anyway)"),
+    "generation": Option(_generation, _DEFAULTS["generation"],
+                         "continuous: a causal LM's sequences share one running batch, a new one joins at the next "
+                         "decoding step (when transformers cannot, the server says why and uses the micro-batcher); "
+                         "batched: the micro-batcher's whole-batch generate"),
+    "unstreamed": Option(_generation, _DEFAULTS["unstreamed"],
+                         "with generation=continuous, how requests that are not streamed generate: in the batch "
+                         "(continuous), or by the micro-batcher's whole-batch generate beside it (batched; "
+                         "still under max_concurrent_sequences / max_queued)"),
+    "kv_cache_mb": Option(positive_int, _DEFAULTS["kv_cache_mb"],
+                          "MiB of KV cache for the continuous batch (never more than max_concurrent_sequences "
+                          "full contexts)"),
+    "max_concurrent_sequences": Option(positive_int, _DEFAULTS["max_concurrent_sequences"],
+                                       "sequences in the continuous batch at once; more wait in the queue"),
+    "max_queued": Option(non_negative_int, _DEFAULTS["max_queued"],
+                         "sequences that may wait for a slot; past that a request gets 429 + Retry-After "
+                         "(gRPC RESOURCE_EXHAUSTED)"),
     "device": Option(non_empty, _DEFAULTS["device"], "cpu, cuda, cuda:N, or auto (a GPU when there is one)"),
     "threads": Option(positive_int, _DEFAULTS["threads"],
                       "torch CPU threads (default: torch's, one per core of the machine; "

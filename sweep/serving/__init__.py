@@ -11,6 +11,8 @@
 - ``protocol.py``:   Open Inference Protocol v2 requests -> validated, typed requests (or a clear error)
 - ``openai_protocol.py``: OpenAI completion / chat requests -> the same typed settings (or a clear error)
 - ``batcher.py``:    the asyncio micro-batcher that merges concurrent requests into one forward pass
+- ``continuous.py``: continuous batching of a causal LM: every generation joins one running batch
+- ``admission.py``:  at most N sequences generating and M waiting; past them, 429 (``Overloaded``)
 - ``engines.py``:    the loaded classifier / causal LM and one batched forward pass each
 - ``glue_submission.py``: the best models' predictions of GLUE's test splits -> ``glue_submission.zip``
 - ``generation.py``: what a generated sequence becomes: text cut at a stop sequence, token counts

@@ -176,7 +176,14 @@ class Generator:
         return {"kind": self.kind, "context_length": self.context_length}
 
     def count_tokens(self, prompts: Sequence[str]) -> list[int]:
-        return [len(ids) for ids in self._counting_tokenizer(list(prompts))["input_ids"]]
+        return [len(ids) for ids in self.token_ids(prompts)]
+
+    def token_ids(self, prompts: Sequence[str]) -> list[list[int]]:
+        """The prompts' token ids, on the event loop (continuous batching tokenizes there)."""
+        return self._counting_tokenizer(list(prompts))["input_ids"]
+
+    def decode_on_loop(self, ids: Sequence[int]) -> str:
+        return self._counting_tokenizer.decode(list(ids), skip_special_tokens=True)
 
     @property
     def has_chat_template(self) -> bool:

@@ -23,7 +23,9 @@ from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse,
 from kserve.protocol.rest import server as kserve_rest_server  # noqa: E402
 
 from sweep.serving import server_metrics  # noqa: E402
-from sweep.serving.batcher import MicroBatcher  # noqa: E402
+from sweep.serving.admission import Overloaded  # noqa: E402
+from sweep.serving.batcher import Batched, MicroBatcher  # noqa: E402
+from sweep.serving.continuous import ContinuousBatch  # noqa: E402
 from sweep.serving.protocol import (  # noqa: E402
     STOP,
     TEXT,
@@ -80,6 +82,9 @@ class BatchedTextModel(kserve.Model):
     def encode(self, results: list[Any]) -> list[Tensor]:
         raise NotImplementedError
 
+    async def submit(self, key: Hashable | None, items: list[Any], from_grpc: bool) -> Batched[Any]:
+        return await self.batcher.submit(key, items)
+
     async def predict(self, payload: InferRequest, headers: dict[str, str] | None = None) -> InferResponse:
         if not isinstance(payload, InferRequest):  # a v1 body: this server speaks v2
             raise InvalidInput(f"use the v2 protocol: POST /v2/models/{self.name}/infer")
@@ -90,7 +95,7 @@ class BatchedTextModel(kserve.Model):
             key, items = self.parse([_tensor(i) for i in payload.inputs], parameters)
         except RequestError as e:
             raise InvalidInput(str(e)) from None
-        batched = await self.batcher.submit(key, items)
+        batched = await self.submit(key, items, payload.from_grpc)
         outputs = [InferOutput(t.name, t.shape, t.datatype, t.data) for t in self.encode(batched.results)]
         return InferResponse(
             response_id=payload.id or str(uuid.uuid4()),
@@ -124,15 +129,49 @@ class ClassifierModel(BatchedTextModel):
 
 
 class GeneratorModel(BatchedTextModel):
-    def __init__(self, name: str, engine: Generator, batcher_options: Mapping[str, Any]) -> None:
+    def __init__(self, name: str, engine: Generator, batcher_options: Mapping[str, Any],
+                 continuous: ContinuousBatch | None = None) -> None:
         def run_batch(_key: Hashable | None, items: list[tuple[str, Any]]) -> list[Any]:
             completions = engine.generate(items[0][1], [prompt for prompt, _ in items])  # one key: one params
             server_metrics.count_tokens(name, [c.prompt_tokens for c in completions],
                                         [c.completion_tokens for c in completions])
             return completions
 
-        super().__init__(name, MicroBatcher(run_batch, **batcher_options))
+        super().__init__(name, MicroBatcher(run_batch, **{k: v for k, v in batcher_options.items()
+                                                          if k != "unstreamed_batched"}))
         self.engine = engine
+        self.continuous = continuous  # None: generation=batched (the micro-batcher)
+        self.unstreamed_batched = bool(batcher_options.get("unstreamed_batched"))
+        if continuous is not None:
+            continuous.use_forward_thread(self.batcher.run_alone)
+
+    def load(self) -> bool:
+        if self.continuous is not None:
+            self.continuous.start()
+        return super().load()
+
+    def stop(self) -> None:
+        if self.continuous is not None:
+            self.continuous.close()
+        super().stop()
+
+    async def submit(self, key: Hashable | None, items: list[Any], from_grpc: bool) -> Batched[Any]:
+        if self.continuous is None:
+            return await self.batcher.submit(key, items)
+        sharing = self.continuous.sharing(len(items))
+        try:
+            if self.unstreamed_batched and not items[0][1].seeded:  # whole-batch generates, under the same bounds
+                return await self.continuous.admitted(len(items), lambda: self.batcher.submit(key, items))
+            results = await self.continuous.generate(items[0][1], [prompt for prompt, _ in items])
+        except Overloaded as e:
+            if from_grpc:
+                from grpc_interceptor.exceptions import ResourceExhausted
+
+                raise ResourceExhausted(str(e)) from None
+            raise
+        except RequestError as e:
+            raise InvalidInput(str(e)) from None
+        return Batched(results, sharing)
 
     def parse(self, inputs: list[Tensor], parameters: Mapping[str, Any] | None) -> tuple[Hashable | None, list[Any]]:
         request = parse_generate(inputs, parameters, self.engine.context_length)
@@ -176,6 +215,16 @@ async def validation_error(_: Request, exc: RequestValidationError) -> JSONRespo
     (The OpenAI model puts its own handler, with OpenAI's error body, in front of this one.)"""
     message = validation_problems(exc) or "not a v2 inference request"
     return JSONResponse(status_code=400, content={"error": f"malformed request: {message}"})
+
+
+async def overloaded(request: Request, exc: Overloaded) -> JSONResponse:
+    """429 + ``Retry-After``: OpenAI's error body on its routes, v2's elsewhere."""
+    headers = {"Retry-After": str(exc.retry_after_s)}
+    if "/openai/" in request.url.path:
+        body: dict[str, Any] = {"error": {"message": str(exc), "type": "RateLimitError", "param": None, "code": "429"}}
+    else:
+        body = {"error": str(exc)}
+    return JSONResponse(status_code=429, content=body, headers=headers)
 
 
 def _not_a_grpc_call_line(record: logging.LogRecord) -> bool:
@@ -232,6 +281,7 @@ def serve(models: BatchedTextModel | Sequence[BatchedTextModel], port: int, log_
             logging.getLogger(logger_name).setLevel(logging.WARNING)
         logging.getLogger("kserve").addFilter(_not_a_grpc_call_line)
     kserve.model_server.app.add_exception_handler(RequestValidationError, validation_error)
+    kserve.model_server.app.add_exception_handler(Overloaded, overloaded)
     kserve.model_server.app.add_middleware(server_metrics.RequestMetrics)  # sweep_http_* on GET /metrics
     for model in models:
         model.load()

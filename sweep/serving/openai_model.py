@@ -21,6 +21,9 @@ vLLM's protocol modules import. Nothing of vLLM's engine runs: generation is the
   part of the text no later token can change (``generation.streamable_text``); the last chunk of
   each choice carries the rest of the text ``finish_completion`` makes of the row, and its
   ``finish_reason``: so a stream's text, token counts and finish reasons are exactly the v2 ones.
+- With ``generation=continuous`` (sweep/serving/continuous.py) both go to the running batch instead,
+  each row its own sequence: a stream is admitted before its 200 (or refused with a 429), and its
+  generator's ``finally`` cancels its sequences when the client leaves.
 - A client that disconnects mid-stream: Starlette cancels the response's iteration, the generator's
   ``finally`` sets the request's ``cancelled`` event, and ``StopWhenCancelled`` ends ``generate``
   at its next step, freeing the forward thread for the next request.
@@ -67,6 +70,8 @@ from kserve.protocol.rest.openai.types import (  # noqa: E402
 )
 
 from sweep.serving import server_metrics  # noqa: E402
+from sweep.serving.batcher import Batched  # noqa: E402
+from sweep.serving.continuous import Stream  # noqa: E402
 from sweep.serving.kserve_model import GeneratorModel, kserve, validation_error, validation_problems  # noqa: E402
 from sweep.serving.openai_protocol import OpenAIJob, chat_messages, completion_prompts, openai_job  # noqa: E402
 from sweep.serving.protocol import (
@@ -247,17 +252,55 @@ class OpenAIGeneratorModel(GeneratorModel, OpenAIGenerativeModel):
         except RequestError as e:
             return error_response(str(e))
         if job.stream:
+            if self.continuous is not None:  # admitted now: a 429 goes out before the stream's 200
+                return self._stream_continuous(job, _Chunks(self.name, chat=chat),
+                                               self.continuous.open_stream(job.params, job.rows))
             return self._stream(job, _Chunks(self.name, chat=chat))
-        results = await self._complete(job, context)
+        try:
+            results = await self._complete(job, context)
+        except RequestError as e:
+            return error_response(str(e))
         return (_chat_completion if chat else _completion)(self.name, job, results)
 
     async def _complete(self, job: OpenAIJob, context: dict[str, Any] | None) -> list[Generated]:
         """Not streamed: the rows join the micro-batcher like v2 requests with the same settings."""
-        batched = await self.batcher.submit(job.params.batch_key, [(row, job.params) for row in job.rows])
+        rows = [(row, job.params) for row in job.rows]
+        if self.continuous is not None and self.unstreamed_batched and not job.params.seeded:
+            batched = await self.continuous.admitted(len(rows), lambda: self.batcher.submit(job.params.batch_key, rows))
+        elif self.continuous is not None:
+            sharing = self.continuous.sharing(len(job.rows))
+            batched = Batched(await self.continuous.generate(job.params, job.rows), sharing)
+        else:
+            batched = await self.batcher.submit(job.params.batch_key, rows)
         response = (context or {}).get("response")
         if response is not None:  # KServe hands the endpoint's FastAPI Response: its headers are sent
             response.headers[BATCH_SIZE_HEADER] = str(batched.batch_size)
         return batched.results
+
+    async def _stream_continuous(self, job: OpenAIJob, chunks: _Chunks, stream: Stream) -> AsyncGenerator[str, None]:
+        """The Server-Sent Events of a stream in the continuous batch; a client that leaves cancels its sequences."""
+        sent = [""] * len(job.rows)
+        try:
+            for chunk in chunks.opening(len(job.rows)):
+                yield _sse(chunk)
+            async for texts in stream.updates():
+                for i, text in enumerate(texts):
+                    if len(text) > len(sent[i]) and text.startswith(sent[i]):
+                        yield _sse(chunks.text(i, text[len(sent[i]):]))
+                        sent[i] = text
+            results = await stream.results()
+            for i, result in enumerate(results):
+                rest = result.text[len(sent[i]):] if result.text.startswith(sent[i]) else ""
+                yield _sse(chunks.text(i, rest, result.finish_reason))
+            if job.include_usage:
+                yield _sse(chunks.usage(_usage(job, results)))
+            yield _sse("[DONE]")
+        except Exception as e:  # noqa: BLE001 - the 200 is sent: the error travels as an event
+            logger.exception(f"{self.name}: streamed generation failed")
+            yield _sse(error_response(f"generation failed: {e}", HTTPStatus.INTERNAL_SERVER_ERROR).model_dump_json())
+            yield _sse("[DONE]")
+        finally:
+            stream.cancel()  # a no-op once it has finished; otherwise its sequences leave the batch now
 
     async def _stream(self, job: OpenAIJob, chunks: _Chunks) -> AsyncGenerator[str, None]:
         """Server-Sent Events: text as each decoding step makes it, then finish reasons, usage, ``[DONE]``."""

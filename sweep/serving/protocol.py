@@ -67,6 +67,11 @@ class GenerationParams:
         return self.temperature > 0
 
     @property
+    def seeded(self) -> bool:
+        """Sampling from a seed: the random generator must be its own (continuous batching pauses for it)."""
+        return self.sampling and self.seed is not None
+
+    @property
     def batch_key(self) -> Hashable | None:
         """Requests with equal keys may share one ``generate`` call; None: run this one alone.
 

@@ -44,6 +44,11 @@ class ServeOptions:
     tracking_uri: str | None = None
     cache_dir: str | None = None
     log_requests: bool = True
+    generation: str = "continuous"  # continuous | batched: a causal LM's generation (sweep/serving/continuous.py)
+    kv_cache_mb: int = 256  # the continuous batch's KV cache
+    max_concurrent_sequences: int = 32  # sequences in the continuous batch at once
+    max_queued: int = 1024  # sequences waiting for a slot; past that, 429
+    unstreamed: str = "continuous"  # continuous | batched: unstreamed requests' generation beside the batch
 
 
 def _default_cache_dir() -> Path:
@@ -78,9 +83,14 @@ def build_model(model_dir: Path, name: str, options: ServeOptions) -> Any:
         "max_latency_ms": options.max_latency_ms,
         "observe_batch": server_metrics.batch_observer(name),
     }
+    generator_options = {**batcher_options, "unstreamed_batched": options.unstreamed == "batched"}
     if model_kind(model_dir) == CLASSIFIER:
         return ClassifierModel(name, Classifier(model_dir, options.device), batcher_options)
     engine = Generator(model_dir, options.device)
+    from sweep.serving.continuous import continuous_batch
+
+    continuous = continuous_batch(engine, name, options.generation, options.kv_cache_mb,
+                                  options.max_concurrent_sequences, options.max_queued)
     try:  # KServe's OpenAI types come from vLLM (kserve's llm extra; the Makefile installs them)
         from sweep.serving.openai_model import OpenAIGeneratorModel
     except ModuleNotFoundError as e:
@@ -88,8 +98,8 @@ def build_model(model_dir: Path, name: str, options: ServeOptions) -> Any:
             f"no OpenAI endpoints: KServe's OpenAI support needs {e.name!r} (pip install --no-deps vllm==0.24.0 "
             "and its protocol dependencies: see the Makefile); serving v2 only"
         )
-        return GeneratorModel(name, engine, batcher_options)
-    return OpenAIGeneratorModel(name, engine, batcher_options)
+        return GeneratorModel(name, engine, generator_options, continuous)
+    return OpenAIGeneratorModel(name, engine, generator_options, continuous)
 
 
 def serve_model(options: ServeOptions) -> None:
@@ -123,6 +133,10 @@ def serve_model(options: ServeOptions) -> None:
         f"batching on (up to {options.max_batch_size} texts, waits <= {options.max_latency_ms:g} ms)"
         if options.batching else "batching off"
     )
+    continuous = getattr(model, "continuous", None)
+    if continuous is not None:
+        unstreamed = "; unstreamed requests: the micro-batcher" if options.unstreamed == "batched" else ""
+        batching = f"{continuous.describe()}{unstreamed}; {batching}"
     grpc_port = options.grpc_port if options.grpc else None
     if grpc_port and _port_taken(grpc_port):
         raise ServeError(f"grpc_port: port {grpc_port} is in use (another server?); "

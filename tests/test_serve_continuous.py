@@ -1,0 +1,283 @@
+"""Continuous batching (``generation=continuous``, the default for a causal LM) and admission under overload.
+
+Admission's queue logic first (no server), then ONE real ``python -m sweep.serve`` of the tiny GPT-2 for
+the module (16 sequences at once, 16 more may wait), asked through the real ``openai`` client, httpx
+and KServe's gRPC client: streams share the batch, streamed text is the whole text, a newcomer starts at
+the next step, a client that leaves frees its slot, the queue bound answers 429 / RESOURCE_EXHAUSTED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from sweep.serving.admission import Admission, Overloaded
+from sweep.serving.protocol import parameters_for_grpc
+from sweep.train.tiny_exports import export_tiny_lm
+from tests.helpers.serving import LM_NAME, Server, serving, start_server, texts, wait_grpc_ready
+
+openai = pytest.importorskip("openai")  # the dev extra
+
+SLOTS, QUEUED = 16, 16
+PROMPTS = ["The meaning of life is", "Once upon a time", "In 1850 the city", "She opened the door and",
+           "Rain fell on", "The committee decided", "A small dog", "Numbers: one two three"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Admission, on its own.
+
+def test_admission_queues_in_order_and_refuses_past_the_bound() -> None:
+    async def scenario() -> None:
+        seen: list[tuple[int, int]] = []
+        rejected: list[int] = []
+        admission = Admission(2, 3, lambda r, w: seen.append((r, w)), lambda: rejected.append(1))
+        first = admission.enter(3)  # two slots now, one waits
+        assert [s.done() for s in first] == [True, True, False] and seen[-1] == (2, 1)
+        second = admission.enter(2)  # the queue: 3 of 3
+        with pytest.raises(Overloaded, match="max_queued=3"):
+            admission.enter(1)
+        assert rejected == [1] and admission.waiting == 3
+        admission.leave(first[0])  # a finished sequence hands its slot to the oldest waiter
+        assert first[2].done() and not second[0].done()
+        waiter = asyncio.ensure_future(Admission.wait(second[1]))
+        await asyncio.sleep(0)
+        waiter.cancel()  # a client that left while waiting gives up its place
+        admission.leave(second[1])
+        assert admission.waiting == 1
+        for slot in (first[1], first[2]):
+            admission.leave(slot)
+        assert second[0].done() and (admission.running, admission.waiting) == (1, 0)
+        admission.leave(second[0])
+        assert seen[-1] == (0, 0)
+
+    asyncio.run(scenario())
+
+
+def test_bad_options_exit_2_with_one_line() -> None:
+    for argv, message in [
+        (["model=x", "generation=fast"], "error: generation: expected continuous or batched, got 'fast'"),
+        (["model=x", "kv_cache_mb=0"], "error: kv_cache_mb: must be >= 1, got 0"),
+        (["model=x", "max_concurrent_sequences=0"], "error: max_concurrent_sequences: must be >= 1, got 0"),
+        (["model=x", "max_queued=-1"], "error: max_queued: must be >= 0, got -1"),
+        (["model=x", "unstreamed=later"], "error: unstreamed: expected continuous or batched, got 'later'"),
+    ]:
+        done = subprocess.run([sys.executable, "-m", "sweep.serve", *argv], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0], done.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# One real server.
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("serve-continuous")
+    lm_dir = export_tiny_lm(root / "best" / "wikitext-2", cache_dir)
+    started = {"lm": start_server(LM_NAME, lm_dir, root / "lm.log", cache_dir, "log_requests=false",
+                                  f"max_concurrent_sequences={SLOTS}", f"max_queued={QUEUED}")}
+    with serving(started):
+        wait_grpc_ready(started["lm"])
+        yield started["lm"]
+
+
+def _client(server: Server) -> Any:
+    return openai.AsyncOpenAI(base_url=f"{server.url}/openai/v1", api_key="none", max_retries=0, timeout=60)
+
+
+async def _stream(client: Any, prompt: str, max_tokens: int, **fields: Any) -> dict[str, Any]:
+    """A streamed completion: its text, the times of its first and last text, its finish reason."""
+    start = time.perf_counter()
+    first = None
+    parts: list[str] = []
+    reason = None
+    stream = await client.completions.create(model=LM_NAME, prompt=prompt, max_tokens=max_tokens, stream=True,
+                                             **fields)
+    async for chunk in stream:
+        choice = chunk.choices[0]
+        if choice.text and first is None:
+            first = time.perf_counter() - start
+        parts.append(choice.text)
+        reason = choice.finish_reason or reason
+    return {"text": "".join(parts), "first": first, "end": time.perf_counter() - start, "start": start,
+            "finish_reason": reason}
+
+
+async def _whole(client: Any, prompt: str, max_tokens: int, **fields: Any) -> Any:
+    return (await client.completions.create(model=LM_NAME, prompt=prompt, max_tokens=max_tokens, **fields)).choices[0]
+
+
+def test_sixteen_streams_all_start_before_any_finishes(server: Server) -> None:
+    async def run() -> list[dict[str, Any]]:
+        client = _client(server)
+        return await asyncio.gather(*(_stream(client, PROMPTS[i % 8], 120, temperature=0) for i in range(16)))
+
+    streams = asyncio.run(run())
+    first_token = max(s["start"] + s["first"] for s in streams)
+    first_finish = min(s["start"] + s["end"] for s in streams)
+    assert first_token < first_finish, [(s["first"], s["end"]) for s in streams]
+
+
+def test_streamed_text_is_the_whole_text_under_concurrency(server: Server, cache_dir: Path) -> None:
+    async def run() -> tuple[list[dict[str, Any]], list[Any]]:
+        client = _client(server)
+        streamed = [_stream(client, p, 40, temperature=0) for p in PROMPTS]
+        whole = [_whole(client, p, 40, temperature=0) for p in PROMPTS]
+        results = await asyncio.gather(*streamed, *whole)
+        return results[:8], results[8:]
+
+    streamed, whole = asyncio.run(run())
+    for prompt, s, w in zip(PROMPTS, streamed, whole):
+        assert s["text"] == w.text and s["finish_reason"] == w.finish_reason, prompt
+    # Greedy in the batch is exact greedy: the text of transformers' own generate, one prompt alone.
+    from sweep.serving.engines import Generator
+    from sweep.serving.protocol import GenerationParams
+
+    engine = Generator(Path(server.log).parent / "best" / "wikitext-2", "cpu")
+    alone = engine.generate(GenerationParams(max_new_tokens=40), [PROMPTS[0]])[0]
+    assert alone.text == whole[0].text
+
+
+def test_a_long_stream_does_not_hold_back_a_short_request(server: Server) -> None:
+    async def run() -> tuple[float, float, dict[str, Any]]:
+        client = _client(server)
+        idle = (await _stream(client, "Hi there", 4, temperature=0))["first"]
+        long = asyncio.ensure_future(_stream(client, PROMPTS[0], 230, temperature=0))
+        await asyncio.sleep(0.3)  # the long one is decoding
+        short = await _stream(client, "Hi there", 4, temperature=0)
+        return idle, short["first"], await long
+
+    idle, busy, long = asyncio.run(run())
+    step = long["end"] / 230
+    assert busy <= max(0.25, idle + 10 * step), (idle, busy, step)
+    assert busy < long["end"] / 3  # it did not wait for the long one to finish
+
+
+def test_stop_and_max_tokens_per_request_under_concurrency(server: Server) -> None:
+    async def run() -> tuple[list[Any], list[Any], list[Any]]:
+        client = _client(server)
+        full = await asyncio.gather(*(_whole(client, p, 30, temperature=0) for p in PROMPTS))
+        stops = [f.text[6:9] for f in full]
+        stopped = [_whole(client, p, 30, temperature=0, stop=[stop]) for p, stop in zip(PROMPTS, stops)]
+        lengths = [_whole(client, p, 3 + i, temperature=0) for i, p in enumerate(PROMPTS)]
+        results = await asyncio.gather(*stopped, *lengths)
+        return full, results[:8], results[8:]
+
+    full, stopped, lengths = asyncio.run(run())
+    for f, s in zip(full, stopped):
+        stop = f.text[6:9]
+        assert s.text == f.text[: f.text.find(stop)] and s.finish_reason == "stop", (f.text, stop, s.text)
+    for i, (f, short) in enumerate(zip(full, lengths)):
+        assert f.text.startswith(short.text), (f.text, short.text)
+        if f.finish_reason == "length":
+            assert short.finish_reason == "length" and short.text != f.text, i
+
+
+def test_a_client_that_leaves_frees_its_slot(server: Server) -> None:
+    async def run() -> float:
+        client = _client(server)
+        streams = [await client.completions.create(model=LM_NAME, prompt=PROMPTS[i % 8], max_tokens=230,
+                                                   stream=True, temperature=0) for i in range(SLOTS)]
+        for stream in streams:  # every slot is generating
+            await stream.__anext__()
+        await streams[0].close()  # one client leaves
+        await asyncio.sleep(0.1)
+        newcomer = await _stream(client, "Hi there", 4, temperature=0)
+        for stream in streams[1:]:
+            await stream.close()
+        return newcomer["first"]
+
+    assert asyncio.run(run()) < 0.5
+
+
+def test_overload_answers_429_and_resource_exhausted_and_keeps_serving(server: Server) -> None:
+    body = {"inputs": [texts("text", ["Hello"])], "parameters": {"max_new_tokens": 4}}
+
+    assert _grpc_status(server, body) == "OK"  # and the gRPC client is imported before the clock matters
+
+    async def run() -> tuple[list[str], httpx.Response, Any, str]:
+        async with httpx.AsyncClient(timeout=60) as http:
+            payload = {"model": LM_NAME, "prompt": "Once", "max_tokens": 250, "temperature": 0, "stream": True}
+            held = []
+            for _ in range(SLOTS + QUEUED):  # every slot and every place in the queue
+                request = http.build_request("POST", f"{server.url}/openai/v1/completions", json=payload)
+                response = await http.send(request, stream=True)
+                assert response.status_code == 200
+                held.append(response)
+            grpc_status = await asyncio.to_thread(_grpc_status, server, body)
+            rest = await http.post(f"{server.url}/v2/models/{LM_NAME}/infer", json=body)
+            try:
+                await _whole(_client(server), "Hello", 4)
+                refused: Any = None
+            except openai.RateLimitError as e:
+                refused = e
+            # The admitted streams still run to the end.
+            lasts = []
+            for response in held[:2] + held[-2:]:
+                lines = [line async for line in response.aiter_lines() if line.startswith("data:")]
+                lasts.append(lines[-1])
+            for response in held:
+                await response.aclose()
+            return lasts, rest, refused, grpc_status
+
+    lasts, rest, refused, grpc_status = asyncio.run(run())
+    assert rest.status_code == 429 and rest.headers["Retry-After"] == "1" and "overloaded" in rest.json()["error"]
+    assert refused is not None and refused.response.headers["Retry-After"] == "1"
+    assert grpc_status == "RESOURCE_EXHAUSTED"
+    assert lasts == ["data: [DONE]"] * 4
+    after = httpx.post(f"{server.url}/v2/models/{LM_NAME}/infer", json=body, timeout=60)
+    assert after.status_code == 200
+    metrics = httpx.get(f"{server.url}/metrics").text
+    rejected = next(line for line in metrics.splitlines() if line.startswith("sweep_rejected_requests_total"))
+    assert float(rejected.split()[-1]) >= 3
+    for name in ("sweep_sequences_running", "sweep_sequences_waiting", "sweep_tokens_per_step_bucket",
+                 "sweep_time_to_first_token_seconds_bucket", "sweep_time_per_output_token_seconds_bucket"):
+        assert f"\n{name}{{" in metrics, name
+
+
+def test_grpc_and_rest_answer_alike_from_the_batch(server: Server) -> None:
+    body = {"inputs": [texts("text", PROMPTS[:3])], "parameters": {"max_new_tokens": 12}}
+
+    async def run() -> tuple[Any, Any]:
+        async with httpx.AsyncClient(timeout=60) as http:
+            return await asyncio.gather(http.post(f"{server.url}/v2/models/{LM_NAME}/infer", json=body),
+                                        asyncio.to_thread(_grpc_answer, server, body))
+
+    rest, grpc_answer = asyncio.run(run())
+    assert rest.status_code == 200 and not isinstance(grpc_answer, str)
+    assert [o["data"] for o in rest.json()["outputs"]] == [o["data"] for o in grpc_answer["outputs"]]
+
+
+def _grpc_status(server: Server, body: dict[str, Any]) -> str:
+    answer = _grpc_answer(server, body)
+    return answer if isinstance(answer, str) else "OK"
+
+
+def _grpc_answer(server: Server, body: dict[str, Any]) -> dict[str, Any] | str:
+    """The REST-shaped answer over gRPC, or its status code's name."""
+    from sweep.serving.kserve_import import import_kserve
+
+    import_kserve()
+    import grpc
+    from kserve.inference_client import InferenceGRPCClient
+    from kserve.protocol.infer_type import InferInput, InferRequest
+
+    inputs = [InferInput(t["name"], list(t["shape"]), t["datatype"], list(t["data"])) for t in body["inputs"]]
+    request = InferRequest(server.name, inputs, parameters=parameters_for_grpc(body["parameters"]))
+
+    async def call() -> Any:
+        async with InferenceGRPCClient(server.grpc_address, timeout=60) as client:
+            return await client.infer(request)
+
+    try:
+        return asyncio.run(call()).to_rest()[0]
+    except grpc.RpcError as e:
+        return e.code().name
