@@ -6,14 +6,16 @@ task from ``--data-dir`` (MiniLM on a subset of SST-2 by default), over ``train.
 [--low, --high] (log scale; its low end cannot learn in the budget), repeated over ``--reps``
 sampler seeds; the arms alternate within each repetition (same machine, same load).
 
-(1) the same budget of B trials per arm:
-      random   sweep.num_samples=B, one training seed, Tune's own random sampling
+(1) the same budget of B trials per arm (every arm's sampler seeded by the repetition):
+      random   sweep.num_samples=B, one training seed, drawn at random
       tpe      the same space, sweep.search_alg=optuna, sweep.search_seed=<rep>
       pbt      B training seeds as the population, each drawing its lr from the range,
                sweep.scheduler=pbt, mutations over the same range, an exploit every evaluation
     reported: the best dev score found (mean ± sd over reps), and trials-to-within-1-point: the
     first trial (in start order) whose score is within 0.01 of the best score any arm found in that
     repetition (B+1: never; PBT's population all starts at once: its count is B if it got there).
+    Half the budget: TPE's best among its first B/2 trials, and PBT with a population of B/2 (its own
+    run, "pbt-half"), each against random's best of all B.
 (2) configs scored over seeds, at an equal total of T trials (T divisible by 3):
       single   TPE, T points x 1 seed: the pick is the best single trial's lr
       over-3   TPE, T/3 points x 3 seeds (sweep.seeds_per_point=3): the pick is the best point by the mean
@@ -62,12 +64,15 @@ def space(args) -> str:
 def arm(name: str, args, rep: int, out: Path) -> list[dict]:
     b, lr = args.budget, space(args)
     if name == "random":
-        return sweep(args, out, "sweep.seeds=[42]", f"+sweep.search.lr={lr}", f"sweep.num_samples={b}")
+        return sweep(args, out, "sweep.seeds=[42]", f"+sweep.search.lr={lr}", f"sweep.num_samples={b}",
+                     f"sweep.search_seed={rep}")
     if name == "tpe":
         return sweep(args, out, "sweep.seeds=[42]", f"+sweep.search.lr={lr}", f"sweep.num_samples={b}",
                      "sweep.search_alg=optuna", f"sweep.search_seed={rep}")
-    seeds = ",".join(str(42 + i) for i in range(b))
-    return sweep(args, out, f"sweep.seeds=[{seeds}]", "sweep.scheduler=pbt", f"+sweep.pbt.mutations.lr={lr}")
+    population = b // 2 if name == "pbt-half" else b
+    seeds = ",".join(str(42 + i) for i in range(population))
+    return sweep(args, out, f"sweep.seeds=[{seeds}]", "sweep.scheduler=pbt", f"+sweep.pbt.mutations.lr={lr}",
+                 f"sweep.search_seed={rep}")
 
 
 def scores(trials: list[dict]) -> list[float]:
@@ -86,24 +91,33 @@ def mean_sd(values: list[float]) -> str:
 
 
 def budget_part(args, tmp: Path) -> dict:
-    arms = ("random", "tpe", "pbt")
+    arms = ("random", "tpe", "pbt", "pbt-half")
     found: dict[str, list[float]] = {a: [] for a in arms}
-    within: dict[str, list[int]] = {a: [] for a in arms}
+    within: dict[str, list[int]] = {a: [] for a in arms[:3]}
+    tpe_half: list[float] = []  # TPE's best among its first B/2 trials (start order)
     for rep in range(args.reps):
-        order = arms[rep % 3:] + arms[:rep % 3]  # who goes first rotates
+        order = arms[rep % 4:] + arms[:rep % 4]  # who goes first rotates
         runs = {}
         for name in order:
             t0 = time.time()
             runs[name] = scores(arm(name, args, rep, tmp / f"{name}-{rep}"))
             print(f"rep {rep} {name}: best {max(runs[name]):.4f} in {time.time() - t0:.0f} s", flush=True)
-        best = max(max(s) for s in runs.values())
+        best = max(max(s) for name, s in runs.items() if name != "pbt-half")
         for name, s in runs.items():
             found[name].append(max(s))
-            within[name].append(to_within(s, best, args.budget if name == "pbt" else None))
-    for name in arms:
+            if name in within:
+                within[name].append(to_within(s, best, args.budget if name == "pbt" else None))
+        tpe_half.append(max(runs["tpe"][:args.budget // 2]))
+    for name in arms[:3]:
         print(f"{name:>7}: best found {mean_sd(found[name])}; trials to within 1 point of the best "
               f"{statistics.mean(within[name]):.1f} (of {args.budget})")
-    return {"found": found, "trials_to_within_1pt": within}
+    # the goal: TPE or PBT with half the trials at least matches random's best with all of them
+    half = {"tpe": tpe_half, "pbt": found["pbt-half"]}
+    for name, values in half.items():
+        matched = sum(h >= r for h, r in zip(values, found["random"]))
+        print(f"{name:>7} with {args.budget // 2} trials: best found {mean_sd(values)}; at least random's best of "
+              f"{args.budget} in {matched}/{args.reps} repetitions")
+    return {"found": found, "trials_to_within_1pt": within, "half_budget": half}
 
 
 def picks_part(args, tmp: Path) -> dict:
