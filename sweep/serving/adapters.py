@@ -466,7 +466,9 @@ def serve_adapters(options: ServeOptions) -> None:
         f"serving {len(adapters)} adapter(s) on {model_dir} ({models[0].engine.kind}): {names} on port {options.port}: "
         f"POST /v2/models/<name>/infer{openai}, GET /metrics; "
         f"{f'gRPC v2 on port {grpc_port}' if grpc_port else 'gRPC off'}; batching per adapter "
-        f"{'on' if options.batching else 'off'}",
+        f"{'on' if options.batching else 'off'}"
+        # transformers' continuous batch runs one set of weights: adapters' rows must not share a step
+        + ("; generation=batched per adapter (continuous batching serves one model, not adapters)" if openai else ""),
         flush=True,
     )
     serve(models, options.port, options.log_requests, grpc_port)
