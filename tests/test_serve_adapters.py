@@ -29,7 +29,7 @@ from sweep.serving.serve import ServeError
 from sweep.train.adapters import default_targets, export_merged
 from sweep.train.loading import load_for_task
 from sweep.train.tiny_exports import TINY_GPT2, TINY_ROBERTA
-from tests.helpers.serving import Server, output, serving, start_server, texts
+from tests.helpers.serving import Server, grpc_infer, output, serving, start_server, texts
 
 CLASSIFIER_TASKS = ("RTE", "MRPC")  # two labels each, with their own label names
 PAIRS = (["The cat sees a dog.", "A river runs to the sea.", "Nobody came."],
@@ -150,27 +150,14 @@ def test_every_adapter_is_listed_and_an_unknown_name_is_a_404_naming_them(server
 
 
 def test_grpc_reaches_each_adapter(servers, built) -> None:
-    from sweep.serving.kserve_import import import_kserve
-
-    import_kserve()
-    import grpc
-    from kserve.inference_client import InferenceGRPCClient
-    from kserve.protocol.infer_type import InferInput, InferRequest
-
-    async def call(name: str) -> dict[str, Any]:
-        inputs = [InferInput("text", [len(PAIRS[0])], "BYTES", list(PAIRS[0])),
-                  InferInput("text_pair", [len(PAIRS[1])], "BYTES", list(PAIRS[1]))]
-        async with InferenceGRPCClient(servers["clf"].grpc_address, timeout=60) as client:
-            return (await client.infer(InferRequest(name, inputs))).to_rest()[0]
-
+    body = {"inputs": [{"name": "text", "shape": [len(PAIRS[0])], "datatype": "BYTES", "data": list(PAIRS[0])},
+                       {"name": "text_pair", "shape": [len(PAIRS[1])], "datatype": "BYTES", "data": list(PAIRS[1])}]}
     for task in CLASSIFIER_TASKS:
-        answer = asyncio.run(call(f"tiny-roberta-{task}"))
+        answer = grpc_infer(servers["clf"], body, f"tiny-roberta-{task}")
         assert output(answer, "score") == pytest.approx(_merged_classifier(built[task])[1], abs=1e-5)
-    with pytest.raises(grpc.RpcError) as unknown:
-        asyncio.run(call("tiny-roberta-SST-2"))
-    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
-    assert unknown.value.details() == ("Model with name tiny-roberta-SST-2 does not exist. "
-                                       "Served here: tiny-roberta-MRPC, tiny-roberta-RTE.")
+    assert grpc_infer(servers["clf"], body, "tiny-roberta-SST-2") == (
+        "NOT_FOUND",
+        "Model with name tiny-roberta-SST-2 does not exist. Served here: tiny-roberta-MRPC, tiny-roberta-RTE.")
 
 
 # ---------------------------------------------------------------------------------------------

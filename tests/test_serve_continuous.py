@@ -20,9 +20,8 @@ import httpx
 import pytest
 
 from sweep.serving.admission import Admission, Overloaded
-from sweep.serving.protocol import parameters_for_grpc
 from sweep.train.tiny_exports import export_tiny_lm
-from tests.helpers.serving import LM_NAME, Server, serving, start_server, texts, wait_grpc_ready
+from tests.helpers.serving import LM_NAME, Server, grpc_infer, serving, start_server, texts, wait_grpc_ready
 
 openai = pytest.importorskip("openai")  # the dev extra
 
@@ -249,35 +248,13 @@ def test_grpc_and_rest_answer_alike_from_the_batch(server: Server) -> None:
     async def run() -> tuple[Any, Any]:
         async with httpx.AsyncClient(timeout=60) as http:
             return await asyncio.gather(http.post(f"{server.url}/v2/models/{LM_NAME}/infer", json=body),
-                                        asyncio.to_thread(_grpc_answer, server, body))
+                                        asyncio.to_thread(grpc_infer, server, body))
 
     rest, grpc_answer = asyncio.run(run())
-    assert rest.status_code == 200 and not isinstance(grpc_answer, str)
+    assert rest.status_code == 200 and isinstance(grpc_answer, dict), grpc_answer
     assert [o["data"] for o in rest.json()["outputs"]] == [o["data"] for o in grpc_answer["outputs"]]
 
 
 def _grpc_status(server: Server, body: dict[str, Any]) -> str:
-    answer = _grpc_answer(server, body)
-    return answer if isinstance(answer, str) else "OK"
-
-
-def _grpc_answer(server: Server, body: dict[str, Any]) -> dict[str, Any] | str:
-    """The REST-shaped answer over gRPC, or its status code's name."""
-    from sweep.serving.kserve_import import import_kserve
-
-    import_kserve()
-    import grpc
-    from kserve.inference_client import InferenceGRPCClient
-    from kserve.protocol.infer_type import InferInput, InferRequest
-
-    inputs = [InferInput(t["name"], list(t["shape"]), t["datatype"], list(t["data"])) for t in body["inputs"]]
-    request = InferRequest(server.name, inputs, parameters=parameters_for_grpc(body["parameters"]))
-
-    async def call() -> Any:
-        async with InferenceGRPCClient(server.grpc_address, timeout=60) as client:
-            return await client.infer(request)
-
-    try:
-        return asyncio.run(call()).to_rest()[0]
-    except grpc.RpcError as e:
-        return e.code().name
+    answer = grpc_infer(server, body)
+    return "OK" if isinstance(answer, dict) else answer[0]

@@ -28,6 +28,7 @@ from tests.helpers.serving import (
     LM_NAME,
     RecordingModel,
     Server,
+    grpc_infer,
     output,
     serving,
     start_server,
@@ -111,29 +112,6 @@ def _rest(server: Server, body: Any, name: str | None = None) -> httpx.Response:
     return httpx.post(f"{server.url}/v2/models/{name or server.name}/infer", json=body, timeout=60)
 
 
-def _grpc(server: Server, body: dict[str, Any], name: str | None = None) -> dict[str, Any] | tuple[str, str]:
-    """The REST-shaped answer of the same v2 request over gRPC (KServe's client), or (status, details)."""
-    from sweep.serving.kserve_import import import_kserve
-
-    import_kserve()
-    import grpc
-    from kserve.inference_client import InferenceGRPCClient
-    from kserve.protocol.infer_type import InferInput, InferRequest
-
-    inputs = [InferInput(t["name"], list(t["shape"]), t["datatype"], list(t["data"])) for t in body.get("inputs", [])]
-    request = InferRequest(name or server.name, inputs,
-                           parameters=parameters_for_grpc(body.get("parameters", {})) or None)
-
-    async def call() -> Any:
-        async with InferenceGRPCClient(server.grpc_address, timeout=60) as client:
-            return await client.infer(request)
-
-    try:
-        return asyncio.run(call()).to_rest()[0]
-    except grpc.RpcError as e:
-        return e.code().name, e.details()
-
-
 @pytest.mark.slow
 def test_grpc_classifier_answers_as_rest(servers: dict[str, Server]) -> None:
     server = servers["classifier"]
@@ -143,7 +121,7 @@ def test_grpc_classifier_answers_as_rest(servers: dict[str, Server]) -> None:
     ]:
         rest = _rest(server, body)
         assert rest.status_code == 200, rest.text
-        answer = _grpc(server, body)
+        answer = grpc_infer(server, body)
         assert isinstance(answer, dict), answer
         assert output(answer, "label") == output(rest.json(), "label")
         assert output(answer, "score") == pytest.approx(output(rest.json(), "score"), abs=1e-6)
@@ -160,7 +138,7 @@ def test_grpc_language_model_answers_as_rest(servers: dict[str, Server]) -> None
         body = {"inputs": [texts("text", ["The meaning of life is", "the old painter"])], "parameters": parameters}
         rest = _rest(server, body)
         assert rest.status_code == 200, rest.text
-        answer = _grpc(server, body)
+        answer = grpc_infer(server, body)
         assert isinstance(answer, dict), answer
         for name in ("text", "prompt_tokens", "completion_tokens", "finish_reason"):
             assert output(answer, name) == output(rest.json(), name), name
@@ -181,7 +159,7 @@ GRPC_BAD_REQUESTS: list[tuple[str, str, dict[str, Any]]] = [
 
 
 def _still_answers(server: Server, kind: str) -> None:
-    good = _grpc(server, {"inputs": [texts("text", ["still here"])],
+    good = grpc_infer(server, {"inputs": [texts("text", ["still here"])],
                           "parameters": {"max_new_tokens": 2} if kind == "lm" else {}})
     assert isinstance(good, dict), good
 
@@ -195,7 +173,7 @@ def test_grpc_bad_request_is_invalid_argument_with_the_rest_message(
     server = servers[server_kind]
     rest = _rest(server, body)
     assert rest.status_code == 400, rest.text
-    assert _grpc(server, body) == ("INVALID_ARGUMENT", rest.json()["error"])
+    assert grpc_infer(server, body) == ("INVALID_ARGUMENT", rest.json()["error"])
     _still_answers(server, server_kind)
 
 
@@ -205,7 +183,7 @@ def test_grpc_unknown_model_is_not_found_with_the_rest_message(servers: dict[str
     body = {"inputs": [texts("text", ["a"])]}
     rest = _rest(server, body, name="no-such-model")
     assert rest.status_code == 404, rest.text
-    assert _grpc(server, body, name="no-such-model") == ("NOT_FOUND", rest.json()["error"])
+    assert grpc_infer(server, body, name="no-such-model") == ("NOT_FOUND", rest.json()["error"])
     _still_answers(server, "lm")
 
 
@@ -238,8 +216,8 @@ def test_a_second_server_on_a_taken_grpc_port_exits_2_with_one_line(servers: dic
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert lines[0].startswith(f"error: grpc_port: port {taken} is in use"), done.stderr
-    assert isinstance(_grpc(servers["lm"], {"inputs": [texts("text", ["a"])], "parameters": {"max_new_tokens": 1}}),
-                      dict)
+    still = grpc_infer(servers["lm"], {"inputs": [texts("text", ["a"])], "parameters": {"max_new_tokens": 1}})
+    assert isinstance(still, dict)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -318,7 +296,7 @@ def test_metrics_count_requests_batches_and_tokens(servers: dict[str, Server]) -
     bodies = [_rest(lm, {"inputs": [texts("text", p)], "parameters": {"max_new_tokens": 3 + i}}).json()
               for i, p in enumerate(prompts)]
     assert all("outputs" in b for b in bodies), bodies
-    grpc_answer = _grpc(lm, {"inputs": [texts("text", ["by grpc"])], "parameters": {"max_new_tokens": 2}})
+    grpc_answer = grpc_infer(lm, {"inputs": [texts("text", ["by grpc"])], "parameters": {"max_new_tokens": 2}})
     assert isinstance(grpc_answer, dict), grpc_answer
     bad = _rest(lm, {"inputs": [texts("text", ["a"])], "parameters": {"max_tokens": 3}})
     assert bad.status_code == 400

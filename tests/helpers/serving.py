@@ -4,6 +4,7 @@ forward pass for the batcher."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -122,3 +123,29 @@ def serving(started: dict[str, Server]) -> Iterator[dict[str, Server]]:
     finally:
         for server in started.values():
             stop_server(server)
+
+
+def grpc_infer(server: Server, body: dict[str, Any], name: str | None = None) -> dict[str, Any] | tuple[str, str]:
+    """The REST-shaped answer of a v2 request body sent over gRPC (KServe's client) to ``name`` (default:
+    the server's model), or (status code name, details) when the call fails."""
+    from sweep.serving.kserve_import import import_kserve
+
+    import_kserve()
+    import grpc
+    from kserve.inference_client import InferenceGRPCClient
+    from kserve.protocol.infer_type import InferInput, InferRequest
+
+    from sweep.serving.protocol import parameters_for_grpc
+
+    inputs = [InferInput(t["name"], list(t["shape"]), t["datatype"], list(t["data"])) for t in body.get("inputs", [])]
+    request = InferRequest(name or server.name, inputs,
+                           parameters=parameters_for_grpc(body.get("parameters", {})) or None)
+
+    async def call() -> Any:
+        async with InferenceGRPCClient(server.grpc_address, timeout=60) as client:
+            return await client.infer(request)
+
+    try:
+        return asyncio.run(call()).to_rest()[0]
+    except grpc.RpcError as e:
+        return e.code().name, e.details()
