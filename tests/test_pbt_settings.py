@@ -67,15 +67,21 @@ def test_a_rows_pbt_fields_go_through_tune_and_the_history_and_become_an_mlflow_
     assert (step, metrics["pbt.lr"]) == (20, 2.4e-4)
 
 
-def test_a_perturbed_value_stays_in_its_range() -> None:
+def test_a_perturbed_value_stays_in_its_range_and_still_moves() -> None:
     from sweep.run.pbt_scheduler import KeepInRange
 
     keep = KeepInRange({"lr": {"dist": "loguniform", "low": 1e-5, "high": 1e-2},
                         "warmup_ratio": {"dist": "uniform", "low": 0.0, "high": 0.5},
                         "weight_decay": {"dist": "choice", "values": [0.0, 0.1]}})
-    config = keep({"trial": {"seed": 1}, "hparams": {"lr": 1.2e-2, "warmup_ratio": 0.4, "weight_decay": 0.1}})
-    assert config["hparams"] == {"lr": 1e-2, "warmup_ratio": 0.4, "weight_decay": 0.1}
-    assert keep({"hparams": {"lr": 0.8e-5}})["hparams"]["lr"] == 1e-5
+    donor = {"lr": 1e-2, "warmup_ratio": 0.4, "weight_decay": 0.1}
+    # lr x1.2 past the upper bound goes x0.8 instead; a value in range is left as Tune made it
+    assert keep(donor, {"lr": 1.2e-2, "warmup_ratio": 0.48, "weight_decay": 0.0}) == pytest.approx(
+        {"lr": 0.8e-2, "warmup_ratio": 0.48, "weight_decay": 0.0})
+    # a donor at the lower bound moves up, not onto the bound it sits on (that exploit would change nothing)
+    assert keep({"lr": 1e-5}, {"lr": 0.8e-5})["lr"] == pytest.approx(1.2e-5)
+    # a range narrower than a step: clamped to the bound
+    narrow = KeepInRange({"warmup_ratio": {"dist": "uniform", "low": 0.1, "high": 0.11}})
+    assert narrow({"warmup_ratio": 0.1}, {"warmup_ratio": 0.08}) == {"warmup_ratio": 0.11}
 
 
 def test_each_task_and_grid_point_is_a_population_of_its_own() -> None:

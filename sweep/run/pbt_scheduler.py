@@ -24,26 +24,35 @@ from sweep.config.settings import PbtConfig
 from sweep.trials import EVAL_PREFIX
 
 METRIC, MODE = "score", "max"  # the task's selection score, higher is better (trials.Report)
+PERTURBATION_FACTORS = (1.2, 0.8)  # Tune's default, named so that KeepInRange bounces with the same ones
 TIE_BREAK = 1e-6  # x eval loss, subtracted from the score PBT ranks by
 
 
 class KeepInRange:
-    """PBT perturbs a continuous value by x0.8 / x1.2, which can leave its range (a warmup ratio past 1):
-    clamp each mutated key to its [low, high]. A class, not a closure: Tune pickles its scheduler."""
+    """PBT perturbs a continuous value by x0.8 / x1.2, which can leave its range (a warmup ratio past 1).
+    A value pushed past a bound takes the other factor instead (a donor's lr at the lower bound goes
+    x1.2, not x0.8), so an exploit always moves what it perturbs; the result is clamped to [low, high].
+    A class, not a closure: Tune pickles its scheduler."""
 
-    def __init__(self, mutations: dict[str, dict[str, Any]]):
+    def __init__(self, mutations: dict[str, dict[str, Any]], factors: tuple[float, float] = (1.2, 0.8)):
         self.bounds = {k: (s["low"], s["high"]) for k, s in mutations.items() if s["dist"] != "choice"}
+        self.up, self.down = max(factors), min(factors)
 
-    def __call__(self, config: dict[str, Any]) -> dict[str, Any]:
-        hparams = config.get("hparams") or {}
+    def __call__(self, donor: dict[str, Any], mutated: dict[str, Any]) -> dict[str, Any]:
+        """``mutated`` (the donor's ``hparams`` after Tune's explore) with each bounded key in range."""
+        kept = dict(mutated)
         for key, (low, high) in self.bounds.items():
-            if key in hparams:
-                hparams[key] = min(max(float(hparams[key]), low), high)
-        return config
+            if key not in kept:
+                continue
+            value = float(kept[key])
+            if key in donor and not low <= value <= high:
+                value = float(donor[key]) * (self.up if value < low else self.down)
+            kept[key] = min(max(value, low), high)
+        return kept
 
 
 class TaskPopulation(PopulationBasedTraining):
-    """Tune's PBT with three changes for fine-tuning runs:
+    """Tune's PBT with these changes for fine-tuning runs:
 
     * an exploit clones the donor's ``hparams`` only: Tune copies the donor's whole config, which here
       also names the trial's seed and grid point (``trial``); the trial keeps its own;
@@ -53,7 +62,8 @@ class TaskPopulation(PopulationBasedTraining):
       are ranked by the lower eval loss, so a tie does not clone an arbitrary trial;
     * the checkpoint a running trial reported with the result that has it exploited stays its own:
       Tune stops it without registering that checkpoint, so its checkpoint count falls one behind and
-      the next stretch's first checkpoint overwrote it (the trial's history still names it).
+      the next stretch's first checkpoint overwrote it (the trial's history still names it);
+    * a perturbed value stays in its range and still moves (``KeepInRange``).
     """
 
     def _exploit(self, tune_controller, trial, trial_to_clone):
@@ -61,9 +71,14 @@ class TaskPopulation(PopulationBasedTraining):
             keep_reported_checkpoint(trial, self._trial_state[trial].last_result)
         super()._exploit(tune_controller, trial, trial_to_clone)
 
+    def __init__(self, *args, keep_in_range: KeepInRange, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.keep_in_range = keep_in_range
+
     def _get_new_config(self, trial, trial_to_clone):
         new_config, operations = super()._get_new_config(trial, trial_to_clone)
-        return {**new_config, "trial": trial.config["trial"]}, operations
+        hparams = self.keep_in_range(trial_to_clone.config.get("hparams") or {}, new_config.get("hparams") or {})
+        return {**new_config, "hparams": hparams, "trial": trial.config["trial"]}, operations
 
     def on_trial_result(self, tune_controller, trial, result: dict) -> str:
         if (result.get("progress") or 0.0) >= 1.0:
@@ -103,7 +118,8 @@ def make_pbt(pbt: PbtConfig) -> PopulationBasedTraining:
         perturbation_interval=pbt.interval,
         hyperparam_mutations={"hparams": {k: search_domain(s, choice_as_list=True) for k, s in pbt.mutations.items()}},
         quantile_fraction=pbt.quantile, resample_probability=pbt.resample_probability,
-        custom_explore_fn=KeepInRange(pbt.mutations),
+        keep_in_range=KeepInRange(pbt.mutations, PERTURBATION_FACTORS),
+        perturbation_factors=PERTURBATION_FACTORS,
         # a report that is no evaluation (a trial's error row) has no score: not a perturbation point
         require_attrs=False,
         log_config=False,  # the trial's history says its schedule (results.json), on any storage
