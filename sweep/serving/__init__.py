@@ -5,7 +5,6 @@
 - ``openai_model.py``: the causal LM over KServe's OpenAI endpoints too (completions, chat, streaming)
 - ``adapters.py``:    many LoRA adapters on one base (``adapters=``): each its own model name and micro-batch queue
 - ``infer.py``:       one inference call to a running server (the command: sweep/cli/infer.py)
-- ``tiny.py``:        tiny trained-shape models built offline (tests, demos)
 
 - ``source.py``:     where the model comes from (folder, ``models:/name@alias``, ``s3://``) and its name
 - ``protocol.py``:   Open Inference Protocol v2 requests -> validated, typed requests (or a clear error)
