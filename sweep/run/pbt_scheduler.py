@@ -34,7 +34,7 @@ class KeepInRange:
     x1.2, not x0.8), so an exploit always moves what it perturbs; the result is clamped to [low, high].
     A class, not a closure: Tune pickles its scheduler."""
 
-    def __init__(self, mutations: dict[str, dict[str, Any]], factors: tuple[float, float] = (1.2, 0.8)):
+    def __init__(self, mutations: dict[str, dict[str, Any]], factors: tuple[float, float] = PERTURBATION_FACTORS):
         self.bounds = {k: (s["low"], s["high"]) for k, s in mutations.items() if s["dist"] != "choice"}
         self.up, self.down = max(factors), min(factors)
 
@@ -66,14 +66,14 @@ class TaskPopulation(PopulationBasedTraining):
     * a perturbed value stays in its range and still moves (``KeepInRange``).
     """
 
+    def __init__(self, *args, keep_in_range: KeepInRange, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.keep_in_range = keep_in_range
+
     def _exploit(self, tune_controller, trial, trial_to_clone):
         if trial.status == trial.RUNNING:
             keep_reported_checkpoint(trial, self._trial_state[trial].last_result)
         super()._exploit(tune_controller, trial, trial_to_clone)
-
-    def __init__(self, *args, keep_in_range: KeepInRange, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.keep_in_range = keep_in_range
 
     def _get_new_config(self, trial, trial_to_clone):
         new_config, operations = super()._get_new_config(trial, trial_to_clone)
