@@ -11,6 +11,8 @@
 - ``openai_protocol.py``: OpenAI completion / chat requests -> the same typed settings (or a clear error)
 - ``batcher.py``:    the asyncio micro-batcher that merges concurrent requests into one forward pass
 - ``continuous.py``: continuous batching of a causal LM: every generation joins one running batch
+- ``decoding_process.py``: the batch's decoding process as the server sees it (spawn, commands, messages)
+- ``decoding_engine.py``: inside that process: the model, transformers' batch manager, the output pump
 - ``admission.py``:  at most N sequences generating and M waiting; past them, 429 (``Overloaded``)
 - ``engines.py``:    the loaded classifier / causal LM and one batched forward pass each
 - ``glue_submission.py``: the best models' predictions of GLUE's test splits -> ``glue_submission.zip``

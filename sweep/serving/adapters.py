@@ -395,7 +395,7 @@ def _classifier_engine(model_dir: Path, num_labels: int, device: str) -> Any:
                     model_dir, num_labels=num_labels, ignore_mismatched_sizes=True, local_files_only=True)
             self.model.config.pad_token_id = self.tokenizer.pad_token_id  # GPT-2 finds the last non-pad token
             self.model.to(self.device).eval()
-            self.max_length = context_length(self.model, self.tokenizer.model_max_length)
+            self.max_length = context_length(self.model.config, self.tokenizer.model_max_length)
             self.regression = num_labels == 1
             self.labels = [f"LABEL_{i}" for i in range(num_labels)]
 

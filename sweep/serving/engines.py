@@ -18,8 +18,10 @@ from typing import Any
 
 import torch
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     StoppingCriteria,
@@ -60,11 +62,11 @@ def model_kind(model_dir: Path) -> str:
     )
 
 
-def context_length(model: PreTrainedModel, tokenizer_limit: int) -> int:
+def context_length(config: PretrainedConfig, tokenizer_limit: int) -> int:
     """Tokens the model can attend to: the position table, less RoBERTa's padding offset."""
-    positions = usable_positions(model.config)
+    positions = usable_positions(config)
     if positions is None:
-        raise ModelKindError(f"{type(model).__name__}: config has no max_position_embeddings")
+        raise ModelKindError(f"{config.model_type}: config has no max_position_embeddings")
     return min(positions, tokenizer_limit) if tokenizer_limit < _NO_LIMIT else positions
 
 
@@ -77,7 +79,7 @@ class Classifier:
         with quiet_transformers():
             self.model = AutoModelForSequenceClassification.from_pretrained(model_dir, local_files_only=True)
         self.model.to(self.device).eval()
-        self.max_length = context_length(self.model, self.tokenizer.model_max_length)
+        self.max_length = context_length(self.model.config, self.tokenizer.model_max_length)
         self.regression = self.model.config.num_labels == 1
         self.labels = [self.model.config.id2label[i] for i in range(self.model.config.num_labels)]
 
@@ -161,16 +163,27 @@ class RowTextStreamer(BaseStreamer):
 class Generator:
     kind = CAUSAL_LM
 
-    def __init__(self, model_dir: Path, device: str = "auto") -> None:
+    def __init__(self, model_dir: Path, device: str = "auto", weights: bool = True) -> None:
+        """``weights=False``: tokenizers and config only (continuous batching decodes in its own process);
+        ``load_weights()`` loads the model when this process generates after all."""
+        self.model_dir = Path(model_dir)
         self.device = pick_device(device)
         self.tokenizer = load_tokenizer(model_dir)
         self.tokenizer.padding_side = "left"  # new tokens follow every prompt directly
         self._counting_tokenizer = load_tokenizer(model_dir)
-        with quiet_transformers():
-            self.model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
-        self.model.to(self.device).eval()
-        self.context_length = context_length(self.model, self.tokenizer.model_max_length)
+        config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
+        self.architecture = (config.architectures or [config.model_type])[0]
+        self.context_length = context_length(config, self.tokenizer.model_max_length)
         self.eos_token_id = self.tokenizer.eos_token_id
+        self.model: PreTrainedModel | None = None
+        if weights:
+            self.load_weights()
+
+    def load_weights(self) -> None:
+        if self.model is None:
+            with quiet_transformers():
+                self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, local_files_only=True)
+            self.model.to(self.device).eval()
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "context_length": self.context_length}

@@ -142,8 +142,6 @@ class GeneratorModel(BatchedTextModel):
         self.engine = engine
         self.continuous = continuous  # None: generation=batched (the micro-batcher)
         self.unstreamed_batched = bool(batcher_options.get("unstreamed_batched"))
-        if continuous is not None:
-            continuous.use_forward_thread(self.batcher.run_alone)
 
     def load(self) -> bool:
         if self.continuous is not None:

@@ -86,11 +86,13 @@ def build_model(model_dir: Path, name: str, options: ServeOptions) -> Any:
     generator_options = {**batcher_options, "unstreamed_batched": options.unstreamed == "batched"}
     if model_kind(model_dir) == CLASSIFIER:
         return ClassifierModel(name, Classifier(model_dir, options.device), batcher_options)
-    engine = Generator(model_dir, options.device)
+    engine = Generator(model_dir, options.device, weights=False)
     from sweep.serving.continuous import continuous_batch
 
-    continuous = continuous_batch(engine, name, options.generation, options.kv_cache_mb,
-                                  options.max_concurrent_sequences, options.max_queued)
+    continuous = continuous_batch(engine, model_dir, name, options.generation, options.device, options.threads,
+                                  options.kv_cache_mb, options.max_concurrent_sequences, options.max_queued)
+    if continuous is None or options.unstreamed == "batched":  # this process generates too
+        engine.load_weights()
     try:  # KServe's OpenAI types come from vLLM (kserve's llm extra; the Makefile installs them)
         from sweep.serving.openai_model import OpenAIGeneratorModel
     except ModuleNotFoundError as e:

@@ -1,0 +1,92 @@
+"""The decoding process seen from the server: start it, send it commands, hear its messages on the event loop.
+
+The process (decoding_engine.py) is spawned, not forked: the server has already loaded tokenizers and may
+run threads, and a fork would copy their locks mid-use. It is a daemon of the server, so it ends with it;
+and it ends itself when the pipe closes (the server killed). What it sends is read by one thread here and
+handed to the event loop, one ``call_soon_threadsafe`` per message (a message holds a whole step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sweep.serving.decoding_engine import decoding_main
+
+
+class Unsupported(Exception):
+    """transformers cannot batch this model continuously (the reason is the message)."""
+
+
+class DecodingProcess:
+    def __init__(self, model_dir: Path, device: str, threads: int, kv_cache_mb: int,
+                 max_concurrent_sequences: int) -> None:
+        """Start the process and wait until its batch runs; ``Unsupported``, or ``ValueError`` for a bad option."""
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        self.process = context.Process(
+            target=decoding_main, name="sweep-decoding", daemon=True,
+            args=(str(model_dir), device, threads, kv_cache_mb, max_concurrent_sequences, child),
+        )
+        self.process.start()
+        child.close()  # ours closed: when the process ends, a read here sees the end of the pipe
+        self._send_lock = threading.Lock()
+        self._reader: threading.Thread | None = None
+        self.facts = self._ready()
+
+    def _ready(self) -> dict[str, Any]:
+        try:
+            kind, detail = self._conn.recv()  # loading the model can take minutes: no timeout
+        except (EOFError, OSError):
+            self.process.join(5)
+            raise RuntimeError(f"the decoding process exited (code {self.process.exitcode}) before it was ready; "
+                               "its error is above") from None
+        if kind == "ready":
+            return detail
+        self.process.join(10)
+        if kind == "unsupported":
+            raise Unsupported(detail)
+        if kind == "invalid":
+            raise ValueError(detail)
+        raise RuntimeError(f"the decoding process failed to start:\n{detail}")
+
+    def listen(self, loop: asyncio.AbstractEventLoop, on_message: Callable[[tuple[Any, ...]], None],
+               on_exit: Callable[[], None]) -> None:
+        """Hand every message to ``on_message`` on ``loop``; ``on_exit`` once the process is gone."""
+        def read() -> None:
+            while True:
+                try:
+                    message = self._conn.recv()
+                except (EOFError, OSError):
+                    loop.call_soon_threadsafe(on_exit)
+                    return
+                loop.call_soon_threadsafe(on_message, message)
+
+        self._reader = threading.Thread(target=read, name="decoding-outputs", daemon=True)
+        self._reader.start()
+
+    @property
+    def listening(self) -> bool:
+        return self._reader is not None
+
+    def send(self, *command: Any) -> None:
+        try:
+            with self._send_lock:
+                self._conn.send(command)
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            raise RuntimeError(f"the decoding process has exited (code {self.process.exitcode})") from None
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            with contextlib.suppress(RuntimeError):  # it may have exited meanwhile
+                self.send("stop")
+            self.process.join(15)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(5)
+        self._conn.close()
