@@ -9,6 +9,9 @@ the next step, a client that leaves frees its slot, the queue bound answers 429 
 from __future__ import annotations
 
 import asyncio
+import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -258,3 +261,67 @@ def test_grpc_and_rest_answer_alike_from_the_batch(server: Server) -> None:
 def _grpc_status(server: Server, body: dict[str, Any]) -> str:
     answer = grpc_infer(server, body)
     return "OK" if isinstance(answer, dict) else answer[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# The decoding process: the server's child, never outliving it; its loss is said, not hung on.
+
+def _decoding_pid(server: Server) -> int:
+    match = re.search(r"generation continuous in process (\d+)", server.log_tail())
+    assert match, server.log_tail()
+    return int(match.group(1))
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return True
+        if state == "Z":  # exited; its parent (the killed server, or init) has not reaped it yet
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_the_batch_decodes_in_a_child_process_that_never_outlives_the_server(tmp_path: Path, cache_dir: Path) -> None:
+    lm_dir = export_tiny_lm(tmp_path / "best" / "wikitext-2", cache_dir)
+    # 1. The decoding process is the server's child; a server killed outright (no clean-up runs) still takes
+    # it along: it reads the end of its pipe and exits.
+    started = {"lm": start_server(LM_NAME, lm_dir, tmp_path / "a.log", cache_dir, "grpc=false")}
+    with serving(started):
+        server = started["lm"]
+        pid = _decoding_pid(server)
+        assert _parent(pid) == server.proc.pid
+        answer = httpx.post(f"{server.url}/openai/v1/completions", timeout=60,
+                            json={"model": LM_NAME, "prompt": "Hi there", "max_tokens": 5, "temperature": 0})
+        assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 5, answer.text
+        server.proc.kill()
+        server.proc.wait()
+        assert _gone_within(pid, 20), f"decoding process {pid} outlived its server"
+
+    # 2. A decoding process that dies: the model is no longer ready (every route answers 503 at once, and a
+    # readiness probe takes the pod out), the log says why; nothing hangs, and the server still stops cleanly.
+    started = {"lm": start_server(LM_NAME, lm_dir, tmp_path / "b.log", cache_dir, "grpc=false")}
+    with serving(started):
+        server = started["lm"]
+        pid = _decoding_pid(server)
+        url = f"{server.url}/v2/models/{LM_NAME}"
+        body = {"inputs": [texts("text", ["Hi there"])], "parameters": {"max_new_tokens": 5}}
+        assert httpx.post(f"{url}/infer", json=body, timeout=60).status_code == 200
+        os.kill(pid, signal.SIGKILL)
+        assert _gone_within(pid, 20)
+        time.sleep(0.5)  # the server's reader sees the pipe's end
+        assert httpx.get(f"{url}/ready", timeout=10).status_code != 200
+        assert httpx.post(f"{url}/infer", json=body, timeout=60).status_code == 503
+        failed = httpx.post(f"{server.url}/openai/v1/completions", timeout=60,
+                            json={"model": LM_NAME, "prompt": "Hi there", "max_tokens": 5, "temperature": 0})
+        assert failed.status_code == 503 and "not ready" in failed.text, failed.text
+        assert "decoding process has exited (code -9)" in server.log.read_text()
+        server.proc.terminate()
+        assert server.proc.wait(timeout=30) is not None

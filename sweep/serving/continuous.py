@@ -108,6 +108,10 @@ class ContinuousBatch:
     def close(self) -> None:
         self.decoding.close()
 
+    @property
+    def alive(self) -> bool:
+        return self._exited is None and self.decoding.process.is_alive()
+
     # -- the decoding process's messages ------------------------------------------------------------
 
     def _send(self, *command: Any) -> None:

@@ -153,6 +153,10 @@ class GeneratorModel(BatchedTextModel):
             self.continuous.close()
         super().stop()
 
+    async def healthy(self) -> bool:
+        """Not ready once the decoding process is gone: a readiness probe takes the pod out of service."""
+        return self.ready and (self.continuous is None or self.continuous.alive)
+
     async def submit(self, key: Hashable | None, items: list[Any], from_grpc: bool) -> Batched[Any]:
         if self.continuous is None:
             return await self.batcher.submit(key, items)
