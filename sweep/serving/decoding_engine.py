@@ -209,10 +209,11 @@ class DecodingEngine:
                 )
             elif kind == "cancel":
                 rid = command[1]
-                self.manager.cancel_request(rid)
-                self._sent.pop(rid, None)
-                if (event := self._seeded_cancelled.get(rid)) is not None:
+                if (event := self._seeded_cancelled.get(rid)) is not None:  # a seeded request: not in the batch
                     event.set()
+                else:
+                    self.manager.cancel_request(rid)
+                    self._sent.pop(rid, None)
             elif kind == "seeded":
                 _, rid, params, prompts, streamed = command
                 self._seeded_cancelled[rid] = threading.Event()
