@@ -15,6 +15,7 @@
 - ``decoding_engine.py``: inside that process: the model, transformers' batch manager, the output pump
 - ``admission.py``:  at most N sequences generating and M waiting; past them, 429 (``Overloaded``)
 - ``engines.py``:    the loaded classifier / causal LM and one batched forward pass each
+- ``model_kind.py``: what a model folder holds (classifier or causal LM), from its config.json alone
 - ``glue_submission.py``: the best models' predictions of GLUE's test splits -> ``glue_submission.zip``
 - ``generation.py``: what a generated sequence becomes: text cut at a stop sequence, token counts
 - ``server_metrics.py``: the ``sweep_`` Prometheus metrics on ``GET /metrics``

@@ -33,7 +33,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from sweep.serving import server_metrics
@@ -303,14 +302,14 @@ class Stream:
         self.task.cancel()
 
 
-def continuous_batch(engine: Generator, model_dir: Path, name: str, generation: str, device: str, threads: int,
-                     kv_cache_mb: int, max_concurrent_sequences: int, max_queued: int) -> ContinuousBatch | None:
-    """The running batch, or None for ``generation=batched``, or when transformers cannot batch this model
-    continuously (the reason is printed: the server falls back to the micro-batcher)."""
-    if generation == BATCHED:
+def continuous_batch(engine: Generator, decoding: DecodingProcess | None, name: str, max_concurrent_sequences: int,
+                     max_queued: int) -> ContinuousBatch | None:
+    """The running batch once its process is ready, or None for ``generation=batched``, or when transformers
+    cannot batch this model continuously (the reason is printed: the server falls back to the micro-batcher)."""
+    if decoding is None:
         return None
     try:
-        decoding = DecodingProcess(model_dir, device, threads, kv_cache_mb, max_concurrent_sequences)
+        decoding.wait_ready()
     except Unsupported as e:
         print(f"generation=batched: transformers cannot batch {engine.architecture} continuously ({e}); "
               "generation uses the micro-batcher", flush=True)

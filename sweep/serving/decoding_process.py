@@ -16,7 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sweep.serving.decoding_engine import decoding_main
+
+def _decoding_main(*args: Any) -> None:
+    """In the new process: the engine's heavy imports happen there, not here (the server spawns it early)."""
+    from sweep.serving.decoding_engine import decoding_main
+
+    decoding_main(*args)
 
 
 class Unsupported(Exception):
@@ -26,18 +31,30 @@ class Unsupported(Exception):
 class DecodingProcess:
     def __init__(self, model_dir: Path, device: str, threads: int, kv_cache_mb: int,
                  max_concurrent_sequences: int) -> None:
-        """Start the process and wait until its batch runs; ``Unsupported``, or ``ValueError`` for a bad option."""
+        """Start the process; ``wait_ready`` (or ``facts``) waits until its batch runs (``Unsupported``, or
+        ``ValueError`` for a bad option or folder). Started first, it loads the model while the server imports."""
         context = multiprocessing.get_context("spawn")
         self._conn, child = context.Pipe()
         self.process = context.Process(
-            target=decoding_main, name="sweep-decoding", daemon=True,
+            target=_decoding_main, name="sweep-decoding", daemon=True,
             args=(str(model_dir), device, threads, kv_cache_mb, max_concurrent_sequences, child),
         )
         self.process.start()
         child.close()  # ours closed: when the process ends, a read here sees the end of the pipe
         self._send_lock = threading.Lock()
         self._reader: threading.Thread | None = None
-        self.facts = self._ready()
+        self._facts: dict[str, Any] | None = None
+
+    def wait_ready(self) -> None:
+        if self._facts is None:
+            self._facts = self._ready()
+
+    @property
+    def facts(self) -> dict[str, Any]:
+        """What the process says once its batch runs (waited for the first time)."""
+        self.wait_ready()
+        assert self._facts is not None
+        return self._facts
 
     def _ready(self) -> dict[str, Any]:
         try:
@@ -90,3 +107,11 @@ class DecodingProcess:
             self.process.terminate()
             self.process.join(5)
         self._conn.close()
+
+
+def start_decoding(model_dir: Path, generation: str, device: str, threads: int, kv_cache_mb: int,
+                   max_concurrent_sequences: int) -> DecodingProcess | None:
+    """The decoding process of a causal LM with ``generation=continuous`` (None for batched), started now."""
+    if generation == "batched":
+        return None
+    return DecodingProcess(model_dir, device, threads, kv_cache_mb, max_concurrent_sequences)

@@ -1,16 +1,14 @@
 """A fine-tuned model loaded for serving, and one batched forward pass of it.
 
-The folder's ``config.json`` says what it is: a ``*ForSequenceClassification`` (a GLUE task;
-``num_labels == 1`` is a regression head) or a causal LM (``*ForCausalLM`` / ``*LMHeadModel``).
-The methods here run on the batcher's single worker thread; only ``count_tokens`` and
-``render_chat`` run on the event loop, with their own tokenizer (a fast tokenizer is not safe to
-share across threads). A streamed ``generate`` hands each row's text to a callback after every
-decoding step, and stops at once when its ``cancelled`` event is set (the client went away).
+What the folder holds is model_kind.py's answer. The methods here run on the batcher's single worker
+thread; only ``count_tokens`` and ``render_chat`` run on the event loop, with their own tokenizer (a
+fast tokenizer is not safe to share across threads). A streamed ``generate`` hands each row's text to
+a callback after every decoding step, and stops at once when its ``cancelled`` event is set (the
+client went away).
 """
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
@@ -32,34 +30,12 @@ from transformers.generation.streamers import BaseStreamer
 from sweep.config.model_limits import usable_positions
 from sweep.models.quiet import quiet_transformers
 from sweep.serving.generation import finish_completion, streamable_text
+from sweep.serving.model_kind import CAUSAL_LM, CLASSIFIER, ModelKindError
 from sweep.serving.protocol import Classification, Completion, GenerationParams
 from sweep.train.loading import load_tokenizer, pick_device
 
-CLASSIFIER = "classification"
-CAUSAL_LM = "causal_lm"
 # A tokenizer without a real limit reports a huge sentinel as model_max_length.
 _NO_LIMIT = 1_000_000
-
-
-class ModelKindError(ValueError):
-    """The folder holds neither a sequence classifier nor a causal LM."""
-
-
-def model_kind(model_dir: Path) -> str:
-    config_file = Path(model_dir) / "config.json"
-    try:
-        architectures = json.loads(config_file.read_text()).get("architectures") or []
-    except (OSError, json.JSONDecodeError) as e:
-        raise ModelKindError(f"{config_file}: cannot read the model config ({e})") from None
-    for arch in architectures:
-        if arch.endswith("ForSequenceClassification"):
-            return CLASSIFIER
-        if arch.endswith(("ForCausalLM", "LMHeadModel")):
-            return CAUSAL_LM
-    raise ModelKindError(
-        f"{config_file}: architectures {architectures} is neither a sequence classifier nor a causal LM; "
-        "serve a folder exported by a sweep (best/<TASK>/)"
-    )
 
 
 def context_length(config: PretrainedConfig, tokenizer_limit: int) -> int:

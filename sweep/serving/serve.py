@@ -69,8 +69,16 @@ def _port_taken(port: int) -> bool:
 
 def build_model(model_dir: Path, name: str, options: ServeOptions) -> Any:
     """The KServe model for the folder: a classifier, or a causal LM that also speaks OpenAI's API."""
+    from sweep.serving.decoding_process import start_decoding
+    from sweep.serving.model_kind import CLASSIFIER, model_kind
+
+    kind = model_kind(model_dir)
+    decoding = None
+    if kind != CLASSIFIER:  # first: the decoding process loads the model while this one imports
+        decoding = start_decoding(model_dir, options.generation, options.device, options.threads,
+                                  options.kv_cache_mb, options.max_concurrent_sequences)
     from sweep.serving import server_metrics
-    from sweep.serving.engines import CLASSIFIER, Classifier, Generator, model_kind
+    from sweep.serving.engines import Classifier, Generator
     from sweep.serving.kserve_model import ClassifierModel, GeneratorModel
 
     if options.threads:
@@ -84,13 +92,12 @@ def build_model(model_dir: Path, name: str, options: ServeOptions) -> Any:
         "observe_batch": server_metrics.batch_observer(name),
     }
     generator_options = {**batcher_options, "unstreamed_batched": options.unstreamed == "batched"}
-    if model_kind(model_dir) == CLASSIFIER:
+    if kind == CLASSIFIER:
         return ClassifierModel(name, Classifier(model_dir, options.device), batcher_options)
     engine = Generator(model_dir, options.device, weights=False)
     from sweep.serving.continuous import continuous_batch
 
-    continuous = continuous_batch(engine, model_dir, name, options.generation, options.device, options.threads,
-                                  options.kv_cache_mb, options.max_concurrent_sequences, options.max_queued)
+    continuous = continuous_batch(engine, decoding, name, options.max_concurrent_sequences, options.max_queued)
     if continuous is None or options.unstreamed == "batched":  # this process generates too
         engine.load_weights()
     try:  # KServe's OpenAI types come from vLLM (kserve's llm extra; the Makefile installs them)
@@ -121,8 +128,7 @@ def serve_model(options: ServeOptions) -> None:
         name = options.name or published_name(model_dir, options.model)
     except (ModelSourceError, StagingError) as e:  # StagingError: an s3:// source (credentials, key, archive)
         raise ServeError(str(e)) from None
-    from sweep.serving.engines import ModelKindError
-    from sweep.serving.kserve_model import serve
+    from sweep.serving.model_kind import ModelKindError
 
     try:
         model = build_model(model_dir, name, options)
@@ -150,4 +156,6 @@ def serve_model(options: ServeOptions) -> None:
         f"POST /v2/models/{name}/infer{openai}, GET /metrics; {grpc}; {batching}",
         flush=True,
     )
+    from sweep.serving.kserve_model import serve
+
     serve(model, options.port, options.log_requests, grpc_port)
