@@ -81,9 +81,6 @@ class ContinuousBatch:
         self._exited: str | None = None  # why the decoding process is gone, once it is
         self._ids = itertools.count()
 
-    def start(self) -> None:
-        """Nothing to start: the decoding process runs its batch from the moment it is ready."""
-
     def describe(self) -> str:
         return (f"generation continuous in process {self.decoding.facts['pid']} (up to {self.admission.max_running} "
                 f"sequences, {self.admission.max_queued} queued; KV cache {self.cache_mb:.0f} MiB = "

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import threading
 import traceback
 from collections.abc import Callable
@@ -242,6 +243,9 @@ class DecodingEngine:
 def decoding_main(model_dir: str, device: str, threads: int, kv_cache_mb: int, max_concurrent_sequences: int,
                   conn: Connection) -> None:
     """The decoding process: load the model, build and start the batch, then serve the pipe until it closes."""
+    # Ctrl-C in a terminal reaches the whole process group: the server shuts down and stops this process
+    # (or closes the pipe); a KeyboardInterrupt here would only print a second traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if threads:
         torch.set_num_threads(threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

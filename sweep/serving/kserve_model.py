@@ -143,11 +143,6 @@ class GeneratorModel(BatchedTextModel):
         self.continuous = continuous  # None: generation=batched (the micro-batcher)
         self.unstreamed_batched = bool(batcher_options.get("unstreamed_batched"))
 
-    def load(self) -> bool:
-        if self.continuous is not None:
-            self.continuous.start()
-        return super().load()
-
     def stop(self) -> None:
         if self.continuous is not None:
             self.continuous.close()
