@@ -42,7 +42,6 @@ from sweep.serving.engines import Generator
 from sweep.serving.generation import finish_completion, streamable_text
 from sweep.serving.protocol import Completion, GenerationParams, RequestError
 
-CONTINUOUS, BATCHED = "continuous", "batched"
 logger = logging.getLogger("kserve")  # KServe's logging configuration prints it
 
 

@@ -90,9 +90,9 @@ def kv_bytes_per_token(model: Any) -> int:
     return 2 * config.num_hidden_layers * per_layer  # a key and a value per layer
 
 
-def cache_tokens(model: Any, context_length: int, kv_cache_mb: int, max_concurrent_sequences: int) -> int:
-    """Tokens the KV cache holds: ``kv_cache_mb`` of them, but never more than the sequences could use."""
-    per_token = kv_bytes_per_token(model)
+def cache_tokens(per_token: int, context_length: int, kv_cache_mb: int, max_concurrent_sequences: int) -> int:
+    """Tokens the KV cache holds (``per_token`` bytes each): ``kv_cache_mb`` of them, but never more than the
+    sequences could use."""
     allowed = kv_cache_mb * 2**20 // per_token
     if allowed < PAGE_SIZE:
         raise ValueError(f"kv_cache_mb={kv_cache_mb}: holds {allowed} tokens of this model "
@@ -261,7 +261,8 @@ def decoding_main(model_dir: str, device: str, threads: int, kv_cache_mb: int, m
             conn.send(("unsupported", f"{type(engine.model).__name__} has no continuous batching in this transformers"))
             return
         try:
-            tokens = cache_tokens(engine.model, engine.context_length, kv_cache_mb, max_concurrent_sequences)
+            per_token = kv_bytes_per_token(engine.model)
+            tokens = cache_tokens(per_token, engine.context_length, kv_cache_mb, max_concurrent_sequences)
         except ValueError as e:
             conn.send(("invalid", str(e)))
             return
@@ -278,7 +279,7 @@ def decoding_main(model_dir: str, device: str, threads: int, kv_cache_mb: int, m
         return
     # A seed needs the generator to itself: such a sequence runs alone with the batch paused, through
     # ``Generator.generate``, which needs the model's own attention (CB may have switched it).
-    conn.send(("ready", {"cache_tokens": tokens, "cache_mb": tokens * kv_bytes_per_token(engine.model) / 2**20,
+    conn.send(("ready", {"cache_tokens": tokens, "cache_mb": tokens * per_token / 2**20,
                          "seeds_alone": manager._original_attn_impl is None, "pid": os.getpid()}))
     pump = threading.Thread(target=decoding.pump, name="outputs", daemon=True)
     pump.start()

@@ -108,10 +108,3 @@ class DecodingProcess:
             self.process.join(5)
         self._conn.close()
 
-
-def start_decoding(model_dir: Path, generation: str, device: str, threads: int, kv_cache_mb: int,
-                   max_concurrent_sequences: int) -> DecodingProcess | None:
-    """The decoding process of a causal LM with ``generation=continuous`` (None for batched), started now."""
-    if generation == "batched":
-        return None
-    return DecodingProcess(model_dir, device, threads, kv_cache_mb, max_concurrent_sequences)

@@ -69,14 +69,14 @@ def _port_taken(port: int) -> bool:
 
 def build_model(model_dir: Path, name: str, options: ServeOptions) -> Any:
     """The KServe model for the folder: a classifier, or a causal LM that also speaks OpenAI's API."""
-    from sweep.serving.decoding_process import start_decoding
+    from sweep.serving.decoding_process import DecodingProcess
     from sweep.serving.model_kind import CLASSIFIER, model_kind
 
     kind = model_kind(model_dir)
     decoding = None
-    if kind != CLASSIFIER:  # first: the decoding process loads the model while this one imports
-        decoding = start_decoding(model_dir, options.generation, options.device, options.threads,
-                                  options.kv_cache_mb, options.max_concurrent_sequences)
+    if kind != CLASSIFIER and options.generation == "continuous":  # first: it loads the model while we import
+        decoding = DecodingProcess(model_dir, options.device, options.threads, options.kv_cache_mb,
+                                   options.max_concurrent_sequences)
     from sweep.serving import server_metrics
     from sweep.serving.engines import Classifier, Generator
     from sweep.serving.kserve_model import ClassifierModel, GeneratorModel
