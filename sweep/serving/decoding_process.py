@@ -80,6 +80,8 @@ class DecodingProcess:
                 try:
                     message = self._conn.recv()
                 except (EOFError, OSError):
+                    # The pipe closes before the process is reaped: wait for its exit code, so the log can say it.
+                    self.process.join(5)
                     loop.call_soon_threadsafe(on_exit)
                     return
                 loop.call_soon_threadsafe(on_message, message)
