@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sweep.serving.generation import finish_completion, streamable_text
+from sweep.serving.generation import finish_completion, read_stream, streamable_text
 from sweep.serving.openai_protocol import chat_messages, completion_prompts, openai_job
 from sweep.serving.protocol import GenerationParams, RequestError
 from sweep.train.tiny_exports import export_tiny_classifier, export_tiny_lm
@@ -65,6 +65,20 @@ def test_streamed_text_holds_back_a_possible_stop_and_a_split_character() -> Non
     assert streamable_text([ord(c) for c in "one ab"], _decode, None, ["abd"]) == "one "  # "ab" may become "abd"
     assert streamable_text([ord(c) for c in "one abc"], _decode, None, ["abd"]) == "one abc"
     assert streamable_text([ord(c) for c in "one\ufffd"], _decode, None, []) == "one"  # bytes still to come
+
+
+def test_a_stream_is_done_from_the_token_that_completes_a_stop_sequence() -> None:
+    decoded: list[int] = []
+
+    def counting_decode(ids: list[int]) -> str:
+        decoded.append(len(ids))
+        return _decode(ids)
+
+    ids = [ord(c) for c in "one abd two"]
+    done_at = [k for k in range(len(ids) + 1) if read_stream(ids[:k], counting_decode, None, ["abd"])[1]]
+    assert done_at[0] == len("one abd") and done_at == list(range(len("one abd"), len(ids) + 1))
+    assert read_stream(ids[:7], _decode, None, ["abd"]) == ("one ", True)
+    assert len(decoded) == len(ids) + 1  # one decode per step, for both answers
 
 
 # ---------------------------------------------------------------------------------------------

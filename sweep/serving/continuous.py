@@ -39,7 +39,7 @@ from sweep.serving import server_metrics
 from sweep.serving.admission import Admission
 from sweep.serving.decoding_process import DecodingProcess, Unsupported
 from sweep.serving.engines import Generator
-from sweep.serving.generation import finish_completion, streamable_text
+from sweep.serving.generation import finish_completion, read_stream
 from sweep.serving.protocol import Completion, GenerationParams, RequestError
 
 logger = logging.getLogger("kserve")  # KServe's logging configuration prints it
@@ -215,12 +215,12 @@ class ContinuousBatch:
         request_id = f"{self.name}-{next(self._ids)}"
 
         def on_output(sequence: _Sequence) -> None:  # on the event loop, after every step (streamed or stops)
-            if stops and any(stop in decode(sequence.tokens) for stop in stops):
+            text, stopped = read_stream(sequence.tokens, decode, eos, stops)
+            if stopped:
                 sequence.done.set_result(None)  # cut at the stop sequence by finish_completion
                 self._cancel(request_id)
-                return
-            if on_text is not None:
-                on_text(streamable_text(sequence.tokens, decode, eos, stops))
+            elif on_text is not None:
+                on_text(text)
 
         sequence = _Sequence(asyncio.get_running_loop().create_future(), on_output)
         self._sequences[request_id] = sequence

@@ -58,11 +58,17 @@ def streamable_text(new_tokens: Sequence[int], decode: Decode, eos_token_id: int
     multi-byte character split across tokens decodes to U+FFFD until its last byte arrives). So what
     a stream sends is always a prefix of the text ``finish_completion`` makes of the finished row.
     """
+    return read_stream(new_tokens, decode, eos_token_id, stops)[0]
+
+
+def read_stream(new_tokens: Sequence[int], decode: Decode, eos_token_id: int | None,
+                stops: Sequence[str]) -> tuple[str, bool]:
+    """``streamable_text``, and whether a stop sequence has appeared (the row is done): one decode for both."""
     tokens = list(new_tokens)
     if eos_token_id is not None and eos_token_id in tokens:
         tokens = tokens[: tokens.index(eos_token_id)]
     text = decode(tokens)
     cut = _first_stop(text, stops)
     if cut is not None:
-        return text[:cut]
-    return text[: len(text) - _partial_stop(text, stops)].rstrip("\ufffd")
+        return text[:cut], True
+    return text[: len(text) - _partial_stop(text, stops)].rstrip("\ufffd"), False
