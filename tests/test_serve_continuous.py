@@ -307,7 +307,9 @@ def test_the_batch_decodes_in_a_child_process_that_never_outlives_the_server(tmp
 
     # 2. A decoding process that dies: the model is no longer ready (every route answers 503 at once, and a
     # readiness probe takes the pod out), the log says why; nothing hangs, and the server still stops cleanly.
-    started = {"lm": start_server(LM_NAME, lm_dir, tmp_path / "b.log", cache_dir, "grpc=false")}
+    # (a third server starts beside it, for 3.)
+    started = {"lm": start_server(LM_NAME, lm_dir, tmp_path / "b.log", cache_dir, "grpc=false"),
+               "terminated": start_server(LM_NAME, lm_dir, tmp_path / "c.log", cache_dir, "grpc=false")}
     with serving(started):
         server = started["lm"]
         pid = _decoding_pid(server)
@@ -328,3 +330,14 @@ def test_the_batch_decodes_in_a_child_process_that_never_outlives_the_server(tmp
             time.sleep(0.2)
         server.proc.terminate()
         assert server.proc.wait(timeout=30) is not None
+
+        # 3. SIGTERM (what Kubernetes sends a pod): the server stops its decoding process and exits cleanly.
+        server = started["terminated"]
+        pid = _decoding_pid(server)
+        answer = httpx.post(f"{server.url}/openai/v1/completions", timeout=60,
+                            json={"model": LM_NAME, "prompt": "Hi there", "max_tokens": 5, "temperature": 0})
+        assert answer.status_code == 200, answer.text
+        server.proc.terminate()
+        assert server.proc.wait(timeout=30) == 0, server.log_tail()
+        assert _gone_within(pid, 1), f"decoding process {pid} outlived its server"
+        assert "Traceback" not in server.log.read_text(), server.log_tail()

@@ -43,6 +43,7 @@ class DecodingProcess:
         child.close()  # ours closed: when the process ends, a read here sees the end of the pipe
         self._send_lock = threading.Lock()
         self._reader: threading.Thread | None = None
+        self._closing = False  # close() stops the process: its end is expected, and the loop may be gone
         self._facts: dict[str, Any] | None = None
 
     def wait_ready(self) -> None:
@@ -75,16 +76,25 @@ class DecodingProcess:
     def listen(self, loop: asyncio.AbstractEventLoop, on_message: Callable[[tuple[Any, ...]], None],
                on_exit: Callable[[], None]) -> None:
         """Hand every message to ``on_message`` on ``loop``; ``on_exit`` once the process is gone."""
+        def hand_over(callback: Callable[..., None], *args: Any) -> bool:
+            try:
+                loop.call_soon_threadsafe(callback, *args)
+                return True
+            except RuntimeError:  # the event loop is closed: the server is shutting down
+                return False
+
         def read() -> None:
             while True:
                 try:
                     message = self._conn.recv()
                 except (EOFError, OSError):
-                    # The pipe closes before the process is reaped: wait for its exit code, so the log can say it.
-                    self.process.join(5)
-                    loop.call_soon_threadsafe(on_exit)
+                    if not self._closing:
+                        # The pipe closes before the process is reaped: wait for its exit code, for the log.
+                        self.process.join(5)
+                        hand_over(on_exit)
                     return
-                loop.call_soon_threadsafe(on_message, message)
+                if not hand_over(on_message, message):
+                    return
 
         self._reader = threading.Thread(target=read, name="decoding-outputs", daemon=True)
         self._reader.start()
@@ -101,6 +111,7 @@ class DecodingProcess:
             raise RuntimeError(f"the decoding process has exited (code {self.process.exitcode})") from None
 
     def close(self) -> None:
+        self._closing = True
         if self.process.is_alive():
             with contextlib.suppress(RuntimeError):  # it may have exited meanwhile
                 self.send("stop")
