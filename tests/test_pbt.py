@@ -1,6 +1,11 @@
 """sweep.scheduler=pbt on a real sweep: 4 trials of one task, the bottom one clones a top one's
 checkpoint and goes on from its step with a mutated lr; the trial's history and results.json say
-so, and the best model is exported as usual. Tiny model, generated data, local Ray."""
+so, and the best model is exported as usual. Tiny model, generated data, local Ray.
+
+Two epochs are too short for the tiny model to learn the task: the trials of sane lrs tie at the
+majority class and rank by eval-loss noise. So the search seed draws one lr of about 0.5, which
+diverges: that trial ranks last at every evaluation and must be exploited by its second one at the
+latest (its first may come before any other trial's)."""
 
 from __future__ import annotations
 
@@ -14,7 +19,9 @@ from tests.helpers.sweeps import sweep_cmd
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
-LOW, HIGH = 1e-6, 1e-2
+LOW, HIGH = 1e-6, 1.0
+SEARCH_SEED = 10  # draws lrs 5.4e-1 (diverges), 8.2e-6, 4.3e-5, 3.3e-3 from [LOW, HIGH]
+DIVERGING = 0.3
 
 
 def histories(out) -> dict[str, list[Report]]:
@@ -27,7 +34,8 @@ def test_pbt_clones_a_top_trials_checkpoint_with_a_mutated_lr_and_says_so(tmp_pa
     out = tmp_path / "out"
     r = sweep_cmd("experiment=demo", "task=RTE", "sweep.seeds=[38,39,40,41]", "train.epochs=2",
                   "train.evals_per_epoch=2", "tracking=none", "sweep.scheduler=pbt",
-                  "sweep.keep_checkpoints=all", f"+sweep.pbt.mutations.lr={{dist:loguniform,low:{LOW},high:{HIGH}}}",
+                  "sweep.keep_checkpoints=all", f"sweep.search_seed={SEARCH_SEED}",
+                  f"+sweep.pbt.mutations.lr={{dist:loguniform,low:{LOW},high:{HIGH}}}",
                   f"out_dir={out}",
                   cwd=tmp_path, cache=tmp_path / "cache", timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -38,6 +46,10 @@ def test_pbt_clones_a_top_trials_checkpoint_with_a_mutated_lr_and_says_so(tmp_pa
     steps = sorted({row.step for trial in rows.values() for row in trial if row.is_evaluation})
     exploits = [(trial, row) for trial, trial_rows in rows.items() for row in trial_rows if row.donor]
     assert exploits, "no trial exploited another"
+    evaluations = {trial: [row for row in trial_rows if row.is_evaluation] for trial, trial_rows in rows.items()}
+    (diverging,) = [trial for trial, rows_of in evaluations.items() if rows_of[0].pbt["lr"] > DIVERGING]
+    evaluations = evaluations[diverging]
+    assert any(row.donor for row in evaluations[:3]), f"the diverging trial was not exploited: {evaluations}"
     for trial, row in exploits:
         donor_rows = {d.step: d for d in rows[row.donor] if d.is_evaluation}
         assert row.donor != trial and row.donor_step in donor_rows  # a step the donor evaluated and saved

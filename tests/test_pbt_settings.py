@@ -3,6 +3,8 @@ history gives, the range a perturbed value is kept in, a row's PBT fields and th
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from sweep.config.validate import compose_settings
@@ -82,6 +84,23 @@ def test_a_perturbed_value_stays_in_its_range_and_still_moves() -> None:
     # a range narrower than a step: clamped to the bound
     narrow = KeepInRange({"warmup_ratio": {"dist": "uniform", "low": 0.1, "high": 0.11}})
     assert narrow({"warmup_ratio": 0.1}, {"warmup_ratio": 0.08}) == {"warmup_ratio": 0.11}
+
+
+def test_pbt_ranks_equal_scores_by_eval_loss_and_a_diverged_trial_last() -> None:
+    from types import SimpleNamespace
+
+    from sweep.config.settings import PbtConfig
+    from sweep.run.pbt_scheduler import make_pbt
+
+    pbt = make_pbt(PbtConfig(mutations={"lr": {"dist": "loguniform", "low": 1e-5, "high": 1e-2}}))
+
+    def rank(score: float, loss: float) -> float:
+        state = SimpleNamespace()  # the fields PBT keeps of a trial
+        pbt._save_trial_state(state, 1, {"score": score, "eval/eval_loss": loss}, trial=None)
+        return state.last_score
+
+    assert rank(0.75, 0.9) > rank(0.5, 0.69) > rank(0.5, 0.70) > rank(0.5, float("nan"))
+    assert rank(0.75, float("inf")) == rank(0.5, float("nan")) == -math.inf
 
 
 def test_each_task_and_grid_point_is_a_population_of_its_own() -> None:

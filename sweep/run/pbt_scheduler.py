@@ -63,7 +63,11 @@ class TaskPopulation(PopulationBasedTraining):
     * the checkpoint a running trial reported with the result that has it exploited stays its own:
       Tune stops it without registering that checkpoint, so its checkpoint count falls one behind and
       the next stretch's first checkpoint overwrote it (the trial's history still names it);
-    * a perturbed value stays in its range and still moves (``KeepInRange``).
+    * a perturbed value stays in its range and still moves (``KeepInRange``);
+    * a bottom trial clones any top one: Tune keeps a checkpoint to clone only of a trial that was top
+      when it last reported, and skips the exploit otherwise (in a population of 4, most of them). A
+      trial of ours checkpoints at every evaluation, and its latest is what Tune's save would give;
+    * a diverged trial (non-finite eval loss) ranks below every other.
     """
 
     def __init__(self, *args, keep_in_range: KeepInRange, **kwargs):
@@ -74,6 +78,14 @@ class TaskPopulation(PopulationBasedTraining):
         if trial.status == trial.RUNNING:
             keep_reported_checkpoint(trial, self._trial_state[trial].last_result)
         super()._exploit(tune_controller, trial, trial_to_clone)
+
+    def _checkpoint_or_exploit(self, trial, tune_controller, upper_quantile, lower_quantile):
+        if trial in lower_quantile:
+            for donor in upper_quantile:
+                state = self._trial_state[donor]
+                if state.last_checkpoint is None:
+                    state.last_checkpoint = donor.checkpoint  # its latest: the evaluation it ranks by
+        super()._checkpoint_or_exploit(trial, tune_controller, upper_quantile, lower_quantile)
 
     def _get_new_config(self, trial, trial_to_clone):
         new_config, operations = super()._get_new_config(trial, trial_to_clone)
@@ -88,8 +100,9 @@ class TaskPopulation(PopulationBasedTraining):
     def _save_trial_state(self, state, time, result: dict, trial):
         score = super()._save_trial_state(state, time, result, trial)
         loss = result.get(f"{EVAL_PREFIX}eval_loss")
-        if isinstance(loss, (int, float)) and math.isfinite(loss):
-            state.last_score = score - TIE_BREAK * loss  # far below a score's own resolution
+        if isinstance(loss, (int, float)) and score is not None and not math.isnan(score):
+            # far below a score's own resolution; a diverged trial (NaN or infinite loss) ranks last
+            state.last_score = score - TIE_BREAK * loss if math.isfinite(loss) else -math.inf
         return state.last_score
 
 
