@@ -305,10 +305,10 @@ def test_the_batch_decodes_in_a_child_process_that_never_outlives_the_server(tmp
         server.proc.wait()
         assert _gone_within(pid, 20), f"decoding process {pid} outlived its server"
 
-    # 2. A decoding process that dies: the model is no longer ready (every route answers 503 at once, and a
-    # readiness probe takes the pod out), the log says why; nothing hangs, and the server still stops cleanly.
-    # (a third server starts beside it, for 3.)
-    started = {"lm": start_server(LM_NAME, lm_dir, tmp_path / "b.log", cache_dir, "grpc=false"),
+    # 2. A decoding process that dies: the model is no longer ready (every route answers 503 at once, gRPC
+    # UNAVAILABLE, and a readiness probe takes the pod out), each answer and the log say why; nothing hangs,
+    # and the server still stops cleanly. (A third server starts beside it, for 3.)
+    started = {"lm": start_server(LM_NAME, lm_dir, tmp_path / "b.log", cache_dir),
                "terminated": start_server(LM_NAME, lm_dir, tmp_path / "c.log", cache_dir, "grpc=false")}
     with serving(started):
         server = started["lm"]
@@ -316,14 +316,19 @@ def test_the_batch_decodes_in_a_child_process_that_never_outlives_the_server(tmp
         url = f"{server.url}/v2/models/{LM_NAME}"
         body = {"inputs": [texts("text", ["Hi there"])], "parameters": {"max_new_tokens": 5}}
         assert httpx.post(f"{url}/infer", json=body, timeout=60).status_code == 200
+        wait_grpc_ready(server)
         os.kill(pid, signal.SIGKILL)
         assert _gone_within(pid, 20)
         time.sleep(0.5)  # the server's reader sees the pipe's end
         assert httpx.get(f"{url}/ready", timeout=10).status_code != 200
-        assert httpx.post(f"{url}/infer", json=body, timeout=60).status_code == 503
+        why = "the decoding process has exited (code -9); restart the server"
+        failed = httpx.post(f"{url}/infer", json=body, timeout=60)
+        assert failed.status_code == 503 and why in failed.json()["error"], failed.text
         failed = httpx.post(f"{server.url}/openai/v1/completions", timeout=60,
                             json={"model": LM_NAME, "prompt": "Hi there", "max_tokens": 5, "temperature": 0})
-        assert failed.status_code == 503 and "not ready" in failed.text, failed.text
+        assert failed.status_code == 503, failed.text
+        assert "not ready" in failed.json()["error"]["message"] and why in failed.json()["error"]["message"]
+        assert grpc_infer(server, body) == ("UNAVAILABLE", why)
         deadline = time.monotonic() + 10  # the log line is written by the server's loop, soon after the exit
         while "decoding process has exited (code -9)" not in server.log.read_text():
             assert time.monotonic() < deadline, server.log.read_text()[-2000:]

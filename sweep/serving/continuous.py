@@ -37,7 +37,7 @@ from typing import Any
 
 from sweep.serving import server_metrics
 from sweep.serving.admission import Admission
-from sweep.serving.decoding_process import DecodingProcess, Unsupported
+from sweep.serving.decoding_process import DecodingGone, DecodingProcess, Unsupported
 from sweep.serving.engines import Generator
 from sweep.serving.generation import finish_completion, read_stream
 from sweep.serving.protocol import Completion, GenerationParams, RequestError
@@ -77,7 +77,7 @@ class ContinuousBatch:
         self._observe_step = server_metrics.step_observer(name)
         self._sequences: dict[str, _Sequence] = {}
         self._seeded_requests: dict[str, _Seeded] = {}
-        self._exited: str | None = None  # why the decoding process is gone, once it is
+        self._exited: DecodingGone | None = None  # once the reader has seen the decoding process exit
         self._ids = itertools.count()
 
     def describe(self) -> str:
@@ -104,14 +104,22 @@ class ContinuousBatch:
         self.decoding.close()
 
     @property
+    def gone(self) -> DecodingGone | None:
+        """Why nothing can be decoded any more (the decoding process exited), or None while it runs. Asks
+        the process too: a readiness probe says so before the reader has handed the exit to the loop."""
+        if self._exited is None and not self.decoding.process.is_alive():
+            return DecodingGone(self.decoding.process.exitcode)
+        return self._exited
+
+    @property
     def alive(self) -> bool:
-        return self._exited is None and self.decoding.process.is_alive()
+        return self.gone is None
 
     # -- the decoding process's messages ------------------------------------------------------------
 
     def _send(self, *command: Any) -> None:
         if self._exited is not None:
-            raise RuntimeError(self._exited)
+            raise DecodingGone(self._exited.exitcode)
         if not self.decoding.listening:
             self.decoding.listen(asyncio.get_running_loop(), self._on_message, self._on_exit)
         self.decoding.send(*command)
@@ -146,12 +154,11 @@ class ContinuousBatch:
 
     def _on_exit(self) -> None:
         """The decoding process is gone: every sequence fails now, and so does every later request."""
-        self._exited = (f"the decoding process has exited (code {self.decoding.process.exitcode}); "
-                        "restart the server")
+        self._exited = DecodingGone(self.decoding.process.exitcode)
         logger.error(f"{self.name}: {self._exited}")
         for waiting in [*self._sequences.values(), *self._seeded_requests.values()]:
             if not waiting.done.done():
-                waiting.done.set_exception(RuntimeError(self._exited))
+                waiting.done.set_exception(DecodingGone(self._exited.exitcode))
 
     # -- generation ------------------------------------------------------------------------------
 

@@ -28,6 +28,15 @@ class Unsupported(Exception):
     """transformers cannot batch this model continuously (the reason is the message)."""
 
 
+class DecodingGone(RuntimeError):
+    """The decoding process has exited: nothing can be decoded until the server restarts (HTTP 503, gRPC
+    UNAVAILABLE, with this message)."""
+
+    def __init__(self, exitcode: int | None) -> None:
+        super().__init__(f"the decoding process has exited (code {exitcode}); restart the server")
+        self.exitcode = exitcode
+
+
 class DecodingProcess:
     def __init__(self, model_dir: Path, device: str, threads: int, kv_cache_mb: int,
                  max_concurrent_sequences: int) -> None:
@@ -108,7 +117,7 @@ class DecodingProcess:
             with self._send_lock:
                 self._conn.send(command)
         except (BrokenPipeError, ConnectionResetError, OSError):
-            raise RuntimeError(f"the decoding process has exited (code {self.process.exitcode})") from None
+            raise DecodingGone(self.process.exitcode) from None
 
     def close(self) -> None:
         self._closing = True

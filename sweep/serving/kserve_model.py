@@ -18,7 +18,7 @@ kserve = import_kserve()
 from fastapi import Request  # noqa: E402 - after kserve, which builds the app
 from fastapi.exceptions import RequestValidationError  # noqa: E402
 from fastapi.responses import JSONResponse  # noqa: E402
-from kserve.errors import InvalidInput, ModelNotFound  # noqa: E402
+from kserve.errors import InvalidInput, ModelNotFound, ModelNotReady  # noqa: E402
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse, to_http_parameters  # noqa: E402
 from kserve.protocol.rest import server as kserve_rest_server  # noqa: E402
 
@@ -26,6 +26,7 @@ from sweep.serving import server_metrics  # noqa: E402
 from sweep.serving.admission import Overloaded  # noqa: E402
 from sweep.serving.batcher import Batched, MicroBatcher  # noqa: E402
 from sweep.serving.continuous import ContinuousBatch  # noqa: E402
+from sweep.serving.decoding_process import DecodingGone  # noqa: E402
 from sweep.serving.protocol import (  # noqa: E402
     STOP,
     TEXT,
@@ -75,6 +76,10 @@ class BatchedTextModel(kserve.Model):
     def stop(self) -> None:
         self.batcher.close()
         super().stop()
+
+    def why_not_ready(self) -> str | None:
+        """Why the model cannot answer though it loaded (the 503 says it), or None."""
+        return None
 
     def parse(self, inputs: list[Tensor], parameters: Mapping[str, Any] | None) -> tuple[Hashable | None, list[Any]]:
         raise NotImplementedError
@@ -150,7 +155,11 @@ class GeneratorModel(BatchedTextModel):
 
     async def healthy(self) -> bool:
         """Not ready once the decoding process is gone: a readiness probe takes the pod out of service."""
-        return self.ready and (self.continuous is None or self.continuous.alive)
+        return self.ready and self.why_not_ready() is None
+
+    def why_not_ready(self) -> str | None:
+        gone = self.continuous.gone if self.continuous is not None else None
+        return str(gone) if gone is not None else None
 
     async def submit(self, key: Hashable | None, items: list[Any], from_grpc: bool) -> Batched[Any]:
         if self.continuous is None:
@@ -166,6 +175,12 @@ class GeneratorModel(BatchedTextModel):
 
                 raise ResourceExhausted(str(e)) from None
             raise
+        except DecodingGone as e:
+            if from_grpc:  # KServe's interceptor would answer any other exception with a bare INTERNAL
+                from grpc_interceptor.exceptions import Unavailable
+
+                raise Unavailable(str(e)) from None
+            raise  # 503, from not_ready
         except RequestError as e:
             raise InvalidInput(str(e)) from None
         return Batched(results, sharing)
@@ -214,14 +229,28 @@ async def validation_error(_: Request, exc: RequestValidationError) -> JSONRespo
     return JSONResponse(status_code=400, content={"error": f"malformed request: {message}"})
 
 
-async def overloaded(request: Request, exc: Overloaded) -> JSONResponse:
-    """429 + ``Retry-After``: OpenAI's error body on its routes, v2's elsewhere."""
-    headers = {"Retry-After": str(exc.retry_after_s)}
+def _error(request: Request, status: int, message: str, kind: str,
+           headers: Mapping[str, str] | None = None) -> JSONResponse:
+    """An error answer: OpenAI's error body on its routes, v2's elsewhere."""
     if "/openai/" in request.url.path:
-        body: dict[str, Any] = {"error": {"message": str(exc), "type": "RateLimitError", "param": None, "code": "429"}}
+        body: dict[str, Any] = {"error": {"message": message, "type": kind, "param": None, "code": str(status)}}
     else:
-        body = {"error": str(exc)}
-    return JSONResponse(status_code=429, content=body, headers=headers)
+        body = {"error": message}
+    return JSONResponse(status_code=status, content=body, headers=headers)
+
+
+async def overloaded(request: Request, exc: Overloaded) -> JSONResponse:
+    """429 + ``Retry-After``."""
+    return _error(request, 429, str(exc), "RateLimitError", {"Retry-After": str(exc.retry_after_s)})
+
+
+async def not_ready(request: Request, exc: ModelNotReady | DecodingGone) -> JSONResponse:
+    """503, saying why where the model knows: KServe's own "not ready" names the model only, and a
+    request the decoding process took along when it exited says what happened but not to whom."""
+    model = _SERVED.get(getattr(exc, "model_name", ""))
+    why = model.why_not_ready() if model is not None else None
+    message = f"{exc} {why}" if why and why not in str(exc) else str(exc)
+    return _error(request, 503, message, "ServiceUnavailableError")
 
 
 def _not_a_grpc_call_line(record: logging.LogRecord) -> bool:
@@ -254,7 +283,7 @@ async def _unknown_model(request: Request, exc: ModelNotFound) -> JSONResponse:
     return JSONResponse(status_code=404, content={"error": f"{exc}{served}"})
 
 
-_SERVED: list[str] = []  # the names serve() registered
+_SERVED: dict[str, BatchedTextModel] = {}  # the models serve() registered, by name
 
 
 def serve(models: BatchedTextModel | Sequence[BatchedTextModel], port: int, log_requests: bool,
@@ -262,9 +291,12 @@ def serve(models: BatchedTextModel | Sequence[BatchedTextModel], port: int, log_
     """Run KServe's ModelServer with the model(s) until SIGINT/SIGTERM: REST on ``port``, and the v2
     gRPC service (KServe's own gRPC server) on ``grpc_port`` unless it is None."""
     models = [models] if isinstance(models, BatchedTextModel) else list(models)
-    _SERVED[:] = [m.name for m in models]
-    # KServe adds its own ModelNotFound handler when the app is built (in server.start): it takes ours by name
+    _SERVED.clear()
+    _SERVED.update({m.name: m for m in models})
+    # KServe adds its own ModelNotFound and ModelNotReady handlers when the app is built (in server.start): it
+    # takes ours by name
     kserve_rest_server.model_not_found_handler = _unknown_model
+    kserve_rest_server.model_not_ready_handler = not_ready
     server = kserve.ModelServer(
         http_port=port,
         grpc_port=grpc_port or 0,  # unused when gRPC is off
@@ -279,6 +311,7 @@ def serve(models: BatchedTextModel | Sequence[BatchedTextModel], port: int, log_
         logging.getLogger("kserve").addFilter(_not_a_grpc_call_line)
     kserve.model_server.app.add_exception_handler(RequestValidationError, validation_error)
     kserve.model_server.app.add_exception_handler(Overloaded, overloaded)
+    kserve.model_server.app.add_exception_handler(DecodingGone, not_ready)
     kserve.model_server.app.add_middleware(server_metrics.RequestMetrics)  # sweep_http_* on GET /metrics
     for model in models:
         model.load()
