@@ -63,6 +63,25 @@ def test_admission_queues_in_order_and_refuses_past_the_bound() -> None:
     asyncio.run(scenario())
 
 
+def test_a_streams_tokens_are_sent_once_and_a_cancelled_one_leaves_no_count() -> None:
+    from sweep.serving.decoding_engine import SentTokens
+
+    sent = SentTokens(remember=2)
+    assert sent.new_tokens("a", [1, 2], finished=False) == [1, 2]
+    assert sent.new_tokens("a", [1, 2, 3], finished=False) == [3]
+    assert sent.new_tokens("a", [1, 2, 3, 4], finished=True) == [4] and len(sent) == 0
+    # cancelled mid-stream; the batch's output of the step under way still comes after the cancel
+    sent.new_tokens("b", [5], finished=False)
+    sent.cancel("b")
+    assert sent.new_tokens("b", [5, 6], finished=False) == [5, 6] and len(sent) == 0
+    # only the latest cancels are remembered (2 here), the oldest forgotten first
+    sent.cancel("c")
+    sent.cancel("d")
+    assert sent.new_tokens("b", [7], finished=False) == [7] and len(sent) == 1
+    sent.new_tokens("d", [8], finished=False)
+    assert len(sent) == 1
+
+
 def test_bad_options_exit_2_with_one_line() -> None:
     for argv, message in [
         (["model=x", "generation=fast"], "error: generation: expected continuous or batched, got 'fast'"),

@@ -24,6 +24,7 @@ import queue
 import signal
 import threading
 import traceback
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
@@ -34,6 +35,35 @@ import torch
 from transformers.generation.continuous_batching.cb_logits_processors import ContinuousBatchingLogitsProcessor
 
 PAGE_SIZE = 64  # tokens per KV-cache page
+RECENT_CANCELS = 4096  # cancelled ids remembered: a late output of one comes within a step or two
+
+
+class SentTokens:
+    """How many tokens of each streamed sequence have been sent: the batch's outputs carry all of a
+    sequence's tokens so far, a message only the new ones. The batch applies a cancel at its next step,
+    so an output of a cancelled sequence can still come; the ids of recent cancels are remembered so that
+    it leaves no count behind (one per such race, for the life of the server)."""
+
+    def __init__(self, remember: int = RECENT_CANCELS) -> None:
+        self._sent: dict[str, int] = {}
+        self._cancelled: OrderedDict[str, None] = OrderedDict()  # a bounded set, oldest first
+        self._remember = remember
+
+    def __len__(self) -> int:
+        return len(self._sent)
+
+    def new_tokens(self, rid: str, tokens: list[int], finished: bool) -> list[int]:
+        """The tokens of ``rid``'s output not sent yet; counted as sent."""
+        start = self._sent.pop(rid, 0)
+        if not finished and rid not in self._cancelled:
+            self._sent[rid] = len(tokens)
+        return list(tokens[start:])
+
+    def cancel(self, rid: str) -> None:
+        self._sent.pop(rid, None)
+        self._cancelled[rid] = None
+        while len(self._cancelled) > self._remember:
+            self._cancelled.popitem(last=False)
 
 
 class RowSampling(ContinuousBatchingLogitsProcessor):
@@ -156,7 +186,7 @@ class DecodingEngine:
         self.engine, self.manager, self.conn = engine, manager, conn
         self._send_lock = threading.Lock()
         self._steps = steps  # tokens of each step since the last message (appended by the decoding loop)
-        self._sent: dict[str, int] = {}  # tokens already sent, per streamed sequence
+        self._sent = SentTokens()
         self._seeded = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seeded")
         self._seeded_cancelled: dict[str, threading.Event] = {}
 
@@ -186,12 +216,9 @@ class DecodingEngine:
 
     def _output(self, output: Any) -> tuple[str, list[int], bool, str | None, tuple[float, float, int] | None]:
         rid, tokens, finished = output.request_id, output.generated_tokens, output.is_finished()
-        start = self._sent.pop(rid, 0) if finished else self._sent.get(rid, 0)
-        if not finished:
-            self._sent[rid] = len(tokens)
         stamps = output.timestamps or []
         timing = (stamps[0], stamps[-1], len(stamps)) if finished and stamps else None
-        return rid, list(tokens[start:]), finished, output.error, timing
+        return rid, self._sent.new_tokens(rid, tokens, finished), finished, output.error, timing
 
     def serve_commands(self) -> None:
         while True:
@@ -214,7 +241,7 @@ class DecodingEngine:
                     event.set()
                 else:
                     self.manager.cancel_request(rid)
-                    self._sent.pop(rid, None)
+                    self._sent.cancel(rid)
             elif kind == "seeded":
                 _, rid, params, prompts, streamed = command
                 self._seeded_cancelled[rid] = threading.Event()
