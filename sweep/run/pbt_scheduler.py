@@ -65,8 +65,9 @@ class TaskPopulation(PopulationBasedTraining):
       the next stretch's first checkpoint overwrote it (the trial's history still names it);
     * a perturbed value stays in its range and still moves (``KeepInRange``);
     * a bottom trial clones any top one: Tune keeps a checkpoint to clone only of a trial that was top
-      when it last reported, and skips the exploit otherwise (in a population of 4, most of them). A
-      trial of ours checkpoints at every evaluation, and its latest is what Tune's save would give;
+      when it last reported, and skips the exploit otherwise (a population of 4 could end a sweep
+      without one). A trial of ours checkpoints at every evaluation, and its latest is what Tune's save
+      would give;
     * a diverged trial (non-finite eval loss) ranks below every other.
     """
 

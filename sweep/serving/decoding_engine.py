@@ -42,9 +42,12 @@ class SentTokens:
     """How many tokens of each streamed sequence have been sent: the batch's outputs carry all of a
     sequence's tokens so far, a message only the new ones. The batch applies a cancel at its next step,
     so an output of a cancelled sequence can still come; the ids of recent cancels are remembered so that
-    it leaves no count behind (one per such race, for the life of the server)."""
+    it leaves no count behind (one per such race, for the life of the server). Outputs are read on the
+    pump thread, cancels on the command thread: one lock, so that a cancel cannot fall between the check
+    and the count."""
 
     def __init__(self, remember: int = RECENT_CANCELS) -> None:
+        self._lock = threading.Lock()
         self._sent: dict[str, int] = {}
         self._cancelled: OrderedDict[str, None] = OrderedDict()  # a bounded set, oldest first
         self._remember = remember
@@ -54,16 +57,18 @@ class SentTokens:
 
     def new_tokens(self, rid: str, tokens: list[int], finished: bool) -> list[int]:
         """The tokens of ``rid``'s output not sent yet; counted as sent."""
-        start = self._sent.pop(rid, 0)
-        if not finished and rid not in self._cancelled:
-            self._sent[rid] = len(tokens)
+        with self._lock:
+            start = self._sent.pop(rid, 0)
+            if not finished and rid not in self._cancelled:
+                self._sent[rid] = len(tokens)
         return list(tokens[start:])
 
     def cancel(self, rid: str) -> None:
-        self._sent.pop(rid, None)
-        self._cancelled[rid] = None
-        while len(self._cancelled) > self._remember:
-            self._cancelled.popitem(last=False)
+        with self._lock:
+            self._sent.pop(rid, None)
+            self._cancelled[rid] = None
+            while len(self._cancelled) > self._remember:
+                self._cancelled.popitem(last=False)
 
 
 class RowSampling(ContinuousBatchingLogitsProcessor):
