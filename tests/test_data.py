@@ -19,7 +19,7 @@ from sweep.config.tasks import GLUE_TASKS, load_task
 from sweep.data import glue
 from sweep.data.cache import cache_stats
 from sweep.data.collate import count_tokens, make_collator
-from sweep.data.glue import cache_key, check_task_data, load_task_data, tokenize_task
+from sweep.data.glue import cache_key, load_task_data, tokenize_task
 from sweep.data.synthetic import (
     CUE_GROUPS,
     LABEL_NOISE,
@@ -27,6 +27,7 @@ from sweep.data.synthetic import (
     write_synthetic_glue,
     write_synthetic_wikitext,
 )
+from sweep.data.task_files import check_task_data
 from sweep.errors import DataFormatError
 
 N_TRAIN, N_DEV = 200, 64  # what the synthetic_glue_dir fixture writes

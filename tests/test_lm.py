@@ -18,8 +18,9 @@ from sweep.config.tasks import load_task
 from sweep.config.validate import validate
 from sweep.data.cache import cache_stats
 from sweep.data.collate import make_lm_collator
-from sweep.data.lm import BlockSizeError, check_block_fits, check_corpus, lm_blocks, token_ids
+from sweep.data.lm import BlockSizeError, check_block_fits, lm_blocks, token_ids
 from sweep.data.synthetic import write_synthetic_wikitext
+from sweep.data.task_files import check_corpus
 from sweep.errors import ConfigError, DataFormatError
 from sweep.models.source import resolve_model_dir
 from sweep.results.records import MADE_BY, load_records, rank_key

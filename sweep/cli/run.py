@@ -10,6 +10,7 @@ and gives Hydra's own full report.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -30,6 +31,8 @@ def run_sweep(cfg: DictConfig) -> None:
     try:
         run(cfg, out_dir)
     except USER_ERRORS as e:
+        if not cfg.out_dir or out_dir in MADE_HERE:  # refused before any work: no run folder left behind
+            remove_if_only_hydra(out_dir)
         user_error(e)
     except SweepStopped as e:  # SIGTERM/SIGINT: trials stopped, state saved; one line says how to finish
         from sweep.run.stop import stopped_line
@@ -41,13 +44,62 @@ def run_sweep(cfg: DictConfig) -> None:
 # Hydra names the job after its task function's module, last part: "__main__", as when this function
 # was sweep/__main__.py's (the run folder's log file __main__.log, the first line of --help).
 run_sweep.__module__ = "sweep.__main__"
+# What a run folder holds before the sweep writes anything: Hydra's record and log, the out_dir lock.
+MADE_HERE: set[Path] = set()  # the out_dir this command made (a folder the user made stays)
+HYDRA_FILES = {".hydra", f"{run_sweep.__module__.rsplit('.', 1)[-1]}.log", ".sweep.lock", ".sweep.lock.owner"}
 hydra_main = hydra.main(config_path="pkg://sweep.conf", config_name="config", version_base="1.3")(run_sweep)
+
+
+def remove_if_only_hydra(folder: Path) -> None:
+    """Remove ``folder`` when it holds nothing but what Hydra and the out_dir lock put there (a sweep
+    refused before any work), and the ``outputs/<date>/`` parents it leaves empty."""
+    if not folder.is_dir() or any(p.name not in HYDRA_FILES for p in folder.iterdir()):
+        return
+    import shutil
+
+    logging.shutdown()  # Hydra's log file handler lets go of <job>.log
+    shutil.rmtree(folder, ignore_errors=True)
+    for parent in list(folder.parents)[:2]:  # outputs/<date>/<time>: the date, then outputs/
+        if parent.name and not any(parent.iterdir()) and parent != Path.cwd():
+            parent.rmdir()
 
 
 def user_error(e: Exception) -> NoReturn:
     """A user's mistake: one clear line, no traceback."""
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
+
+
+def check_files(settings) -> None:
+    """What the sweep reads from disk (data, the model, every task's splits) and QLoRA's GPU: one line
+    each, seconds before Hydra's run folder or any import of torch (QLoRA's check imports it)."""
+    from sweep.storage.staging import check_local_files
+
+    check_local_files(settings)
+    if settings.train.method == "qlora":
+        from sweep.train.adapters import check_method_runs_here
+
+        check_method_runs_here(settings.train, settings.cluster.address)
+
+
+def multirun(args: Sequence[str]) -> bool:
+    return "-m" in args or "--multirun" in args
+
+
+def run_folder_overrides(out_dir: str) -> list[str]:
+    """With ``out_dir=`` set, Hydra's job runs there (its log beside the results, no ``.hydra/`` record over a
+    running sweep's) instead of making ``outputs/<date>/<time>``; an out_dir that cannot be made is one line."""
+    from sweep.errors import ConfigError
+
+    folder = Path(out_dir)
+    try:
+        if not folder.is_dir():
+            folder.mkdir(parents=True)
+            MADE_HERE.add(folder.resolve())
+    except OSError as e:
+        user_error(ConfigError(f"out_dir={out_dir}: cannot be made ({e.strerror}); choose a folder you can write"))
+    quoted = "'" + out_dir.replace("\\", "\\\\").replace("'", "\\'") + "'"  # Hydra's grammar: spaces, = or , in a path
+    return [f"hydra.run.dir={quoted}", "hydra.output_subdir=null"]
 
 
 def plain_experiment(argv: Sequence[str]) -> list[str]:
@@ -64,8 +116,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = plain_experiment(sys.argv[1:] if argv is None else argv)
     if os.environ.get("HYDRA_FULL_ERROR") != "1":  # Hydra's debugging switch: its own full report
         try:
-            check_command_line(args)
+            jobs = check_command_line(args)
+            for settings in jobs:  # the files it reads, before Hydra makes a run folder
+                check_files(settings)
         except USER_ERRORS as e:
             user_error(e)
+        if len(jobs) == 1 and jobs[0].out_dir and not multirun(args):
+            args += run_folder_overrides(jobs[0].out_dir)
     sys.argv = [sys.argv[0], *args]  # hydra.main reads sys.argv; argv[0] names the program in its usage line
     hydra_main()

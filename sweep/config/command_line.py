@@ -18,6 +18,7 @@ from hydra.errors import HydraException, MissingConfigException, OverrideParseEx
 from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
+from sweep.config.settings import Settings
 from sweep.errors import ConfigError
 
 # A multirun's jobs beyond this many are left to Hydra (composing one takes a few tenths of a second).
@@ -30,19 +31,21 @@ TRAILERS = ("Config search path:", "Search path:")
 OPEN_MAPS = ("sweep.grid", "sweep.search", "resources.tasks")
 
 
-def check_command_line(argv: list[str]) -> None:
+def check_command_line(argv: list[str]) -> list[Settings]:
     """Raise ConfigError for the first mistake in ``argv`` (without the program name) that Hydra's
-    composition or ``validate`` would find; return when the job may start."""
+    composition or ``validate`` would find; return the settings of each job checked when they may start
+    (none when no job runs, or Hydra checks it itself)."""
     from hydra._internal.utils import get_args_parser  # the parser hydra.main reads the same argv with
 
     args = get_args_parser().parse_args(argv)
     if args.help or args.hydra_help or args.info or args.shell_completion or args.experimental_rerun:
-        return  # no job runs
+        return []  # no job runs
     if args.config_path or args.config_name or args.config_dir:
-        return  # another config tree: Hydra reports on it itself
+        return []  # another config tree: Hydra reports on it itself
     jobs = job_overrides(args.overrides, args.multirun)
     if jobs is None:
-        return
+        return []
+    checked = []
     from hydra import compose, initialize_config_dir
 
     from sweep.config.tasks import CONF_DIR
@@ -56,18 +59,22 @@ def check_command_line(argv: list[str]) -> None:
             except (HydraException, OmegaConfBaseException) as e:
                 raise ConfigError(composition_error_line(e)) from None
             if args.cfg is None:  # a run (not --cfg): the config it runs with must be valid too
-                check_settings(cfg)
+                settings = check_settings(cfg)
+                if settings is not None:
+                    checked.append(settings)
+    return checked
 
 
-def check_settings(cfg: DictConfig) -> None:
+def check_settings(cfg: DictConfig) -> Settings | None:
     from sweep.config.model_limits import check_lengths
     from sweep.config.validate import validate
 
     try:
         settings = validate(cfg)
     except OmegaConfBaseException:
-        return  # a value resolved only inside Hydra's run (${hydra:...}): the job validates it there
+        return None  # a value resolved only inside Hydra's run (${hydra:...}): the job validates it there
     check_lengths(settings)
+    return settings
 
 
 def job_overrides(overrides: list[str], multirun: bool) -> Iterator[list[str]] | None:

@@ -14,6 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from sweep.config.paths import absolute_paths
 from sweep.config.settings import (
     AUTO,
     DEFAULT_LR,
@@ -62,6 +63,9 @@ def _typed(group: str, schema: type, node: Any) -> Any:
         reason = first_line(e)
         if "not in" in reason:  # an unknown key: say which keys exist
             reason += f" (keys of {group}: {', '.join(schema.__dataclass_fields__)})"
+        elif "is not a ListConfig" in reason:  # one value where a list goes: OmegaConf's words name its classes
+            value = OmegaConf.select(node, str(e.full_key), default=None)
+            reason = f"a list is expected, not {value!r}; write {key}=[{value}] (quoted in a shell: '{key}=[{value}]')"
         raise ConfigError(f"{key}: {reason}") from None
 
 
@@ -369,7 +373,7 @@ def validate(cfg: DictConfig) -> Settings:
         resume=bool(cfg.get("resume", False)),
     )
     _check_ranges(settings)
-    return settings
+    return absolute_paths(settings)  # trials run in Ray's own folders: a path means the user's folder
 
 
 def compose(*overrides: str) -> DictConfig:

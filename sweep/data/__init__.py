@@ -1,5 +1,6 @@
 """Files -> tokenized batches, on the node where a trial runs. Plain Python, PyTorch and datasets; no Ray.
 
+- ``task_files.py``: where a task's files are and whether all are there (no datasets, no torch: the cheap checks)
 - ``glue.py``:      GLUE tasks (TSV, save_to_disk or hub parquet layouts) -> DatasetDict; tokenization
 - ``lm.py``:        causal-LM corpora (WikiText, folders of .txt) -> fixed-size token blocks
 - ``cache.py``:     the per-node cache of tokenized datasets, keyed by content (built once, under a lock)

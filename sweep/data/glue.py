@@ -37,6 +37,7 @@ from transformers import PreTrainedTokenizerBase
 
 from sweep.config.tasks import GLUE_DIAGNOSTIC, TaskSpec
 from sweep.data.cache import cache_stats, cached_dataset, content_key, tokenizer_identity
+from sweep.data.task_files import split_file_names, task_folder
 from sweep.errors import DataFormatError
 
 log = logging.getLogger(__name__)
@@ -44,11 +45,6 @@ log = logging.getLogger(__name__)
 # Bump when the normalized or tokenized format changes, so that old caches are not reused.
 FORMAT_VERSION = 1
 STS_RANGE = (0.0, 5.0)
-TSV_LAYOUT = "GLUE TSV files <data_dir>/glue_data/<TASK>/{files}"
-HF_LAYOUT = (
-    "a datasets.save_to_disk folder <data_dir>/{config}/dataset_dict.json, or the hub's parquet "
-    "files <data_dir>/{config}/train-00000-of-00001.parquet and validation-*.parquet"
-)
 
 
 # --------------------------------------------------------------------------------------------
@@ -62,7 +58,7 @@ def load_task_data(spec: TaskSpec, data_dir: str | Path, skip_malformed: bool = 
     ``skip_malformed`` skips (and counts, in a warning) TSV rows with too few fields, as the GLUE
     readers do for QQP's broken train rows; by default such a row is an error.
     """
-    layout, folder = _task_folder(spec, data_dir, "read by sweep.data.lm.lm_blocks")
+    layout, folder = task_folder(spec, data_dir, "read by sweep.data.lm.lm_blocks")
     if layout == "tsv":
         return _load_tsv_task(spec, folder, skip_malformed)
     if layout == "disk":
@@ -70,58 +66,11 @@ def load_task_data(spec: TaskSpec, data_dir: str | Path, skip_malformed: bool = 
     return _load_parquet_task(spec, folder)
 
 
-def check_task_data(spec: TaskSpec, data_dir: str | Path) -> Path:
-    """Cheap preflight before any trial starts: the task's folder and every split file exist."""
-    layout, folder = _task_folder(spec, data_dir, "checked by sweep.data.lm.check_corpus")
-    if layout == "tsv":
-        for name in _split_files(spec).values():
-            if not (folder / name).is_file():
-                raise DataFormatError(f"{folder / name}: missing file of task {spec.name}")
-    return folder
-
-
-def _task_folder(spec: TaskSpec, data_dir: str | Path, lm_route: str) -> tuple[str, Path]:
-    if spec.kind == "causal_lm":
-        raise ValueError(f"task {spec.name}: a causal_lm corpus is {lm_route}")
-    data_dir = Path(data_dir)
-    if not data_dir.is_dir():
-        raise DataFormatError(f"{data_dir}: data directory does not exist")
-    return _find_layout(spec, data_dir)
-
-
-def _split_files(spec: TaskSpec) -> dict[str, str]:
-    return {"train": spec.train_file, **spec.eval_files}
-
-
 def _hf_split(spec: TaskSpec, split: str) -> str:
     """Our split name -> the hub's: dev -> validation, MNLI's matched -> validation_matched."""
     if split == "train":
         return "train"
     return "validation" if len(spec.eval_files) == 1 else f"validation_{split}"
-
-
-def _find_layout(spec: TaskSpec, data_dir: Path) -> tuple[str, Path]:
-    tsv_dirs = [data_dir / "glue_data" / spec.folder, data_dir / spec.folder]
-    hf_dirs = [data_dir / spec.hf.config, data_dir / "glue_data" / spec.hf.config] if spec.hf else []
-    for d in tsv_dirs:
-        # a case-insensitive file system may find the hub folder (rte) under the TSV name (RTE)
-        if d.is_dir() and not _is_hf_dir(d):
-            return "tsv", d
-    for d in hf_dirs:
-        if (d / "dataset_dict.json").is_file():
-            return "disk", d
-    for d in hf_dirs:
-        if any(d.glob("train-*.parquet")):
-            return "parquet", d
-    looked = ", ".join(str(d) for d in (*tsv_dirs, *hf_dirs))
-    expected = TSV_LAYOUT.format(files=", ".join(_split_files(spec).values()))
-    if spec.hf:
-        expected += "; or " + HF_LAYOUT.format(config=spec.hf.config)
-    raise DataFormatError(f"no data for task {spec.name}: looked in {looked}; expected {expected}")
-
-
-def _is_hf_dir(d: Path) -> bool:
-    return (d / "dataset_dict.json").is_file() or any(d.glob("*.parquet"))
 
 
 def _features(spec: TaskSpec) -> Features:
@@ -158,7 +107,7 @@ def _hash_files(paths: Iterable[Path]) -> str:
 
 def _load_tsv_task(spec: TaskSpec, folder: Path, skip_malformed: bool) -> DatasetDict:
     return DatasetDict(
-        {split: _read_tsv(spec, folder / name, split, skip_malformed) for split, name in _split_files(spec).items()}
+        {split: _read_tsv(spec, folder / name, split, skip_malformed) for split, name in split_file_names(spec).items()}
     )
 
 
@@ -274,7 +223,7 @@ class UnlabeledSplit:
 def find_test_files(spec: TaskSpec, data_dir: str | Path) -> tuple[Path, dict[str, Path]]:
     """The task's folder and the test splits of ``spec.test_files`` whose files it holds (GLUE TSV
     layout; a Hugging Face layout's folder holds none of them)."""
-    layout, folder = _task_folder(spec, data_dir, "not a GLUE task: it has no test split")
+    layout, folder = task_folder(spec, data_dir, "not a GLUE task: it has no test split")
     if layout != "tsv":
         return folder, {}
     files = {split: folder / name for split, name in spec.test_files.items()}
@@ -334,12 +283,12 @@ def read_unlabeled(spec: TaskSpec, path: Path, split: str) -> UnlabeledSplit:
 def _load_saved_task(spec: TaskSpec, folder: Path) -> DatasetDict:
     saved = load_from_disk(str(folder))
     out = {}
-    for split in _split_files(spec):
+    for split in split_file_names(spec):
         name = _hf_split(spec, split)
         if name not in saved:
             raise DataFormatError(
                 f"{folder}: no split {name!r} in this save_to_disk folder (splits found: {list(saved)}); "
-                f"expected {[_hf_split(spec, s) for s in _split_files(spec)]}"
+                f"expected {[_hf_split(spec, s) for s in split_file_names(spec)]}"
             )
         ds = saved[name]
         digest = _hash_files(Path(f["filename"]) for f in ds.cache_files)
@@ -350,7 +299,7 @@ def _load_saved_task(spec: TaskSpec, folder: Path) -> DatasetDict:
 
 def _load_parquet_task(spec: TaskSpec, folder: Path) -> DatasetDict:
     out = {}
-    for split in _split_files(spec):
+    for split in split_file_names(spec):
         name = _hf_split(spec, split)
         files = sorted(folder.glob(f"{name}-*.parquet"))
         if not files:

@@ -26,11 +26,11 @@ from transformers import PreTrainedTokenizerBase
 from sweep.config.model_limits import too_long
 from sweep.config.tasks import TaskSpec
 from sweep.data.cache import cache_stats, cached_dataset, content_key, tokenizer_identity
+from sweep.data.task_files import empty_corpus, split_files
 from sweep.errors import ConfigError, DataFormatError
 
 # Bump when the block format changes, so that old caches are not reused.
 LM_FORMAT_VERSION = 1
-GLOB_CHARS = "*?["
 LINES_PER_CALL = 2048  # lines handed to the fast tokenizer at once
 
 
@@ -42,62 +42,6 @@ class BlockSizeError(ConfigError):
 # Finding the files
 # --------------------------------------------------------------------------------------------
 
-
-def corpus_folder(spec: TaskSpec, data_dir: str | Path) -> Path:
-    """The folder holding the task's text files."""
-    if spec.path is not None:
-        folder = Path(spec.path)
-        if not folder.is_dir():
-            what = "a file, not a folder" if folder.is_file() else "does not exist"
-            raise DataFormatError(f"task.{spec.name}.path: {folder} {what}; give a folder of text files")
-        return folder
-    if spec.folder is None:
-        raise DataFormatError(
-            f"task.{spec.name}.path: not set; give the folder of .txt files, e.g. task={spec.name} task.path=DIR"
-        )
-    data_dir = Path(data_dir)
-    candidates = [data_dir / spec.folder] + ([data_dir] if data_dir.name == spec.folder else [])
-    for folder in candidates:
-        if folder.is_dir():
-            return folder
-    files = ", ".join(f for f in (spec.train_file, *spec.eval_files.values()) if f)
-    raise DataFormatError(f"no data for task {spec.name}: {candidates[0]} does not exist; expected {files} there")
-
-
-def split_files(spec: TaskSpec, data_dir: str | Path) -> dict[str, list[Path]]:
-    """Split name -> its files, in name order; a held-out split (file null) has none."""
-    folder = corpus_folder(spec, data_dir)
-    patterns = {"train": spec.train_file, **spec.eval_files}
-    return {split: _matching(spec, folder, pattern) if pattern else [] for split, pattern in patterns.items()}
-
-
-def _matching(spec: TaskSpec, folder: Path, pattern: str) -> list[Path]:
-    present = sorted(p.name for p in folder.iterdir())
-    shown = ", ".join(present[:10]) + (" ..." if len(present) > 10 else "") if present else "none"
-    if any(c in pattern for c in GLOB_CHARS):
-        files = sorted(p for p in folder.glob(pattern) if p.is_file())
-        if not files:
-            raise DataFormatError(f"{folder}: no {pattern} files for task {spec.name} (files there: {shown})")
-        return files
-    path = folder / pattern
-    if not path.is_file():
-        hint = (f"; choose the splits with task.{spec.name}.train_split=NAME task.{spec.name}.eval_splits=[NAME,...]"
-                if spec.split_file else "")
-        raise DataFormatError(f"{path}: missing file of task {spec.name} (files in {folder}: {shown}){hint}")
-    return [path]
-
-
-def check_corpus(spec: TaskSpec, data_dir: str | Path) -> Path:
-    """Cheap preflight: the folder and every split's files exist, and no split is all empty files."""
-    for split, files in split_files(spec, data_dir).items():
-        if files and all(p.stat().st_size == 0 for p in files):
-            raise _empty(spec, split, files)
-    return corpus_folder(spec, data_dir)
-
-
-def _empty(spec: TaskSpec, split: str, files: list[Path]) -> DataFormatError:
-    where = str(files[0]) if len(files) == 1 else f"{files[0].parent} ({len(files)} files)"
-    return DataFormatError(f"{where}: empty corpus: split {split!r} of task {spec.name} holds no text")
 
 
 def check_block_fits(block_size: int, positions: int | None, model: str) -> None:
@@ -131,7 +75,7 @@ def read_split(spec: TaskSpec, split: str, files: list[Path]) -> SplitText:
         if text.strip():
             documents.append(text)
     if not documents:
-        raise _empty(spec, split, files)
+        raise empty_corpus(spec, split, files)
     return SplitText(documents, h.hexdigest())
 
 

@@ -19,7 +19,6 @@ from omegaconf import OmegaConf
 
 from sweep.errors import ModelSourceError
 from sweep.files import is_model_folder, require_model_folder
-from sweep.models.tiny import BUILD_RECIPE, BUILDER_KEYS, build_tiny_model
 
 STAGE_HINT = "set model.path=DIR, or stage it with storage=local storage.model_dir=DIR"
 
@@ -35,6 +34,8 @@ def _require_model_dir(path: Path, name: str, source: str) -> Path:
 
 
 def _builder_dir(name: str, builder: dict[str, Any], cache_dir: Path) -> Path:
+    from sweep.models.tiny import BUILD_RECIPE, BUILDER_KEYS, build_tiny_model  # torch: only to build one
+
     missing = [k for k in BUILDER_KEYS if k not in builder]
     unknown = sorted(set(builder) - set(BUILDER_KEYS) - {"seed"})
     if missing or unknown:
@@ -62,9 +63,12 @@ def _package_dir(name: str, package: str) -> Path:
 
 
 def resolve_model_dir(
-    model_cfg: Mapping[str, Any] | Any, cache_dir: Path, staged_dir: Path | None = None
-) -> Path:
-    """The local folder of a model: model.path, a staged copy, a cached tiny build, or a package."""
+    model_cfg: Mapping[str, Any] | Any, cache_dir: Path, staged_dir: Path | None = None, build: bool = True
+) -> Path | None:
+    """The local folder of a model: model.path, a staged copy, a cached tiny build, or a package.
+
+    ``build=False`` (the command's check before anything is written): a tiny model is not built
+    (None), every other source is checked as it would be found."""
     cfg = _as_dict(model_cfg)
     name = cfg.get("name") or "<unnamed>"
     if cfg.get("path"):
@@ -73,6 +77,8 @@ def resolve_model_dir(
     if staged is not None and staged.exists():
         return _require_model_dir(staged, name, "staged copy")
     if cfg.get("builder"):
+        if not build:
+            return None
         return _builder_dir(name, dict(cfg["builder"]), cache_dir)
     if cfg.get("package"):
         return _package_dir(name, cfg["package"])

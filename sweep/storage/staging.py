@@ -25,7 +25,8 @@ from sweep.config.settings import Settings, StorageConfig
 from sweep.errors import StagingError
 from sweep.files import atomic_folder, is_model_folder
 
-__all__ = ["StagingError", "LocalSources", "SourcePins", "DriverSources", "ensure_local", "preflight", "cache_root"]
+__all__ = ["StagingError", "LocalSources", "SourcePins", "DriverSources", "ensure_local", "preflight", "cache_root",
+           "check_local_files"]
 
 SYNTHETIC_VERSION = "v3"  # bump when the generator changes, so old caches are not reused
 NODE_CACHE_ENV = "SWEEP_NODE_CACHE_DIR"  # set on a node (pod spec, raylet env): its own cache folder
@@ -186,12 +187,30 @@ def _stage_s3(settings: Settings, pins: SourcePins, progress: Callable[[str], No
 def check_tasks_here(settings: Settings, sources: LocalSources) -> None:
     """Every task's files on this machine, and lengths the model can hold (before any trial)."""
     from sweep.config.model_limits import check_model_folder
-    from sweep.data.glue import check_task_data
-    from sweep.data.lm import check_corpus
+    from sweep.data.task_files import check_corpus, check_task_data
 
     for spec in settings.tasks:
         (check_corpus if spec.kind == "causal_lm" else check_task_data)(spec, sources.data_dir)
     check_model_folder(settings, sources.model_dir)  # every max_seq_length / block_size the sweep tries
+
+
+def check_local_files(settings: Settings) -> None:
+    """storage=local: the folders and files ``check_sources`` will read, checked without loading or building
+    anything (torch-free: the command runs it before Hydra makes its run folder). S3 keys are the preflight's."""
+    if settings.storage.kind != "local":
+        return
+    from sweep.data.task_files import check_corpus, check_task_data
+    from sweep.models.source import resolve_model_dir
+
+    storage = settings.storage
+    staged = Path(os.path.expanduser(storage.model_dir)) if storage.model_dir else None
+    resolve_model_dir(asdict(settings.model), cache_root(storage), staged, build=False)
+    data_dir = local_data_dir(storage) if storage.data_dir is not None else None  # None: synthetic, made later
+    for spec in settings.tasks:
+        if spec.kind == "causal_lm" and (data_dir is not None or spec.path is not None):
+            check_corpus(spec, data_dir or Path("."))  # a text task's own task.path needs no data_dir
+        elif spec.kind != "causal_lm" and data_dir is not None:
+            check_task_data(spec, data_dir)
 
 
 def missing_folder_error(missing: dict[str, str], where: str) -> StagingError:
