@@ -46,6 +46,11 @@ class SweepStopped(KeyboardInterrupt):
         return 128 + self.signal_number  # the shell's code for a process ended by that signal
 
 
+class SweepFailed(RuntimeError):
+    """Tune's run ended on an error of its own after trials ran: one line; the trials that finished, and
+    Tune's state, are kept for ``resume=true`` (the command prints it)."""
+
+
 class DiskFullError(RuntimeError):
     """A disk filled up while writing: names the folder, the bytes needed and free, and what to set."""
 

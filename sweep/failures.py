@@ -10,6 +10,7 @@ Ray wraps a trial's exception in layers (Train's ``WorkerGroupError`` holding ea
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 from sweep.errors import ConfigError, DataFormatError, DiskFullError, ModelSourceError, StagingError, TrackingError
@@ -89,6 +90,29 @@ def error_line(error: BaseException) -> str:
     text = lines[0] if lines else ""
     name = type(error).__name__
     return (f"{name}: {text}" if text else name)[:500]
+
+
+# Ray's memory monitor: "Memory on the node (IP: 10.0.0.5, ID: 8a27…) was 21.70GB used / 23.47GB limit (0.92…)"
+# (Ray 2.60; before: "… where the task (…) was running was 21.70GB / 23.47GB (0.92…), which exceeds …")
+RAY_MEMORY_KILL = re.compile(
+    r"Memory on the node \(IP: ([^,]+), ID: (\w+)\).*? was ([\d.]+)GB(?: used)? / ([\d.]+)GB", re.S)
+# A worker gone without a word (Ray: "Worker unexpectedly exits …", a SIGKILL, as the kernel's OOM killer sends)
+RAY_WORKER_DIED = ("worker process has died", "Worker unexpectedly exits")
+MEMORY_HINT = "lower train.batch_size or give the trial more memory"
+
+
+def trial_failure_line(error: BaseException | str) -> str:
+    """The one line of a trial that failed for good: killed for memory, its process gone, else the root cause."""
+    text = str(error)
+    memory = RAY_MEMORY_KILL.search(text)
+    if memory:
+        ip, node, used, total = memory.groups()
+        return (f"killed for memory: {float(used):.1f} of {float(total):.1f} GB used on node {ip} ({node[:8]}); "
+                f"{MEMORY_HINT}")
+    if any(mark in text for mark in RAY_WORKER_DIED):
+        return ("killed: the trial's process died without an error (a SIGKILL, as the kernel's OOM killer sends, "
+                f"or a crash); if it ran out of memory, {MEMORY_HINT}")
+    return last_line(error) if isinstance(error, BaseException) else (text.strip().splitlines() or [text])[-1][:500]
 
 
 def _wraps(error: BaseException) -> bool:

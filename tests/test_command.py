@@ -66,17 +66,17 @@ def test_every_subcommand_has_a_name_to_check():
 def test_help_lists_every_subcommand_then_the_sweeps_own_help(work):
     r = sweep("--help", cwd=work)
     assert r.returncode == 0, r.stderr
-    head, _, hydra_help = r.stdout.partition("__main__ is powered by Hydra.")
+    head, _, hydra_help = r.stdout.partition("sweep run: fine-tune a model")
     assert head.startswith("usage: sweep [run] [OVERRIDE ...]")
     assert commands_listed(head) == list(COMMANDS)
     assert "`sweep <overrides>` is `sweep run <overrides>`" in head
     for name in ("RTE", "WNLI", "glue", "roberta-base", "tiny-gpt2"):  # the sweep's groups follow
         assert name in hydra_help
     assert "HEAVY []" in r.stderr
-    # sweep run --help is Hydra's help as it always was (the job is still named __main__), and the tail above
+    # sweep run --help is Hydra's help, headed by the tool's name (not its job's, __main__), and the tail above
     run = sweep("run", "--help", cwd=work)
-    assert run.returncode == 0 and run.stdout.startswith("__main__ is powered by Hydra.\n"), run.stderr
-    assert run.stdout == "__main__ is powered by Hydra." + hydra_help
+    assert run.returncode == 0 and run.stdout.startswith("sweep run: fine-tune a model"), run.stderr
+    assert run.stdout == "sweep run: fine-tune a model" + hydra_help
     assert list(work.iterdir()) == []  # no outputs/
 
 
@@ -141,3 +141,55 @@ def test_replay_of_something_that_holds_no_kept_calls(work):
     assert r.returncode == 2
     assert lines_of(r.stderr) == [f"error: replay: {work / 'nothing.jsonl'} is not a file or folder "
                                   "of kept MLflow calls"]
+
+
+def bad_model_folder(tmp_path: Path) -> str:
+    (tmp_path / "not-a-model").mkdir(exist_ok=True)
+    return str(tmp_path / "not-a-model")
+
+
+@pytest.mark.parametrize("args, line", [
+    (["storage.data_dir=/tmp/sweep-no-such-dir"], "error: storage.data_dir: /tmp/sweep-no-such-dir is not a folder"),
+    (["model.path={bad_model}"], "error: model 'tiny-roberta': model.path {bad_model} has no config.json"),
+    (["task=STS-B", "storage.data_dir={data}"], "error: no data for task STS-B: looked in {data}/glue_data/STS-B"),
+    (["task=RTE", "storage.data_dir=data"], "error: no data for task RTE: looked in {data}/glue_data/RTE"),
+    (["train.method=qlora"], "error: train.method=qlora: a 4-bit base (bitsandbytes) needs a CUDA GPU"),
+    (["sweep.seeds=38"], "error: sweep.seeds: a list is expected, not 38; write sweep.seeds=[38]"),
+    (["out_dir=/proc/sweep-nope"], "error: out_dir=/proc/sweep-nope: cannot be made (No such file or directory)"),
+])
+def test_what_reads_files_is_refused_in_one_line_before_any_folder_or_torch(work, args, line):
+    """The data folder, the model folder, a task's splits, QLoRA without a GPU, a scalar for a list, an
+    out_dir that cannot be made: one line, exit 2, before Hydra's run folder (no outputs/, no out_dir, no
+    mlflow.db, no mlartifacts/) and, but for QLoRA's GPU check, before torch is imported."""
+    (work / "data").mkdir()  # a relative data_dir: resolved against the working directory
+    values = {"bad_model": bad_model_folder(work.parent), "data": str(work / "data")}
+    argv = [a.format(**values) for a in args]
+    out = [] if any(a.startswith("out_dir=") for a in argv) else [f"out_dir={work.parent / 'out'}"]
+    r = sweep("experiment=demo", *argv, *out, cwd=work)
+    assert r.returncode == 2, r.stderr
+    (only,) = lines_of(r.stderr)
+    assert only.startswith(line.format(**values)), only
+    assert sorted(p.name for p in work.iterdir()) == ["data"] and not (work.parent / "out").exists()
+    if "qlora" not in line:
+        assert "HEAVY []" in r.stderr
+
+
+
+def test_help_names_the_tool_and_a_closed_pipe_is_silent(work):
+    """`sweep --help | head -3`: the reader leaves early; no BrokenPipe traceback. Hydra's part of the help
+    names the tool, not its job (``__main__``)."""
+    r = subprocess.run(f"{sys.executable} -m sweep --help | head -3", shell=True, cwd=work, capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert len(r.stdout.splitlines()) == 3 and r.stderr == "", r.stderr
+    full = sweep("--help", cwd=work)
+    assert "sweep run: fine-tune a model" in full.stdout and "__main__ is powered by Hydra" not in full.stdout
+
+
+@pytest.mark.parametrize("args, line", [
+    (["serve", "port=abc"], "error: port: expected a whole number, got 'abc'"),
+    (["infer", "--grpc", "127.0.0.1:1", "hello"], "python -m sweep infer: error: --grpc needs --model NAME"),
+])
+def test_a_subcommands_bad_value_is_one_line_exit_2(work, args, line):
+    r = sweep(*args, cwd=work, module=True)
+    assert r.returncode == 2, r.stderr
+    assert lines_of(r.stderr)[-1].startswith(line), r.stderr

@@ -43,6 +43,8 @@ def parse_args(argv: Sequence[str] | None, prog: str = PROG) -> argparse.Namespa
     args = parser.parse_args(argv)
     if args.stream and (args.grpc or args.json):
         parser.error("--stream prints text as it arrives from the OpenAI REST endpoint: not with --grpc or --json")
+    if args.grpc and not args.model:  # a usage mistake (exit 2), found before any connection
+        parser.error("--grpc needs --model NAME: the v2 gRPC protocol has no list of models")
     if args.pair and len(args.pair) != len(args.texts):
         parser.error(f"--pair given {len(args.pair)} time(s) for {len(args.texts)} text(s): one per text")
     return args

@@ -55,6 +55,16 @@ def non_empty(text: str) -> str:
     return text
 
 
+def plain(error: ValueError, text: str) -> str:
+    """Python's words for a value that is no number ("invalid literal for int() with base 10") as a person's."""
+    message = str(error)
+    if message.startswith("invalid literal for int()"):
+        return f"expected a whole number, got {text!r}"
+    if message.startswith("could not convert string to float"):
+        return f"expected a number, got {text!r}"
+    return message
+
+
 def parse_key_values(argv: Sequence[str], options: Mapping[str, Option]) -> dict[str, Any]:
     """Values for every option: given ones parsed and checked, the rest their defaults."""
     given: dict[str, Any] = {}
@@ -69,7 +79,7 @@ def parse_key_values(argv: Sequence[str], options: Mapping[str, Option]) -> dict
         try:
             given[key] = options[key].parse(text)
         except ValueError as e:
-            raise UsageError(f"{key}: {e}") from None
+            raise UsageError(f"{key}: {plain(e, text)}") from None
     missing = [k for k, o in options.items() if o.required and k not in given]
     if missing:
         raise UsageError(f"{', '.join(missing)}: required (e.g. {missing[0]}=...)")

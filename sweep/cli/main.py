@@ -6,6 +6,7 @@ command. Only the chosen command's module is imported: ``--help`` and one-line e
 from __future__ import annotations
 
 import importlib
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -38,6 +39,14 @@ def usage(prog: str = PROG) -> str:
 
 
 def main(argv: Sequence[str] | None = None, prog: str = PROG) -> None:
+    try:
+        run_command(argv, prog)
+    except BrokenPipeError:  # `sweep --help | head`: the reader left; say nothing more (Python's advice)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+
+
+def run_command(argv: Sequence[str] | None, prog: str) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     name = args[0] if args and args[0] in COMMANDS else None
     if name is None and args and _WORD.fullmatch(args[0]) and "=" not in args[0]:

@@ -19,17 +19,25 @@ from typing import NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 
 def run_sweep(cfg: DictConfig) -> None:
     """The composed config -> one sweep (sweep.app.run), its mistakes and its stop as one line each."""
     from sweep.app import run
-    from sweep.errors import USER_ERRORS, SweepStopped
+    from sweep.errors import USER_ERRORS, SweepFailed, SweepStopped
+    from sweep.results.outcome import exit_code, verdict_line
 
     out_dir = Path(cfg.out_dir or HydraConfig.get().runtime.output_dir).resolve()
     try:
-        run(cfg, out_dir)
+        summaries = run(cfg, out_dir)
+    except SweepFailed as e:  # Tune's own failure after trials ran: one line, how to go on
+        from sweep.run.stop import resume_command
+
+        print(f"error: {e}; the finished trials are kept: resume with: "
+              f"{resume_command(HydraConfig.get().overrides.task, str(out_dir))}", file=sys.stderr)
+        sys.exit(1)
     except USER_ERRORS as e:
         if not cfg.out_dir or out_dir in MADE_HERE:  # refused before any work: no run folder left behind
             remove_if_only_hydra(out_dir)
@@ -39,6 +47,11 @@ def run_sweep(cfg: DictConfig) -> None:
 
         print(stopped_line(e, HydraConfig.get().overrides.task, str(out_dir)), file=sys.stderr)
         sys.exit(e.exit_code)
+    verdict = verdict_line(summaries)
+    if verdict:  # a task with no result: the command fails, after every result was kept
+        print(verdict, file=sys.stderr)
+        if HydraConfig.get().mode != RunMode.MULTIRUN:  # -m: the next sweeps still run; Hydra's exit is 0
+            sys.exit(exit_code(summaries))
 
 
 # Hydra names the job after its task function's module, last part: "__main__", as when this function

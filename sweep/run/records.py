@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sweep.config.settings import Settings
-from sweep.failures import last_line
+from sweep.failures import trial_failure_line
 from sweep.plan.sizes import TaskPlan
 from sweep.results.records import TrialRecord
 from sweep.trials import CHECKPOINT_MARKER, Report, TrialHistories, pbt_schedule, steps_trained, trial_of
@@ -46,7 +46,7 @@ def records_from_results(grid, settings: Settings, plans: dict[str, TaskPlan], h
             record.status, record.error = "ERROR", own_error
         elif result.error is not None or record.score is None:
             record.status = "ERROR"
-            record.error = last_line(result.error) if result.error is not None else "trial reported no result"
+            record.error = trial_failure_line(result.error) if result.error is not None else "trial reported no result"
         records.append(record)
     return records
 

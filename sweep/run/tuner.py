@@ -52,7 +52,6 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None,
 def _run_tune(settings: Settings, sources: DriverSources, out_dir: Path, tracking,
               stop) -> tuple[list[TrialRecord], list[Path | str]]:
     from sweep.run.cluster_request import request_trial_resources
-    from sweep.run.disk_stop import fit_until_disk_full
     from sweep.run.records import checkpoint_folders, records_from_results
 
     plan = plan_sweep(settings, sources, out_dir)
@@ -65,7 +64,7 @@ def _run_tune(settings: Settings, sources: DriverSources, out_dir: Path, trackin
         # the autoscaler is asked for every concurrent trial up front (added to other sweeps' requests),
         # and the request withdrawn when the sweep ends, however it ends
         with request_trial_resources(launch_id, plan.asked), stop.tune_running():
-            grid = fit_until_disk_full(tuner)  # tuner.fit(); a trial's full disk ends it as one DiskFullError
+            grid = fit_sweep(tuner)
     finally:
         if trial_runs is not None:
             trial_runs.close()  # every call queued so far sent (or kept in the spool), however the sweep ends
@@ -75,6 +74,24 @@ def _run_tune(settings: Settings, sources: DriverSources, out_dir: Path, trackin
     records = records_from_results(grid, settings, plan.tasks, storage.histories, storage.local_train_dir,
                                    trial_runs.run_id_of if trial_runs is not None else None)
     return records, checkpoint_folders(grid, storage.local_train_dir, storage.train if storage.remote else None)
+
+
+def fit_sweep(tuner):
+    """``tuner.fit()``: a trial's process that Ray ended (its memory monitor) is a failed trial; a full disk
+    ends the sweep as its DiskFullError line; anything else Tune raises is one SweepFailed line."""
+    from sweep.errors import DiskFullError, SweepFailed
+    from sweep.failures import error_line
+    from sweep.run.disk_stop import fit_until_disk_full
+    from sweep.run.lost_trials import one_line_trial_failures, treat_lost_processes_as_trial_failures
+
+    treat_lost_processes_as_trial_failures()
+    one_line_trial_failures()
+    try:
+        return fit_until_disk_full(tuner)
+    except DiskFullError:
+        raise
+    except Exception as e:  # Tune's own failure, after trials ran: their work is in Tune's saved state
+        raise SweepFailed(f"Tune's run ended on {error_line(e)}") from e
 
 
 def sweep_callbacks(settings: Settings, plan: SweepPlan, tracking, launch_id: str, board_handle):

@@ -75,7 +75,10 @@ def kill_session(proc: subprocess.Popen) -> None:
     """SIGKILL the driver and every process of its session (the local Ray it started)."""
     import psutil
 
-    sid = os.getsid(proc.pid)
+    try:
+        sid = os.getsid(proc.pid)
+    except ProcessLookupError:  # the driver has ended: its session (started with start_new_session) is its pid
+        sid = proc.pid
     victims = [p for p in psutil.process_iter() if _sid(p) == sid]
     for p in victims:
         p.kill()
