@@ -9,7 +9,7 @@ on free ports) and runs throughout; the clients run in this process, on the same
 2-core box they take CPU from the server, in every mode alike. What is compared is always
 measured in alternation (A then B, then B then A, ... per repeat) so that load drift hits both.
 
-``batching``: for each model (a tiny RoBERTa RTE classifier: one text per request; a tiny GPT-2:
+``batching``: for each model (a tiny RoBERTa RTE classifier: one sentence pair per request; a tiny GPT-2:
 one prompt, 16 new greedy tokens per request) and each of batching=true / batching=false, a closed
 loop of C concurrent clients sends v2 requests over HTTP (C=1: a lone client, where batching can
 only add its wait; C=64: a busy server). Req/s, p50, p99, mean batch size, on/off ratios.
@@ -133,8 +133,9 @@ def wait_ready(server: Server, timeout_s: float = 180) -> None:
 
 def request_body(kind: str, i: int, max_new_tokens: int) -> dict[str, Any]:
     text = {"name": "text", "shape": [1], "datatype": "BYTES"}
-    if kind == "classifier":
-        return {"inputs": [{**text, "data": [f"the {i} old painters see {i % 13} quiet rivers near the village"]}]}
+    if kind == "classifier":  # RTE: a pair task, whose model refuses a sentence without its text_pair
+        return {"inputs": [{**text, "data": [f"the {i} old painters see {i % 13} quiet rivers near the village"]},
+                           {**text, "name": "text_pair", "data": [f"{i % 13} rivers are quiet"]}]}
     return {"inputs": [{**text, "data": [f"story {i}: the teacher"]}], "parameters": {"max_new_tokens": max_new_tokens}}
 
 

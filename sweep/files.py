@@ -19,6 +19,8 @@ from typing import IO, Any
 
 from sweep.disk import writing
 
+FILE_MODE, FOLDER_MODE = 0o644, 0o755  # what a published file or folder is: anyone may read it
+
 
 @contextmanager
 def atomic_file(path: str | Path, mode: str = "w") -> Iterator[IO]:
@@ -29,7 +31,7 @@ def atomic_file(path: str | Path, mode: str = "w") -> Iterator[IO]:
     try:
         with os.fdopen(fd, mode, **({} if "b" in mode else {"newline": ""})) as f:
             yield f
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide a shared file from other users
+        os.chmod(tmp, FILE_MODE)  # mkstemp's 0600 would hide a shared file from other users
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -55,19 +57,36 @@ def partial_folders(target: Path) -> list[Path]:
             for p in target.parent.glob(pattern)]
 
 
+def share(folder: str | Path) -> None:
+    """Every file under ``folder`` 0644 (0755 if executable), every folder 0755; links are left alone.
+
+    Writers leave private files behind: safetensors (so every ``save_pretrained``) writes 0600 through a
+    temporary file, ``tempfile`` makes 0600 files and 0700 folders; a copy keeps them. A server or a node
+    running as another user must read what was published.
+    """
+    for root, _, files in os.walk(folder):  # it enters no linked folder: what a link points to is not ours
+        os.chmod(root, FOLDER_MODE)
+        for name in files:
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                executable = os.stat(path).st_mode & 0o111
+                os.chmod(path, FOLDER_MODE if executable else FILE_MODE)
+
+
 @contextmanager
 def atomic_folder(target: str | Path) -> Iterator[Path]:
     """Yield an empty folder beside ``target``; fill it, and when the block ends cleanly it replaces
-    ``target`` (an older ``target`` is moved aside first, then removed). On an error nothing changes.
+    ``target`` (an older ``target`` is moved aside first, then removed), readable by all (``share``). On an
+    error nothing changes.
 
     Two writers of one target must hold a lock around this (each caller keeps its own FileLock).
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
-    tmp.chmod(0o755)  # mkdtemp's 0700 would hide a shared cache from other users
     try:
         yield tmp
+        share(tmp)
         old = None
         if target.exists() or target.is_symlink():
             old = target.parent / f".{target.name}.old-{os.getpid()}"

@@ -17,7 +17,7 @@ from sweep.errors import ConfigError
 from sweep.models.tiny import build_tiny_model
 from sweep.plan.costs import METHOD_STEP_RATIO, TaskSize, trial_seconds
 from sweep.plan.makespan import CostModel
-from sweep.results.records import copy_model
+from sweep.results.records import TrialRecord, copy_model, export_best
 from sweep.train.adapters import (
     ADAPTER_FOLDER,
     adaptable_names,
@@ -30,6 +30,7 @@ from sweep.train.loading import load_for_task
 from sweep.train.loop import finetune, setup
 from sweep.trials import TRAINING_STATE
 from tests.helpers.configs import train_config
+from tests.helpers.files import modes, umask, unshared
 
 HIDDEN, LAYERS, R = 32, 2, 4
 QUICK = train_config(lr=5e-3, batch_size=16, epochs=2, max_seq_length=64, max_train_samples=64, max_eval_samples=64)
@@ -117,6 +118,24 @@ def test_a_causal_lm_adapter_merges_too(tiny, cache_dir, tmp_path):
     export_merged(tmp_path / "ckpt", tiny["gpt2"], spec, tmp_path / "best")
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "best", local_files_only=True)
     assert merged.config.model_type == "gpt2" and not hasattr(merged, "peft_config")
+
+
+@pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")  # PEFT 0.21
+def test_a_merged_lora_export_is_readable_by_all(tiny_roberta_dir, tmp_path):
+    """The merged model.safetensors (safetensors writes 0600) and the adapter: files 0644, folders 0755."""
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    spec = load_task("RTE")
+    tok, model = load_for_task(tiny_roberta_dir, spec)
+    config = LoraConfig(task_type=TaskType.SEQ_CLS, r=R, target_modules=["query", "value"])
+    get_peft_model(model, config).save_pretrained(tmp_path / "ckpt")  # an untrained adapter: its files suffice
+    tok.save_pretrained(tmp_path / "ckpt")
+    record = TrialRecord(task="RTE", seed=1, score=0.5, checkpoint=str(tmp_path / "ckpt"))
+    with umask(0o022):
+        out = export_best(record, tmp_path / "best" / "RTE", "tiny-roberta",
+                          lambda ckpt, target: export_merged(ckpt, tiny_roberta_dir, spec, target))
+    assert {"model.safetensors", f"{ADAPTER_FOLDER}/adapter_model.safetensors"} <= set(modes(out))
+    assert unshared(out) == {}
 
 
 def test_copy_export_leaves_the_training_state_behind(tmp_path):

@@ -81,9 +81,10 @@ def test_pyfunc_of_the_champion_labels_as_our_server_does(registered, our_server
     predicted = _load(mlflow_server.url, "tiny-RTE").predict(PAIRS)
     assert list(predicted["label"]) == output(served, "label")
     assert list(predicted["score"]) == pytest.approx(output(served, "score"), abs=1e-4)
-    # the pair matters to both (a model that dropped text_pair would agree with itself alone)
-    alone = _infer(our_servers["RTE"], [texts("text", list(PAIRS.text))])
-    assert output(alone, "score") != pytest.approx(output(served, "score"), abs=1e-6)
+    # the pair matters (a model that dropped text_pair would answer the same for other second sentences)
+    others = list(PAIRS.text_pair[1:]) + list(PAIRS.text_pair[:1])
+    moved = _infer(our_servers["RTE"], [texts("text", list(PAIRS.text)), texts("text_pair", others)])
+    assert output(moved, "score") != pytest.approx(output(served, "score"), abs=1e-6)
 
 
 def test_pyfunc_of_the_champion_completes_as_our_server_does(our_servers, mlflow_server) -> None:

@@ -19,6 +19,7 @@ from sweep.results.records import (
     summarize,
     write_results,
 )
+from tests.helpers.files import modes, umask, unshared
 
 COLA, RTE = load_task("CoLA"), load_task("RTE")
 
@@ -84,6 +85,24 @@ def test_export_best_copies_and_records_how(tmp_path):
     made = json.loads((out / MADE_BY).read_text())
     assert (out / "config.json").exists()
     assert made["seed"] == 39 and made["score"] == 0.7 and made["model"] == "tiny-roberta" and made["best_epoch"] == 2
+
+
+def test_an_export_is_readable_by_all_whatever_modes_the_checkpoint_has(tmp_path):
+    """A server running as another user reads best/<TASK>/: files 0644, folders 0755 (umask 022)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "private").mkdir(parents=True, mode=0o700)  # as tempfile.mkdtemp leaves a folder
+    save_file({"w": np.zeros(2, dtype=np.float32)}, ckpt / "model.safetensors")  # safetensors writes it 0600
+    (ckpt / "config.json").write_text("{}")
+    (ckpt / "private" / "notes.txt").write_text("x")
+    (ckpt / "private" / "notes.txt").chmod(0o600)
+    r = _rec("RTE", 39, 0.7, checkpoint=str(ckpt))
+    with umask(0o022):
+        out = export_best(r, tmp_path / "best" / "RTE", "tiny-roberta")
+    assert {"model.safetensors", "private/notes.txt", MADE_BY} <= set(modes(out))
+    assert unshared(out) == {}
 
 
 def test_export_without_checkpoint_is_a_clear_error(tmp_path):

@@ -12,6 +12,7 @@ import json
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from sweep.serving.generation import finish_completion
 from sweep.serving.protocol import (
     GenerationParams,
     RequestError,
+    TaskInputs,
     Tensor,
     check_context,
     parse_classify,
@@ -85,6 +87,18 @@ def test_classify_request_errors(inputs: list[Tensor], parameters: dict[str, Any
     with pytest.raises(RequestError) as err:
         parse_classify(inputs, parameters)
     assert message in str(err.value)
+
+
+def test_a_task_takes_its_own_inputs_only() -> None:
+    """A pair task's model needs text_pair, a one-sentence task's refuses it; a folder with no task takes either."""
+    one, two = [tensor("text", ["a cat"])], [tensor("text", ["a cat"]), tensor("text_pair", ["an animal"])]
+    with pytest.raises(RequestError, match="missing input 'text_pair': .* sentence pairs \\(task RTE\\)"):
+        parse_classify(one, None, TaskInputs("RTE", pair=True))
+    with pytest.raises(RequestError, match="input 'text_pair': .* single sentences \\(task SST-2\\)"):
+        parse_classify(two, None, TaskInputs("SST-2", pair=False))
+    assert parse_classify(two, None, TaskInputs("RTE", pair=True)).items == [("a cat", "an animal")]
+    assert parse_classify(one, None, TaskInputs("SST-2", pair=False)).items == [("a cat", None)]
+    assert parse_classify(one, None).items == [("a cat", None)]
 
 
 def test_generate_request_defaults_and_settings() -> None:
@@ -369,7 +383,9 @@ def servers(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Iterat
     classifier_dir = export_tiny_classifier(root / "best" / "RTE", cache_dir)
     lm_dir = export_tiny_lm(root / "best" / "wikitext-2", cache_dir)
     started = {
-        "classifier": start_server(CLASSIFIER_NAME, classifier_dir, root / "classifier.log", cache_dir),
+        # log_requests=false: its log holds only what the server has to say (a bad request's line)
+        "classifier": start_server(CLASSIFIER_NAME, classifier_dir, root / "classifier.log", cache_dir,
+                                   "log_requests=false"),
         "lm": start_server(LM_NAME, lm_dir, root / "lm.log", cache_dir),
     }
     with serving(started):
@@ -396,15 +412,31 @@ def test_health_and_model_endpoints(servers: dict[str, Server]) -> None:
 @pytest.mark.slow
 def test_classifier_returns_labels_and_scores(servers: dict[str, Server]) -> None:
     server = servers["classifier"]
-    singles = _infer(server, {"inputs": [texts("text", ["the cat sees a dog", "a quiet river"])]})
-    assert singles.status_code == 200, singles.text
-    body = singles.json()
+    pairs = _infer(server, {"inputs": [texts("text", ["the cat sees a dog", "a quiet river"]),
+                                       texts("text_pair", ["a dog is seen", "the water is loud"])]})
+    assert pairs.status_code == 200, pairs.text
+    body = pairs.json()
     assert set(output(body, "label")) <= {"entailment", "not_entailment"} and len(output(body, "label")) == 2
     assert all(0.5 <= s <= 1.0 for s in output(body, "score"))  # probability of the predicted of 2 labels
-    pairs = _infer(server, {"inputs": [texts("text", ["the cat sleeps"]), texts("text_pair", ["a cat is asleep"])]})
-    assert pairs.status_code == 200 and len(output(pairs.json(), "label")) == 1
+    other = _infer(server, {"inputs": [texts("text", ["the cat sees a dog"]), texts("text_pair", ["nobody came"])]})
+    assert other.status_code == 200 and output(other.json(), "score") != output(body, "score")[:1]  # the pair counts
+
+
+@pytest.mark.slow
+def test_a_pair_task_without_text_pair_is_a_400_logged_in_one_line(servers: dict[str, Server]) -> None:
+    """RTE's model refuses one sentence (as MLflow's copy does); the 400 is one log line, no traceback."""
+    server = servers["classifier"]
+    logged = server.log.stat().st_size
     alone = _infer(server, {"inputs": [texts("text", ["the cat sleeps"])]})
-    assert output(pairs.json(), "score") != output(alone.json(), "score")
+    assert alone.status_code == 400, alone.text
+    assert alone.json()["error"].startswith("missing input 'text_pair': this model classifies sentence pairs "
+                                            "(task RTE)")
+    time.sleep(0.5)  # the line is written before the answer; a moment for anything that might follow it
+    with server.log.open("rb") as log:
+        lines = log.read()[logged:].decode(errors="replace").splitlines()
+    assert len(lines) == 1 and "Traceback" not in lines[0], "\n".join(lines)
+    assert " WARNING " in lines[0] and f"400 POST /v2/models/{server.name}/infer: missing input 'text_pair'" \
+        in lines[0], lines[0]
 
 
 def _generate(server: Server, prompts: list[str], **parameters: Any) -> dict[str, Any]:
@@ -495,8 +527,10 @@ def test_bad_request_gets_4xx_json_and_the_server_keeps_serving(
         response = httpx.post(url, json=body, timeout=30)
     assert response.status_code == status, response.text
     assert message in response.json()["error"]
-    good = _infer(server, {"inputs": [texts("text", ["still here"])],
-                           "parameters": {"max_new_tokens": 2} if server_kind == "lm" else {}})
+    if server_kind == "lm":
+        good = _infer(server, {"inputs": [texts("text", ["still here"])], "parameters": {"max_new_tokens": 2}})
+    else:
+        good = _infer(server, {"inputs": [texts("text", ["still here"]), texts("text_pair", ["it is"])]})
     assert good.status_code == 200, good.text
 
 
@@ -511,7 +545,8 @@ def test_200_concurrent_requests_zero_errors_and_batched(servers: dict[str, Serv
     clf, lm = servers["classifier"], servers["lm"]
     sentences = [f"the {i} cats see {i % 7} dogs near the river" for i in range(100)]
     prompts = [f"story number {i} begins" for i in range(100)]
-    requests = [(f"{clf.url}/v2/models/{clf.name}/infer", {"inputs": [texts("text", [s])]}) for s in sentences]
+    requests = [(f"{clf.url}/v2/models/{clf.name}/infer", {"inputs": [texts("text", [s]), texts("text_pair", [s])]})
+                for s in sentences]
     requests += [
         (f"{lm.url}/v2/models/{lm.name}/infer", {"inputs": [texts("text", [p])], "parameters": {"max_new_tokens": 4}})
         for p in prompts
@@ -524,7 +559,7 @@ def test_200_concurrent_requests_zero_errors_and_batched(servers: dict[str, Serv
     assert max(b["parameters"]["batch_size"] for b in bodies[:100]) > 1  # concurrent requests did share passes
     assert max(b["parameters"]["batch_size"] for b in bodies[100:]) > 1
     # Each answer is its own request's: the same as asking for all texts in one request.
-    together = _infer(clf, {"inputs": [texts("text", sentences)]}).json()
+    together = _infer(clf, {"inputs": [texts("text", sentences), texts("text_pair", sentences)]}).json()
     assert [output(b, "score")[0] for b in bodies[:100]] == pytest.approx(output(together, "score"), abs=1e-5)
     assert [output(b, "label")[0] for b in bodies[:100]] == output(together, "label")
     alone = _generate(lm, prompts[:10], max_new_tokens=4)

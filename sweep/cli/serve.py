@@ -44,7 +44,8 @@ _DEFAULTS = {f.name: f.default for f in fields(ServeOptions) if f.default is not
 OPTIONS: dict[str, Option] = {
     "model": Option(non_empty, None,
                     "a folder exported by a sweep (best/<TASK>/), models:/<name>@<alias>, or s3://bucket/prefix; "
-                    "with adapters=: the base model they were trained on", required=True),
+                    "with adapters=: the base model they were trained on (its folder, or the sweep's name for it: "
+                    "a model config such as minilm)", required=True),
     "name": Option(non_empty, _DEFAULTS["name"],
                    "name the model is published under (default: its registered name <model>-<task>)"),
     "adapters": Option(non_empty, _DEFAULTS["adapters"],

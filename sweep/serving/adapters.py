@@ -1,5 +1,8 @@
 """Many LoRA adapters on one base model: ``sweep serve model=BASE adapters=...`` (one process, the base loaded once).
 
+``model=`` is the base's folder (or ``models:/``, ``s3://``), or the name the sweep knew it by: a model config
+(``conf/model/<name>.yaml``, e.g. ``minilm``), found as the sweep finds it (its package, its tiny build, its path).
+
 A LoRA sweep exports per task ``best/<TASK>/`` (the merged model) and ``best/<TASK>/adapter/`` (PEFT's
 ``adapter_config.json`` + ``adapter_model.safetensors``, the task's head inside). ``adapters=`` is a
 comma-separated list; each entry is one of:
@@ -37,7 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from sweep.results.records import ADAPTER_FOLDER, MADE_BY, registry_name
+from sweep.serving.protocol import TaskInputs
 from sweep.serving.serve import ServeError, ServeOptions, _default_cache_dir, _port_taken
+from sweep.serving.source import made_by, task_inputs
 
 ADAPTER_CONFIG = "adapter_config.json"  # PEFT's; a folder holding it is an adapter, not a model
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
@@ -55,6 +60,7 @@ class Adapter:
     task_type: str
     base_model: str | None  # base_model_name_or_path: the folder (or hub id) it was trained on
     labels: tuple[str, ...] | None  # the export's id2label (best/<TASK>/config.json), when beside it
+    inputs: TaskInputs | None = None  # what its task takes (text, or text and text_pair), when its export says
 
 
 # -- adapters= -> the adapters ------------------------------------------------------------------------------
@@ -78,14 +84,16 @@ def _exports(path: Path) -> list[Path]:
         if best.is_dir() else []
 
 
+def _export_of(folder: Path) -> Path:
+    """The LoRA export an adapter folder belongs to (``best/<TASK>/`` for its ``adapter/``), else the folder."""
+    return folder.parent if folder.name == ADAPTER_FOLDER else folder
+
+
 def _default_name(folder: Path) -> str:
     """The name the merged export beside the adapter is served under: ``<model>-<task>``, else the folder's."""
-    export = folder.parent if folder.name == ADAPTER_FOLDER else folder
-    try:
-        info = json.loads((export / MADE_BY).read_text())
-    except (OSError, json.JSONDecodeError):
-        info = {}
-    if isinstance(info, dict) and info.get("model") and info.get("task"):
+    export = _export_of(folder)
+    info = made_by(export)
+    if info.get("model") and info.get("task"):
         return registry_name(info["model"], info["task"])
     return registry_name(export.resolve().name)
 
@@ -115,7 +123,8 @@ def _read_adapter(name: str, folder: Path, entry: str) -> Adapter:
                          f"serves {SEQ_CLS} (a classifier's) and {CAUSAL_LM} (a language model's) adapters")
     if not _NAME.match(name):
         raise ServeError(f"adapters: {entry}: {name!r} is not a model name (letters, digits, '_', '-', '.')")
-    return Adapter(name, folder, task_type, config.get("base_model_name_or_path"), _labels(folder))
+    return Adapter(name, folder, task_type, config.get("base_model_name_or_path"), _labels(folder),
+                   task_inputs(_export_of(folder)))
 
 
 def find_adapters(value: str) -> list[Adapter]:
@@ -170,10 +179,11 @@ def _saved_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
         return {k.removeprefix(_PEFT_PREFIX): tuple(f.get_slice(k).get_shape()) for k in f.keys()}
 
 
-def _resolve_base(options: ServeOptions) -> Path:
-    """``model=`` as a local folder (as a plain server resolves it); an adapter there is the first mistake."""
+def resolve_base(options: ServeOptions) -> Path:
+    """``model=`` as a local folder: a folder or URI (as a plain server resolves it), or a model config's name
+    (``minilm``: as the sweep resolves it). An adapter there is the first mistake."""
     from sweep.errors import ModelSourceError, StagingError
-    from sweep.serving.source import resolve_model_source
+    from sweep.serving.source import resolve_model_config, resolve_model_source
 
     local = Path(options.model).expanduser()
     if "://" not in options.model and (local / ADAPTER_CONFIG).is_file():
@@ -181,7 +191,9 @@ def _resolve_base(options: ServeOptions) -> Path:
                          f"on ({_base_hint(local)}) and the adapter in adapters=")
     try:
         cache_dir = Path(options.cache_dir).expanduser() if options.cache_dir else _default_cache_dir()
-        return resolve_model_source(options.model, cache_dir, options.tracking_uri)
+        if "://" in options.model or local.exists():  # a folder of that name wins over a config's
+            return resolve_model_source(options.model, cache_dir, options.tracking_uri)
+        return resolve_model_config(options.model, cache_dir)
     except (ModelSourceError, StagingError) as e:
         raise ServeError(str(e)) from None
 
@@ -353,6 +365,7 @@ class AdapterEngine:
 
     def __init__(self, engine: Any, shared: SharedBase, adapter: Adapter, labels: Sequence[str] | None = None) -> None:
         self._engine, self._shared, self.adapter = engine, shared, adapter
+        self.inputs = adapter.inputs
         if labels is not None:
             self.labels = list(labels)
 
@@ -398,6 +411,7 @@ def _classifier_engine(model_dir: Path, num_labels: int, device: str) -> Any:
             self.max_length = context_length(self.model.config, self.tokenizer.model_max_length)
             self.regression = num_labels == 1
             self.labels = [f"LABEL_{i}" for i in range(num_labels)]
+            self.inputs = None  # the base is no task's: each adapter says its own
 
     return BaseClassifier()
 
@@ -447,7 +461,7 @@ def serve_adapters(options: ServeOptions) -> None:
     if options.grpc and options.grpc_port == options.port:
         raise ServeError(f"grpc_port: must differ from port (both {options.port}); or grpc=false")
     adapters = find_adapters(options.adapters or "")
-    model_dir = _resolve_base(options)
+    model_dir = resolve_base(options)
     num_labels = check_base(model_dir, options.model, adapters)
     grpc_port = options.grpc_port if options.grpc else None
     if grpc_port and _port_taken(grpc_port):

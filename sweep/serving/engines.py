@@ -32,6 +32,7 @@ from sweep.models.quiet import quiet_transformers
 from sweep.serving.generation import finish_completion, streamable_text
 from sweep.serving.model_kind import CAUSAL_LM, CLASSIFIER, ModelKindError
 from sweep.serving.protocol import Classification, Completion, GenerationParams
+from sweep.serving.source import task_inputs
 from sweep.train.loading import load_tokenizer, pick_device
 
 # A tokenizer without a real limit reports a huge sentinel as model_max_length.
@@ -58,6 +59,7 @@ class Classifier:
         self.max_length = context_length(self.model.config, self.tokenizer.model_max_length)
         self.regression = self.model.config.num_labels == 1
         self.labels = [self.model.config.id2label[i] for i in range(self.model.config.num_labels)]
+        self.inputs = task_inputs(model_dir)  # what its task takes: text, or text and text_pair
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "labels": None if self.regression else self.labels, "max_length": self.max_length}

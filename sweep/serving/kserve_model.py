@@ -18,7 +18,11 @@ kserve = import_kserve()
 from fastapi import Request  # noqa: E402 - after kserve, which builds the app
 from fastapi.exceptions import RequestValidationError  # noqa: E402
 from fastapi.responses import JSONResponse  # noqa: E402
+from grpc import StatusCode  # noqa: E402
 from kserve.errors import InvalidInput, ModelNotFound, ModelNotReady  # noqa: E402
+from kserve.logging import logger  # noqa: E402
+from kserve.protocol.grpc import server as kserve_grpc_server  # noqa: E402
+from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor  # noqa: E402
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse, to_http_parameters  # noqa: E402
 from kserve.protocol.rest import server as kserve_rest_server  # noqa: E402
 
@@ -117,14 +121,15 @@ class ClassifierModel(BatchedTextModel):
         self.engine = engine
 
     def parse(self, inputs: list[Tensor], parameters: Mapping[str, Any] | None) -> tuple[Hashable | None, list[Any]]:
-        request = parse_classify(inputs, parameters)
+        request = parse_classify(inputs, parameters, self.engine.inputs)
         return request.batch_key, request.items
 
     def encode(self, results: list[Any]) -> list[Tensor]:
         return classification_outputs(results)
 
     def get_input_types(self) -> list[dict[str, Any]]:
-        return [_io_spec(TEXT, "BYTES", [-1]), _io_spec(TEXT_PAIR, "BYTES", [-1])]
+        names = self.engine.inputs.names if self.engine.inputs is not None else (TEXT, TEXT_PAIR)
+        return [_io_spec(name, "BYTES", [-1]) for name in names]
 
     def get_output_types(self) -> list[dict[str, Any]]:
         outputs = [_io_spec("score", "FP32", [-1])]
@@ -253,6 +258,39 @@ async def not_ready(request: Request, exc: ModelNotReady | DecodingGone) -> JSON
     return _error(request, 503, message, "ServiceUnavailableError")
 
 
+MAX_LOGGED_CHARS = 500  # of a client's error message: a request may be megabytes, its log line may not
+
+
+def _one_line(text: str) -> str:
+    """A message as one short log line: its newlines (a client's texts may hold some) folded, cut at the limit."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= MAX_LOGGED_CHARS else f"{flat[:MAX_LOGGED_CHARS]}..."
+
+
+def log_client_error(status: str, where: str, exc: BaseException) -> None:
+    """A client's mistake (400, gRPC INVALID_ARGUMENT) is one WARNING line; its traceback only at DEBUG: the
+    server did nothing wrong (KServe's own handlers log an ERROR with the whole traceback)."""
+    logger.warning("%s %s: %s", status, where, _one_line(str(exc)))
+    logger.debug("the traceback of that %s", status, exc_info=exc)
+
+
+async def bad_request(request: Request, exc: InvalidInput) -> JSONResponse:
+    """KServe's 400 (the same body), logged as one line."""
+    log_client_error("400", f"{request.method} {request.url.path}", exc)
+    return JSONResponse(status_code=400, content={"error": str(exc)})
+
+
+class ClientErrorsInOneLine(ExceptionToStatusInterceptor):
+    """KServe's gRPC exception interceptor, but a bad request (INVALID_ARGUMENT) is one log line, as over REST."""
+
+    async def handle_exception(self, ex: Exception, request_or_iterator: Any, context: Any, method_name: str) -> None:
+        if isinstance(ex, InvalidInput):
+            model = getattr(request_or_iterator, "model_name", "")
+            log_client_error("INVALID_ARGUMENT", f"{method_name} {model}".strip(), ex)
+            await context.abort(StatusCode.INVALID_ARGUMENT, ex.reason)
+        await super().handle_exception(ex, request_or_iterator, context, method_name)
+
+
 def _not_a_grpc_call_line(record: logging.LogRecord) -> bool:
     """False for KServe's per-call gRPC log line ("grpc method: ..."), which log_requests=false drops."""
     return not str(record.msg).startswith("grpc method:")
@@ -293,10 +331,12 @@ def serve(models: BatchedTextModel | Sequence[BatchedTextModel], port: int, log_
     models = [models] if isinstance(models, BatchedTextModel) else list(models)
     _SERVED.clear()
     _SERVED.update({m.name: m for m in models})
-    # KServe adds its own ModelNotFound and ModelNotReady handlers when the app is built (in server.start): it
-    # takes ours by name
+    # KServe adds its own InvalidInput, ModelNotFound and ModelNotReady handlers when the app is built (in
+    # server.start), and its gRPC interceptors when the gRPC server starts: it takes ours by name
+    kserve_rest_server.invalid_input_handler = bad_request
     kserve_rest_server.model_not_found_handler = _unknown_model
     kserve_rest_server.model_not_ready_handler = not_ready
+    kserve_grpc_server.ExceptionToStatusInterceptor = ClientErrorsInOneLine
     server = kserve.ModelServer(
         http_port=port,
         grpc_port=grpc_port or 0,  # unused when gRPC is off

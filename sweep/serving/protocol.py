@@ -4,8 +4,10 @@ A request names its inputs; both kinds of model take the texts as a ``BYTES`` te
 shape ``[n]`` (or ``[n, 1]``). A classifier also takes ``text_pair`` (same shape) for sentence-pair
 tasks; a causal LM takes its sampling settings as request ``parameters`` (``max_new_tokens``,
 ``temperature``, ``top_p``, ``seed``, ``stop``) and, for several stop sequences, a ``BYTES``
-tensor ``stop`` of shape ``[k]``. Anything else is a ``RequestError``: the client's mistake, sent
-back as a 400 with the message, never a 500.
+tensor ``stop`` of shape ``[k]``. A classifier whose folder says its task (``sweep_made_by.json``)
+takes exactly that task's inputs: ``text_pair`` is required by a pair task and refused by a single-sentence
+one, as MLflow's copy of the model (its signature) does. Anything else is a ``RequestError``: the client's
+mistake, sent back as a 400 with the message, never a 500.
 """
 
 from __future__ import annotations
@@ -37,6 +39,18 @@ class Tensor:
     shape: list[int]
     datatype: str
     data: list[Any]
+
+
+@dataclass(frozen=True)
+class TaskInputs:
+    """The texts a classifier's task takes: a sentence pair each (RTE, MRPC) or one sentence (SST-2)."""
+
+    task: str
+    pair: bool
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (TEXT, TEXT_PAIR) if self.pair else (TEXT,)
 
 
 @dataclass(frozen=True)
@@ -170,10 +184,25 @@ def _check_parameters(parameters: Mapping[str, Any] | None, allowed: Iterable[st
     return {k: v for k, v in params.items() if k in allowed}
 
 
-def parse_classify(inputs: Sequence[Tensor], parameters: Mapping[str, Any] | None) -> ClassifyRequest:
+def _check_pairing(found: Mapping[str, Tensor], task: TaskInputs) -> None:
+    """A pair task's model given one sentence (or the reverse) would answer a label that means nothing."""
+    if task.pair and TEXT_PAIR not in found:
+        raise RequestError(f"missing input {TEXT_PAIR!r}: this model classifies sentence pairs (task {task.task}); "
+                           f"send a BYTES tensor {TEXT_PAIR!r}, one second sentence per {TEXT!r} "
+                           "(sweep infer: --pair TEXT)")
+    if not task.pair and TEXT_PAIR in found:
+        raise RequestError(f"input {TEXT_PAIR!r}: this model classifies single sentences (task {task.task}); "
+                           f"send {TEXT!r} alone")
+
+
+def parse_classify(inputs: Sequence[Tensor], parameters: Mapping[str, Any] | None,
+                   task: TaskInputs | None = None) -> ClassifyRequest:
+    """Texts (and pairs) of a classifier's request; ``task`` None: a model that does not say its task takes either."""
     found = _by_name(inputs, (TEXT, TEXT_PAIR))
     _check_parameters(parameters, ())
     texts = decode_texts(_require(found, TEXT))
+    if task is not None:
+        _check_pairing(found, task)
     pairs = None
     if TEXT_PAIR in found:
         pairs = decode_texts(found[TEXT_PAIR])

@@ -12,10 +12,12 @@ import json
 import re
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from sweep.errors import ModelSourceError
 from sweep.files import atomic_folder, is_model_folder, require_model_folder
 from sweep.results.records import MADE_BY, registry_name
+from sweep.serving.protocol import TaskInputs
 
 MODELS_SCHEME = "models:/"
 S3_SCHEME = "s3://"
@@ -108,17 +110,64 @@ def _download_registered(source: str, cache_dir: Path, tracking_uri: str | None)
     return dest
 
 
+def made_by(model_dir: Path) -> dict[str, Any]:
+    """The export's ``sweep_made_by.json`` (how the sweep made it); {} for a folder without a readable one."""
+    try:
+        info = json.loads((Path(model_dir) / MADE_BY).read_text())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
 def published_name(model_dir: Path, source: str) -> str:
     """The registry name ``<model>-<task>`` the sweep gave this model, else the folder's name."""
     name = registered_name(source)
     if name:
         return name
-    made_by = Path(model_dir) / MADE_BY
-    if made_by.is_file():
-        try:
-            info = json.loads(made_by.read_text())
-        except json.JSONDecodeError:
-            info = {}
-        if info.get("model") and info.get("task"):
-            return registry_name(info["model"], info["task"])
+    info = made_by(model_dir)
+    if info.get("model") and info.get("task"):
+        return registry_name(info["model"], info["task"])
     return registry_name(Path(model_dir).resolve().name)
+
+
+def task_inputs(model_dir: Path) -> TaskInputs | None:
+    """The inputs the task of an exported classifier takes (its made-by names the task); None when unknown."""
+    from sweep.config.tasks import TaskConfigError, load_task
+
+    task = made_by(model_dir).get("task")
+    if not isinstance(task, str) or not task:
+        return None
+    try:
+        spec = load_task(task)
+    except (TaskConfigError, ValueError):  # a task this install does not ship: take either input
+        return None
+    return TaskInputs(spec.name, spec.is_pair)
+
+
+# ---------------------------------------------------------------------------------------------
+# A base model named as the sweep names it (``model=minilm adapters=...``).
+
+def model_config_names() -> list[str]:
+    """The names of the model configs (conf/model/*.yaml): what a sweep's ``model=`` takes."""
+    from sweep.config.tasks import CONF_DIR
+
+    return sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
+
+
+def resolve_model_config(name: str, cache_dir: Path) -> Path:
+    """The folder of the model config ``name``, found as the sweep finds it (sweep/models/source.py): its
+    package's folder, its tiny build in ``cache_dir`` (the sweep's default cache), or its ``path``."""
+    from omegaconf import OmegaConf
+
+    from sweep.config.tasks import CONF_DIR
+    from sweep.models.source import resolve_model_dir
+
+    if name not in model_config_names():
+        raise ModelSourceError(f"model={name}: no such folder, and no model config of that name; give the base's "
+                               f"folder (model=DIR) or a model config: {', '.join(model_config_names())}")
+    config = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / f"{name}.yaml"), resolve=True)
+    if not (config.get("path") or config.get("builder") or config.get("package")):
+        raise ModelSourceError(f"model={name}: the model config {name} names a hub model "
+                               f"({config.get('hub_id') or name}), which has no local copy here; give the folder "
+                               "the sweep read it from: model=DIR")
+    return resolve_model_dir(config, cache_dir)
