@@ -87,11 +87,10 @@ def test_a_trial_the_memory_monitor_kills_fails_and_tune_goes_on(tmp_path):
     know: tuner.fit() raised and the sweep died. Now the trial is retried, then ERROR with one line."""
     import ray
     from ray import tune
+    from ray._private.utils import get_system_memory, get_used_memory  # what the monitor itself reads
 
     from sweep.failures import trial_failure_line
     from sweep.run.tuner import fit_sweep
-
-    from ray._private.utils import get_system_memory, get_used_memory  # what the monitor itself reads
 
     threshold = (get_used_memory() + 2.5 * 2**30) / get_system_memory()  # 2.5 GiB above what is used now
 
