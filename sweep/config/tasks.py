@@ -20,7 +20,7 @@ def _conf_dir() -> Path:
     spec = importlib.util.find_spec("sweep.conf")
     if spec is not None and spec.origin:
         return Path(spec.origin).parent
-    return Path(__file__).resolve().parents[1] / "conf"  # a checkout used without installing
+    return Path(__file__).resolve().parents[2] / "conf"  # a checkout used without installing: <repo>/conf
 
 
 CONF_DIR = _conf_dir()
