@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from mlflow import MlflowClient
 
 from sweep.app import record_in_mlflow
@@ -77,3 +78,49 @@ def test_an_analysis_that_fails_at_the_end_is_one_line_and_the_rest_goes_on(tmp_
     assert "importance: not written (RuntimeError: the analysis broke)" in printed
     assert (out / "best" / "WNLI" / "config.json").is_file() and (out / "results.csv").is_file()
     assert (out / "expected_max.csv").is_file()  # the other analysis still ran
+
+
+def test_a_sweep_that_learned_nothing_warns_and_registers_no_champion(tmp_path: Path, cache_dir: Path,
+                                                                      synthetic_glue_dir: Path, capsys) -> None:
+    """The end of a chance-level sweep (issue 18): every seed at what a constant answer scores on the
+    eval rows. One warning line for the task; its model is registered as a version, never champion;
+    a task of the same sweep that did learn still becomes champion (a real sqlite store)."""
+    from sweep.app import finish
+    from sweep.config.tasks import load_task
+    from sweep.tracking import CHAMPION
+    from sweep.train.tiny_exports import export_tiny_classifier
+    from sweep.train.trivial import task_trivial_score
+
+    settings = compose_settings("task=[WNLI,RTE]", "model=tiny-roberta", "sweep.seeds=[38,39]",
+                                f"storage.data_dir={synthetic_glue_dir}", "tracking.experiment=chance")
+    trivial = task_trivial_score(load_task("WNLI"), lambda: synthetic_glue_dir, None).score
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    out = tmp_path / "out"
+    tracker = SweepTracker(uri, "chance", spool_dir=out / "mlflow-unsent")
+    tracker.start({"task": "WNLI,RTE"})
+    checkpoint = str(export_tiny_classifier(tmp_path / "checkpoint", cache_dir))
+
+    def record(task: str, seed: int, score: float) -> TrialRecord:
+        trial = TrialLogger(uri, tracker.experiment_id, tracker.run_id, f"{task}-seed{seed}", {"task": task})
+        trial.start()
+        trial.end("FINISHED")
+        return TrialRecord(task=task, seed=seed, score=score, metrics={"acc": score}, checkpoint=checkpoint,
+                           run_id=trial.run_id)
+
+    records = [record("WNLI", 38, trivial), record("WNLI", 39, trivial), record("RTE", 38, 0.99)]
+    summaries = finish(settings, records, out, [], tracker=tracker)
+
+    printed = capsys.readouterr().out
+    (warning,) = [line for line in printed.splitlines() if line.startswith("warning:")]
+    assert warning.startswith(f"warning: WNLI learned nothing: best acc {trivial:.4f} is within noise")
+    assert f"of the trivial {trivial:.4f}" in warning and "not promoted to champion" in warning
+    assert "try more rows" not in warning and "more epochs (train.epochs=" in warning  # every row was used
+    assert "registry: tiny-roberta-WNLI version 1, not promoted: it learned nothing" in printed
+    assert "registry: tiny-roberta-RTE version 1, now champion" in printed
+    client = MlflowClient(tracking_uri=uri)
+    assert CHAMPION not in client.get_registered_model("tiny-roberta-WNLI").aliases
+    assert client.get_model_version("tiny-roberta-WNLI", "1").tags["learned"] == "false"
+    assert str(client.get_registered_model("tiny-roberta-RTE").aliases[CHAMPION]) == "1"
+    assert [(s.task, s.learned) for s in summaries] == [("WNLI", False), ("RTE", True)]
+    parent = client.get_run(tracker.run_id).data.metrics
+    assert parent["WNLI.learned"] == 0.0 and parent["WNLI.trivial"] == pytest.approx(trivial)

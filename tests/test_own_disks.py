@@ -84,9 +84,15 @@ def test_a_sweep_on_a_node_with_its_own_disk_logs_every_trial_ships_the_data_and
     assert (cluster.driver / "one" / "best" / "WNLI" / "config.json").is_file()
     assert not (cluster.driver / "one" / "ray").exists()  # nothing of the trials' on the driver's disk
     children = assert_every_trial_logged(uri, "own-disk", records, evaluations=2)
-    champion = MlflowClient(tracking_uri=uri).get_model_version_by_alias("tiny-roberta-WNLI", "champion")
-    assert champion.run_id == best.run_id and champion.run_id in {r.info.run_id for r in children}
-    assert "now champion" in done.stdout
+    # the best is registered from the driver; champion only if it learned (two epochs of the demo leave
+    # these seeds at the trivial score: issue 18), its version pointing at the best trial's run either way
+    client = MlflowClient(tracking_uri=uri)
+    (version,) = client.search_model_versions("name='tiny-roberta-WNLI'")
+    assert version.run_id == best.run_id and version.run_id in {r.info.run_id for r in children}
+    (summary,) = json.loads((cluster.driver / "one" / "results.json").read_text())["summary"]
+    aliases = client.get_registered_model("tiny-roberta-WNLI").aliases
+    assert (aliases.get("champion") is not None) == summary["learned"], (aliases, summary)
+    assert ("now champion" if summary["learned"] else "not promoted: it learned nothing") in done.stdout
 
 
 def test_a_node_that_lacks_the_data_is_named_when_shipping_is_off(own_disk_cluster):

@@ -14,15 +14,17 @@ import re
 import shutil
 import statistics
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sweep.config.settings import TrainConfig
 from sweep.config.tasks import TaskSpec
 from sweep.disk import folder_size, writing
 from sweep.files import atomic_folder, write_json, write_text
 from sweep.remote_files import fetch_folder, is_remote
+from sweep.results.chance import TrivialScore, learned, noise_margin
 from sweep.trials import TRAINING_STATE
 
 MADE_BY = "sweep_made_by.json"  # written beside an exported model: how it was made
@@ -87,6 +89,10 @@ class TaskSummary:
     stopped: int = 0  # trials stopped early by the rungs
     steps: int = 0  # optimizer steps trained, all trials
     steps_full: int = 0  # the steps every trial would have trained to the end
+    trivial_score: float | None = None  # what a constant answer scores on the eval rows (None: not known)
+    eval_rows: int = 0  # the eval rows the trials were scored on (what the noise is measured on)
+    noise: float | None = None  # how far from the trivial score chance lands (results/chance.noise_margin)
+    learned: bool | None = None  # the best beats the trivial score by more than the noise (None: not known)
 
 
 def rank_key(mode: str, score: float, seed: int) -> tuple[float, int]:
@@ -146,7 +152,10 @@ def format_points(records: list[TrialRecord], specs: list[TaskSpec], aggregate: 
     return "\n".join(lines)
 
 
-def summarize(records: list[TrialRecord], specs: list[TaskSpec], aggregate: str | None = None) -> list[TaskSummary]:
+def summarize(records: list[TrialRecord], specs: list[TaskSpec], aggregate: str | None = None,
+              trivial: Mapping[str, TrivialScore] | None = None) -> list[TaskSummary]:
+    """Per task: the seeds' statistics, the best trial and, with ``trivial`` (task -> its trivial score on
+    the eval rows, ``sweep.train.trivial``), whether that best learned anything."""
     best = best_per_task(records, specs, aggregate)
     out = []
     for spec in specs:
@@ -173,7 +182,18 @@ def summarize(records: list[TrialRecord], specs: list[TaskSpec], aggregate: str 
                 steps_full=sum(r.steps_total for r in mine),
             )
         )
+        _judge(out[-1], (trivial or {}).get(spec.name))
     return out
+
+
+def _judge(summary: TaskSummary, trivial: TrivialScore | None) -> None:
+    """The summary's trivial score, noise and verdict (left unset when either side is not known)."""
+    if trivial is None or trivial.score is None:
+        return
+    summary.trivial_score, summary.eval_rows = trivial.score, trivial.rows
+    summary.noise = noise_margin(summary.metric, trivial.score, trivial.rows)
+    if summary.best_score is not None:
+        summary.learned = learned(summary.best_score, trivial.score, summary.noise, summary.mode)
 
 
 def _flat_row(r: TrialRecord) -> dict[str, Any]:
@@ -282,6 +302,29 @@ def format_early_stops(records: list[TrialRecord], summaries: list[TaskSummary])
     return "\n".join(lines)
 
 
+# What to change when a task learned nothing, with the train key that changes it.
+TRY_NEXT = (("more rows", "max_train_samples"), ("more epochs", "epochs"), ("another lr", "lr"))
+
+
+def format_unlearned(s: TaskSummary, train: TrainConfig, hparams: Mapping[str, Any], registry: bool) -> str:
+    """The one warning line of a task whose best is within noise of its trivial score: the numbers, what
+    becomes of its model (``registry``: it is registered) and what to try (the values the best trial
+    trained with: its ``hparams`` over ``train``)."""
+    fate = ("not promoted to champion (registered as a version without the alias)" if registry
+            else "its model is exported all the same")
+    return (f"warning: {s.task} learned nothing: best {s.metric} {s.best_score:.4f} is within noise (±{s.noise:.4f} on "
+            f"{s.eval_rows} eval rows) of the trivial {s.trivial_score:.4f} a constant answer scores; {fate}; "
+            f"try {_tries(train, hparams)}")
+
+
+def _tries(train: TrainConfig, hparams: Mapping[str, Any]) -> str:
+    """'more rows (train.max_train_samples=256), more epochs (train.epochs=4) or another lr (train.lr=0.005)';
+    no 'more rows' when every training row was used already (max_train_samples null)."""
+    values = {key: hparams.get(key, getattr(train, key)) for _, key in TRY_NEXT}
+    tries = [f"{what} (train.{key}={values[key]:g})" for what, key in TRY_NEXT if values[key] is not None]
+    return ", ".join(tries[:-1]) + f" or {tries[-1]}" if len(tries) > 1 else "".join(tries)
+
+
 def format_summary(summaries: list[TaskSummary]) -> str:
     """A fixed-width table: per task n, mean ± std, median, min, max, best seed and score."""
     width = max([8, *(len(s.task) for s in summaries)])  # wikitext-2-raw is longer than any GLUE name
@@ -289,10 +332,12 @@ def format_summary(summaries: list[TaskSummary]) -> str:
             f"{'best seed':>9} {'best':>8} {'GPU-h':>7}")
     lines = [head, "-" * len(head)]
     for s in summaries:
-        fails = f" ({s.failed} failed)" if s.failed else ""
+        notes = f" ({s.failed} failed)" if s.failed else ""
+        if s.learned is False:
+            notes += f" (within noise of the trivial {s.trivial_score:.4f})"
         best = f"{s.best_score:8.4f}" if s.best_score is not None else f"{'-':>8}"
         lines.append(
             f"{s.task:<{width}} {s.metric:<11} {s.n:>3} {s.mean:8.4f} ± {s.std:6.4f} {s.median:8.4f} {s.min:8.4f} "
-            f"{s.max:8.4f} {s.best_seed if s.best_seed is not None else '-':>9} {best} {s.gpu_hours:7.3f}{fails}"
+            f"{s.max:8.4f} {s.best_seed if s.best_seed is not None else '-':>9} {best} {s.gpu_hours:7.3f}{notes}"
         )
     return "\n".join(lines)

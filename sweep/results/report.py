@@ -1,4 +1,5 @@
-"""A picture of a sweep: every seed's score per task over a box plot, the best seed starred.
+"""A picture of a sweep: every seed's score per task over a box plot, the best seed starred, the
+trivial score (a constant answer's) as a dashed line.
 
 Built on matplotlib's object API with the Agg canvas, never pyplot: no global backend or figure
 state, so it is safe in a driver that also runs Ray and in headless CI.
@@ -6,6 +7,7 @@ state, so it is safe in a driver that also runs Ray and in headless CI.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +21,8 @@ from sweep.results.records import TrialRecord, best_per_task
 JITTER = 0.12  # half-width of the horizontal scatter, so equal scores stay visible
 
 
-def _draw_task(ax: Axes, spec: TaskSpec, records: list[TrialRecord], rng: np.random.Generator) -> None:
+def _draw_task(ax: Axes, spec: TaskSpec, records: list[TrialRecord], rng: np.random.Generator,
+               trivial: float | None = None) -> None:
     mine = [r for r in records if r.task == spec.name]
     done = [r for r in mine if r.ok]
     failed = len(mine) - len(done)
@@ -41,15 +44,32 @@ def _draw_task(ax: Axes, spec: TaskSpec, records: list[TrialRecord], rng: np.ran
     x = xs[done.index(best)]
     ax.scatter([x], [best.score], marker="*", s=260, color="gold", edgecolors="black", zorder=4)
     ax.annotate(f"seed {best.seed}", (x, best.score), xytext=(8, 6), textcoords="offset points")
+    if trivial is not None:
+        _draw_trivial(ax, trivial)
 
 
-def plot_seed_scores(records: list[TrialRecord], specs: list[TaskSpec], path: Path) -> Path:
-    """Write a PNG with one panel per task and return its path."""
-    path = Path(path)
+def _draw_trivial(ax: Axes, trivial: float) -> None:
+    """The score of a constant answer, dashed across the panel: seeds on it learned nothing."""
+    ax.axhline(trivial, color="firebrick", linestyle="--", linewidth=1, zorder=2, label=f"trivial {trivial:.4f}")
+    ax.legend(loc="lower right", fontsize="small", frameon=False)
+
+
+def seed_scores_figure(records: list[TrialRecord], specs: list[TaskSpec],
+                       trivial: Mapping[str, float | None] | None = None) -> Figure:
+    """One panel per task: every seed's score, the best starred, and (``trivial``: task -> its trivial
+    score) the score of a constant answer as a labelled dashed line."""
     fig = Figure(figsize=(3.2 * max(1, len(specs)), 4.2), layout="constrained")
     rng = np.random.default_rng(0)  # fixed jitter: the same results draw the same picture
     for ax, spec in zip(fig.subplots(1, max(1, len(specs)), squeeze=False)[0], specs):
-        _draw_task(ax, spec, records, rng)
+        _draw_task(ax, spec, records, rng, (trivial or {}).get(spec.name))
+    return fig
+
+
+def plot_seed_scores(records: list[TrialRecord], specs: list[TaskSpec], path: Path,
+                     trivial: Mapping[str, float | None] | None = None) -> Path:
+    """Write seed_scores_figure as a PNG and return its path."""
+    path = Path(path)
+    fig = seed_scores_figure(records, specs, trivial)
     with atomic_file(path, "wb") as f:  # a reader never sees half a PNG
         fig.savefig(f, format="png", dpi=120)
     return path

@@ -237,8 +237,10 @@ def _summary_metrics(records: list[TrialRecord], summaries: list[TaskSummary]) -
     metrics = {"trials.finished": float(sum(r.ok for r in records)),
                "trials.failed": float(sum(not r.ok for r in records))}
     for s in summaries:
+        learned = float(s.learned) if s.learned is not None else None  # 1: beat the trivial score by more than noise
         for name, value in (("mean", s.mean), ("std", s.std), ("best", s.best_score), ("stopped", s.stopped),
-                            ("steps", s.steps), ("steps_full", s.steps_full)):
+                            ("steps", s.steps), ("steps_full", s.steps_full), ("trivial", s.trivial_score),
+                            ("learned", learned)):
             if value is not None and math.isfinite(value):  # a task with no finished trial has no stats
                 metrics[_key(f"{s.task}.{name}")] = float(value)
     return metrics

@@ -1,6 +1,6 @@
 """The model registry: ``register_best`` logs a trial's exported model as an MLflow Model (the
 transformers flavor, ``model_flavor``), registers it as a new version of ``<model>-<task>`` and moves
-alias ``champion`` to it only if it beats the champion's score.
+alias ``champion`` to it only if it beats the champion's score and learned something.
 """
 
 from __future__ import annotations
@@ -58,10 +58,13 @@ def register_best(
     run_id: str,
     model_dir: Path,
     score: float,
+    learned: bool = True,
 ) -> RegistrationResult:
     """Log ``model_dir`` as an MLflow Model on ``run_id`` (once: the flavor's files are the only copy),
     register it as a new version of ``<model_name>-<task>`` and move alias ``champion`` to it only if
-    it beats the champion's score (``spec.mode``)."""
+    it beats the champion's score (``spec.mode``). ``learned=False`` (its score is within noise of the
+    task's trivial score, ``sweep.results.chance``): registered and tagged so, never champion; a model
+    answering as a constant would must not be what a server loads by the alias."""
     mode = spec.mode
     if mode not in ("max", "min"):
         raise ValueError(f"mode: got {mode!r}, allowed: max, min")
@@ -72,11 +75,13 @@ def register_best(
     logged = _retry(log_best_model, uri, run_id, Path(model_dir), spec)
     _ensure_registered_model(client, name)
     tags = {"score": repr(float(score)), "metric": spec.metric, "mode": mode}
+    if not learned:  # the registry UI and a later sweep see why this version never became champion
+        tags["learned"] = "false"
     with tracking_at(uri):  # a sqlite registry finds the logged model through MLflow's global URI (its own TODO)
         version = _retry(client.create_model_version, name, source=logged.model_uri, run_id=run_id, tags=tags,
                          model_id=logged.model_id)
     previous = _champion_score(client, name)
-    promoted = previous is None or _better(score, previous, mode)
+    promoted = learned and (previous is None or _better(score, previous, mode))
     if promoted:
         _retry(client.set_registered_model_alias, name, CHAMPION, version.version)
     return RegistrationResult(name, str(version.version), promoted, previous)

@@ -80,8 +80,10 @@ def selection_score(spec: TaskSpec, metrics: dict[str, float]) -> float:
 
 
 def trivial_metrics(spec: TaskSpec, labels: np.ndarray) -> dict[str, float] | None:
-    """The eval split's metrics for a model that ignores its input: the majority class everywhere
-    (accuracy = the majority's share, F1 of that answer, MCC 0), or the mean label (correlation 0).
+    """The eval split's metrics for a model that ignores its input: the constant answer the task's
+    metric rates best (accuracy: the majority class; MCC: 0 for any; F1: answering the positive class;
+    acc_and_f1 may prefer either), or the mean label (correlation 0). The best constant, not only the
+    majority: a model stuck on the minority answer learned nothing either (QQP's acc_and_f1).
     None for causal LM, which has no such baseline here."""
     labels = np.asarray(labels)
     if spec.kind == "causal_lm" or labels.size == 0:
@@ -90,8 +92,9 @@ def trivial_metrics(spec: TaskSpec, labels: np.ndarray) -> dict[str, float] | No
         constant = np.full(labels.shape, float(labels.astype(np.float64).mean()))
         return task_metrics(spec, constant, labels)
     values, counts = np.unique(labels, return_counts=True)
-    majority = values[np.argmax(counts)]  # np.unique sorts: a tie goes to the lower class id
-    return task_metrics(spec, np.full(labels.shape, majority), labels)
+    by_share = values[np.argsort(-counts, kind="stable")]  # majority first (a tie: the lower class id)
+    answers = [task_metrics(spec, np.full(labels.shape, value), labels) for value in by_share]
+    return max(answers, key=lambda metrics: selection_score(spec, metrics))  # equal scores: the majority's
 
 
 def trivial_score(spec: TaskSpec, labels: np.ndarray) -> float | None:
