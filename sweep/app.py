@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from sweep.config.paths import absolute_store
 from sweep.config.settings import Settings
 from sweep.config.validate import validate
+from sweep.results.outcome import failed_tasks, failure_lines
 from sweep.results.records import (
     TrialRecord,
     best_per_task,
@@ -27,15 +28,6 @@ log = logging.getLogger(__name__)
 
 RESULT_FILES = ("results.json", "results.csv", "summary.csv", "seed_scores.png", "expected_max.csv", "expected_max.png",
                 "importance.csv", "glue_submission.zip")
-
-
-def absolute_store(uri: str) -> str:
-    """sqlite:///mlflow.db is relative to the working directory; trials run elsewhere (Ray workers'
-    own folders), so every process gets the same absolute path."""
-    prefix = "sqlite:///"
-    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
-        return prefix + os.path.abspath(uri[len(prefix):])
-    return uri
 
 
 def default_experiment(settings: Settings) -> str:
@@ -68,21 +60,24 @@ def start_tracking(settings: Settings, cfg: DictConfig, out_dir: Path | None = N
     return tracker, TrialTracking(uri, tracker.experiment_id, parent, experiment, str(spool_dir) if spool_dir else None)
 
 
-def register(settings: Settings, tracker, best: dict[str, TrialRecord], out_dir: Path) -> None:
-    """The best model per task into the registry as <model>-<task>; alias champion only on improvement."""
+def register(settings: Settings, tracker, best: dict[str, TrialRecord], out_dir: Path,
+             summaries: list | None = None) -> None:
+    """The best model per task into the registry as <model>-<task>; alias champion only on improvement,
+    and never for a task whose best learned nothing (``summaries``: within noise of its trivial score)."""
     from sweep.failures import error_line
     from sweep.secrets import scrub
     from sweep.tracking import register_best
     from sweep.tracking.spool import unreachable
 
     spec = {t.name: t for t in settings.tasks}
+    unlearned = {s.task for s in summaries or () if s.learned is False}
     for task, record in best.items():
         if not record.run_id:
             print(f"registry: {task}: the best trial has no MLflow run; not registered")
             continue
         try:
             result = register_best(tracker.uri, settings.model.name, spec[task], record.run_id,
-                                   out_dir / "best" / task, record.score)
+                                   out_dir / "best" / task, record.score, learned=task not in unlearned)
         except Exception as e:  # the sweep's work is done: a registry that fails loses none of it
             why = ("does not answer" if unreachable(e)
                    else f"refused it ({scrub(error_line(e))})")
@@ -91,6 +86,7 @@ def register(settings: Settings, tracker, best: dict[str, TrialRecord], out_dir:
             continue
         before = f"{result.previous_champion_score:.4f}" if result.previous_champion_score is not None else "none"
         verdict = ("now champion" if result.promoted
+                   else "not promoted: it learned nothing (within noise of the trivial score)" if task in unlearned
                    else f"not promoted: the champion scores {before}, this {record.score:.4f}")
         print(f"registry: {result.name} version {result.version}, {verdict} (previous champion: {before})")
 
@@ -122,9 +118,11 @@ def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkp
 
     ``checkpoint_folders`` hold every trial's checkpoints; with keep_checkpoints=best they go once
     the best models are exported. ``sources``: what the driver's check found (``DriverSources``),
-    where a LoRA export finds its base model.
+    where a LoRA export finds its base model and the trivial scores their eval labels.
     """
+    from sweep.results.records import format_unlearned
     from sweep.results.report import plot_seed_scores
+    from sweep.train.trivial import trivial_scores
 
     metric = {spec.name: spec.metric for spec in settings.tasks}
     # seeds_per_point > 1: the best config (its seeds' aggregate) gives the best model, not the luckiest seed
@@ -141,10 +139,18 @@ def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkp
             remove_folder(folder)
         for r in records:
             r.checkpoint = None
-    summaries = summarize(records, settings.tasks, aggregate)
+    trivial = trivial_scores(settings, sources, best)  # what a constant answer scores on the same eval rows
+    for task, known in trivial.items():
+        if known.unknown:
+            print(f"trivial score {task}: unknown ({known.unknown}); whether it learned anything is not checked")
+    summaries = summarize(records, settings.tasks, aggregate, trivial)
     write_results(out_dir, records, summaries)
-    plot = plot_seed_scores(records, settings.tasks, out_dir / "seed_scores.png")
+    plot = plot_seed_scores(records, settings.tasks, out_dir / "seed_scores.png",
+                            {task: known.score for task, known in trivial.items()})
     print(format_summary(summaries))
+    for summary in summaries:
+        if summary.learned is False:
+            print(format_unlearned(summary, settings.train, best[summary.task].hparams, registry=tracker is not None))
     if aggregate:
         print(format_points(records, settings.tasks, aggregate))
     from sweep.results.importance import report_importance
@@ -161,6 +167,8 @@ def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkp
     stops = format_early_stops(records, summaries)
     if stops:
         print(stops)
+    for line in failure_lines(records):  # each failed trial's reason, the same reason once
+        print(line)
     print(f"results: {out_dir / 'results.csv'}  summary: {out_dir / 'summary.csv'}  plot: {plot}")
     if tracker is not None:
         record_in_mlflow(settings, tracker, records, summaries, best, out_dir, plot)
@@ -209,8 +217,8 @@ def record_in_mlflow(settings: Settings, tracker, records: list[TrialRecord], su
 
     try:
         tracker.flush_all(wait_s=FINAL_WAIT_S)  # what the trials' runs kept while the store was away, if it is back
-        register(settings, tracker, best, out_dir)
-        tracker.finish(records, summaries, out_dir, plot)
+        register(settings, tracker, best, out_dir, summaries)
+        tracker.finish(records, summaries, out_dir, plot, status="FAILED" if failed_tasks(summaries) else "FINISHED")
     except Exception as e:
         print(f"tracking: the sweep's results were not all recorded in MLflow at {scrub(tracker.uri)} "
               f"({scrub(error_line(e))}); they are in {out_dir}")
