@@ -7,7 +7,7 @@ import pytest
 from sweep.config.tasks import load_task
 from sweep.data.glue import load_task_data
 from sweep.data.synthetic import write_synthetic_glue
-from sweep.plan.costs import TaskSize, grid_points, model_params, sweep_trials, task_size, trial_seconds
+from sweep.plan.costs import TaskSize, grid_points, model_params, sweep_trials, task_size, trained_rows, trial_seconds
 from sweep.plan.makespan import CostModel
 from sweep.train.loading import load_tokenizer
 from tests.helpers.configs import demo_settings
@@ -64,40 +64,6 @@ def test_every_trial_is_costed_and_grid_points_change_the_cost():
     assert grid_points(demo_settings()) == [{}]
 
 
-def test_the_forecast_is_the_work_left_over_the_gpus_and_follows_measured_throughput():
-    """A: 100 s on 2 GPUs (DDP: 100/1.9 s holding 2 GPUs); B: two 10 s trials at half a GPU (20 s
-    each holding 0.5). On 2 GPUs: (2 x 100/1.9 + 2 x 20 x 0.5) / 2 GPU-seconds per second."""
-    from sweep.plan.costs import Forecast
-    from sweep.plan.makespan import TrialWork
-
-    trials = [TrialWork("A", 1, 100.0), TrialWork("B", 1, 10.0), TrialWork("B", 2, 10.0)]
-    forecast = Forecast(trials, ["a1", "b1", "b2"], {"A": 2.0, "B": 0.5}, params=1000, capacity=2, on_gpus=True)
-    assert forecast.remaining() == pytest.approx((2 * 100 / 1.9 + 2 * 20 * 0.5) / 2)
-    # A measures half the prior's speed (on its 2 GPUs): every prediction doubles
-    prior_rate_on_2_gpus = 1 / (forecast.prior * 1000) * 1.9
-    forecast.observe("A", tokens=prior_rate_on_2_gpus / 2 * 10, seconds=10)
-    assert forecast.remaining() == pytest.approx(2 * (2 * 100 / 1.9 + 2 * 20 * 0.5) / 2)
-    forecast.finish("a1")
-    assert forecast.remaining() == pytest.approx(2 * (2 * 20 * 0.5) / 2)
-    # B seed 1 is running and has done 3 of its 4 epochs: a quarter of it is left
-    forecast.advance("trial-b1", "b1", 0.75)
-    assert forecast.remaining() == pytest.approx(2 * (1.25 * 20 * 0.5) / 2)
-    forecast.finish("b1", "trial-b1")  # finished: counted once, not as done and as running
-    assert forecast.remaining() == pytest.approx(2 * (20 * 0.5) / 2)
-
-
-def test_on_cpus_the_gpu_prior_is_not_shown_until_an_epoch_is_measured():
-    from sweep.plan.costs import Forecast
-    from sweep.plan.makespan import TrialWork
-
-    forecast = Forecast([TrialWork("A", s, 1.0) for s in (1, 2, 3, 4)], ["a1", "a2", "a3", "a4"], {}, params=10,
-                        capacity=2, on_gpus=False)
-    assert forecast.remaining() is None
-    forecast.observe("A", tokens=1 / (forecast.prior * 10) / 50, seconds=1)  # 50x slower than the prior
-    forecast.finish("a1")
-    assert forecast.remaining() == pytest.approx(3 * 50 / 2)
-
-
 def test_a_task_whose_data_does_not_read_is_costed_as_the_others_mean(tiny_roberta_dir, tmp_path):
     """Its trials will fail with the data's own error; the plan must not stop the other tasks."""
     from types import SimpleNamespace
@@ -112,31 +78,60 @@ def test_a_task_whose_data_does_not_read_is_costed_as_the_others_mean(tiny_rober
     assert (sizes["RTE"].rows, sizes["RTE"].mean_tokens) == (sizes["WNLI"].rows, sizes["WNLI"].mean_tokens)
 
 
-def test_the_forecast_kept_as_trials_move_equals_the_sum_over_every_trial():
-    """The progress line asks after every report, so the work left is kept up to date per key, not
-    summed over the sweep each time: it must equal that sum after any order of advances and ends."""
-    import random
+def test_rows_and_evaluations_follow_the_loops_own_rules(tiny_roberta_dir):
+    """The plan counts what the loop trains: max_train_samples as _subsample applies it (the user's
+    500 of RTE's 2,490 rows), and as many evaluations as eval_points gives over the epochs."""
+    from dataclasses import replace
 
-    from sweep.plan.costs import Forecast
-    from sweep.plan.makespan import DEFAULT_SPEEDUP, TrialWork
+    from datasets import Dataset
 
-    rng = random.Random(0)
-    keys = [f"k{i % 40}" for i in range(60)]  # 40 points, some sampled twice
-    trials = [TrialWork("A" if i % 3 else "B", i, rng.uniform(5, 50)) for i in range(60)]
-    shares = {"A": 1.0, "B": 0.5}
-    forecast = Forecast(trials, keys, shares, params=1000, capacity=3, on_gpus=True)
-    ids = [f"t{i}" for i in range(60)]
-    for _ in range(400):
-        i = rng.randrange(60)
-        if rng.random() < 0.8:
-            forecast.advance(ids[i], keys[i], rng.random())
-        elif ids[i] in forecast.running:
-            forecast.finish(keys[i], ids[i])
-        # the plain sum over every predicted point, at the measured scale
-        started: dict[str, float] = {}
-        for key, fraction in forecast.running.values():
-            started[key] = started.get(key, 0.0) + fraction
-        want = sum(max(0.0, copies - forecast.done.get(key, 0) - started.get(key, 0.0))
-                   * DEFAULT_SPEEDUP.seconds(seconds, shares[task]) * shares[task]
-                   for key, (task, seconds, copies) in forecast.predicted.items()) / 3
-        assert forecast.remaining() == pytest.approx(want, rel=1e-9, abs=1e-9)
+    from sweep.plan.costs import capped, evaluations
+    from sweep.train.loop import _subsample, eval_points
+
+    rows = Dataset.from_dict({"x": list(range(2490))})
+    for limit in (None, 1, 500, 2490, 5000):
+        assert capped(2490, limit) == len(_subsample(rows, limit))
+    quick = demo_settings("train.max_train_samples=500").train
+    assert trained_rows(TaskSize("RTE", 2490, 52.0), quick) == 500
+    base = demo_settings().train
+    for n_rows in (1, 15, 16, 17, 200, 500):
+        for values in ({}, {"evals_per_epoch": 3}, {"evals_per_epoch": 40}, {"eval_every": 5}, {"eval_every": 7},
+                       {"eval_every": 13, "epochs": 3}, {"eval_every": 100}):
+            train = replace(base, **values)
+            batches = -(-n_rows // train.batch_size)
+            want = sum(len(eval_points(batches, train, epoch)) for epoch in range(1, train.epochs + 1))
+            assert evaluations(n_rows, train) == want, (n_rows, values)
+
+
+def test_epochs_method_and_evaluations_change_the_cost():
+    """Training: rows x tokens x epochs x the method's step; evaluations: their count x the eval rows
+    (capped by max_eval_samples per split) x tokens x the forward's cost."""
+    from dataclasses import replace
+
+    from sweep.plan.costs import METHOD_STEP_RATIO, StepCost
+
+    size = TaskSize("MNLI", 1000, 50.0, eval_rows=(300, 200))
+    train = replace(demo_settings().train, batch_size=10, epochs=2, evals_per_epoch=1, max_train_samples=None,
+                    max_eval_samples=250)
+    step = StepCost(train=1e-3, eval=2e-4, method="full", measured=True)
+    want = 50 * (1000 * 2 * 1e-3 + 2 * (250 + 200) * 2e-4)
+    assert trial_seconds(size, train, 10**6, step=step) == pytest.approx(want)
+    four = trial_seconds(size, replace(train, epochs=4), 10**6, step=step)
+    assert four == pytest.approx(2 * want)  # twice the epochs: twice the steps and evaluations
+    lora = trial_seconds(size, replace(train, method="lora"), 10**6, step=step)
+    assert lora == pytest.approx(50 * (1000 * 2 * 1e-3 * METHOD_STEP_RATIO["lora"] + 2 * 450 * 2e-4))
+    assert trial_seconds(size, replace(train, max_train_samples=100), 10**6, step=step) < want / 5
+    # a measured figure holds its batches' padding: max_length does not count the padding twice
+    padded = replace(train, padding="max_length", max_seq_length=128)
+    assert trial_seconds(size, padded, 10**6, step=step) == pytest.approx(want)
+    # the GPU prior: seconds per token·parameter x parameters, the forward a third of a step
+    prior = trial_seconds(size, train, 10**6, CostModel(seconds_per_token_param=1e-9))
+    assert prior == pytest.approx(50 * 1e-3 * (1000 * 2 + 2 * 450 / 3))
+
+
+def test_task_size_counts_each_eval_split(tiny_roberta_dir, tmp_path):
+    data = write_synthetic_glue(tmp_path, ["MNLI"], n_train=120)
+    spec = load_task("MNLI")
+    size = task_size(spec, data, load_tokenizer(tiny_roberta_dir), demo_settings().train)
+    splits = load_task_data(spec, data)
+    assert size.eval_rows == tuple(len(splits[split]) for split in spec.eval_files) and len(size.eval_rows) == 2

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from sweep.errors import ConfigError, ResourceError
-from sweep.plan.dispatch import ClusterGPUs, cluster_gpus, dispatch
+from sweep.plan.costs import TaskSize
+from sweep.plan.dispatch import ClusterGPUs, OnCpu, cluster_gpus, dispatch
 from sweep.plan.makespan import TrialWork
 from sweep.plan.scale import AutoscalerView, NodeType
 from sweep.plan.sizes import plan_trials
@@ -65,6 +66,30 @@ def test_a_cpu_cluster_orders_but_predicts_no_makespan():
     assert chosen.plan is None and chosen.gpus == {"RTE": 0.0, "WNLI": 0.0}
     assert [t.task for t in chosen.order] == ["RTE", "WNLI", "WNLI"]
     assert "no GPU in the cluster" in chosen.describe()[0]
+
+
+def test_a_cpu_plan_says_cpu_and_how_many_at_once_and_never_a_gpu_figure():
+    """The first user's plan said 'RTE 2 trials ~3s each on one GPU' on a machine without one, trials
+    taking 111 s, and counted 2,490 rows with max_train_samples=500."""
+    chosen = dispatch(settings(), ab_trials(), ClusterGPUs(0, 0))  # gpus_per_trial=1 on a CPU cluster
+    sizes = {"RTE": TaskSize("RTE", 2490, 52.0, eval_rows=(277,)), "WNLI": TaskSize("WNLI", 635, 30.0, eval_rows=(71,))}
+    train = settings("train.max_train_samples=500").train  # train=quick: 4 epochs, batch 16, eval 128 rows
+    far = chosen.describe(sizes, 22_700_000, train, OnCpu(2, 1.0, None, "the trials run on the cluster's nodes"))
+    text = "\n".join(far)
+    assert "3 trials on CPU, 2 at once (1 CPU each)" in text and "no estimate on CPU: the trials run" in text
+    assert "RTE 500 of 2,490 rows x 52 tokens, 4 evals x 128 rows" in text and "WNLI 500 of 635 rows" in text
+    assert "GPU" not in text and "~" not in text  # no figure at all
+    here = chosen.describe(sizes, 22_700_000, train, OnCpu(2, 1.0, 230.0, "training measured here: ..."))
+    assert "GPU" not in "\n".join(here)
+    assert here[-1] == "predicted makespan 4m (training measured here: ...)"
+    assert any(line.startswith("RTE") and "each in training" in line for line in here)
+
+
+def test_a_cpu_task_beside_gpu_ones_gets_no_gpu_figure():
+    chosen = dispatch(settings("+resources.tasks.WNLI.gpus_per_trial=0"), ab_trials(), ClusterGPUs(2, 2))
+    lines = chosen.describe()
+    assert any(line.startswith("WNLI") and "on CPU (no estimate on CPU)" in line for line in lines)
+    assert any(line.startswith("RTE") and "on one GPU" in line for line in lines)
 
 
 def test_per_task_sizes_reach_the_trial_plan_with_their_key_in_errors():

@@ -80,11 +80,16 @@ class WorkerWatch:
         self._thread.join()
 
 
-def test_two_tasks_three_seeds_end_to_end(local_ray, cache_dir, tmp_path, monkeypatch):
+def test_two_tasks_three_seeds_end_to_end(local_ray, cache_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SWEEP_CACHE_DIR", str(cache_dir))
     out = tmp_path / "out"
     cfg = compose_cfg("task=[WNLI,RTE]", "train.epochs=2", "train.max_train_samples=64", f"out_dir={out}")
     summaries = run(cfg, out)
+    # no GPU here: the plan says CPU, how many at once, what trains, and a time measured on this CPU
+    plan = [line for line in capsys.readouterr().out.splitlines() if line.startswith("plan: ")]
+    assert "plan: 6 trials on CPU, 2 at once (1 CPU each), longest first" in plan
+    assert any("WNLI 64 of 200 rows" in line for line in plan) and not any("GPU" in line for line in plan)
+    assert plan[-1].startswith("plan: predicted makespan ") and "measured here" in plan[-1]
 
     records = load_records(out / "results.json")
     assert sorted((r.task, r.seed) for r in records) == sorted((t, s) for t in ("WNLI", "RTE") for s in (38, 39, 40))

@@ -1,6 +1,8 @@
-"""Planning a sweep, in plain Python (no Ray; torch only inside the functions that count parameters).
+"""Planning a sweep, in plain Python (no Ray; torch only inside the functions that count parameters or time steps).
 
-- ``costs.py``:       each trial's predicted one-GPU seconds from the staged data and the model's size
+- ``costs.py``:       each trial's predicted loop seconds from what it trains (rows, epochs, evaluations, method)
+- ``probe.py``:       a few real training steps timed on this CPU, where the trials run beside the driver
+- ``eta.py``:         the remaining time: predicted loops and start-ups, then the trials' observed pace
 - ``makespan.py``:    the cost model, GPU shares per task ("auto") and a simulated dispatch (the makespan)
 - ``dispatch.py``:    each task's GPUs per trial and the longest-first order of the trials
 - ``sizes.py``:       what one trial needs and how many run at once on the cluster

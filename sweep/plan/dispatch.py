@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from sweep.config.settings import AUTO, Settings
-from sweep.plan.costs import TaskSize
+from sweep.config.settings import AUTO, Settings, TrainConfig
+from sweep.plan.costs import TaskSize, evaluated_rows, evaluations, trained_rows
 from sweep.plan.makespan import MakespanPlan, TrialWork, auto_shares, format_duration, make_plan, order_longest_first
 from sweep.plan.scale import AutoscalerView
 
@@ -39,31 +39,77 @@ def cluster_gpus(nodes: Sequence[Mapping[str, float]], autoscaler: AutoscalerVie
 
 
 @dataclass(frozen=True)
+class OnCpu:
+    """Where the trials run when they use no GPU: how many at once, each one's CPUs, and the estimate."""
+
+    at_once: int
+    cpus: float
+    makespan: float | None  # predicted (sweep.plan.eta), None: no estimate on this CPU
+    note: str  # what the estimate rests on ("measured here: ..."), or why there is none
+
+
+@dataclass(frozen=True)
 class Dispatch:
     order: tuple[TrialWork, ...]  # give Tune the trials in this order
     gpus: dict[str, float]  # per task: GPUs per trial to ask for (before plan_trials' no-GPU fallback)
     plan: MakespanPlan | None  # the predicted makespan (None: see why_no_plan)
     why_no_plan: str = ""
 
-    def describe(self, sizes: Mapping[str, TaskSize] | None = None, params: int | None = None) -> list[str]:
-        """What to print before trials start: the plan per task and the predicted makespan."""
-        lines = []
-        if sizes:
-            model = f"; model {params / 1e6:.1f}M parameters" if params else ""
-            lines.append("cost from the staged data: " + ", ".join(
-                f"{s.task} {s.rows:,} rows x {s.mean_tokens:.0f} tokens" if not s.error
-                else f"{s.task} unread ({s.error}), costed as the others' mean" for s in sizes.values()) + model)
+    def describe(self, sizes: Mapping[str, TaskSize] | None = None, params: int | None = None,
+                 train: TrainConfig | None = None, cpu: OnCpu | None = None) -> list[str]:
+        """What to print before trials start: what the trials train, the plan per task and the predicted
+        makespan; ``cpu``: every trial runs on CPU (never a GPU figure then)."""
+        lines = [cost_line(sizes, params, train)] if sizes else []
+        if cpu is not None:
+            return lines + self._describe_cpu(cpu)
         if self.plan is not None:
             return lines + self.plan.describe()
-        counts: dict[str, int] = {}
-        for t in self.order:
-            counts[t.task] = counts.get(t.task, 0) + 1
         lines.append(f"{len(self.order)} trials, longest first (no makespan predicted: {self.why_no_plan})")
+        counts = self._counts()
         width = max(map(len, counts), default=0)
         for task, n in counts.items():
+            if self.gpus.get(task, 1.0) <= 0:  # a CPU task beside GPU ones: nobody measured this CPU
+                lines.append(f"{task:<{width}}  {n} trials  on CPU (no estimate on CPU)")
+                continue
             one = next(t.gpu_seconds for t in self.order if t.task == task)
             lines.append(f"{task:<{width}}  {n} trials  ~{format_duration(one)} each on one GPU")
         return lines
+
+    def _counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for t in self.order:
+            counts[t.task] = counts.get(t.task, 0) + 1
+        return counts
+
+    def _describe_cpu(self, cpu: OnCpu) -> list[str]:
+        lines = [f"{len(self.order)} trials on CPU, {cpu.at_once} at once ({cpu.cpus:g} CPU each), longest first"]
+        counts = self._counts()
+        width = max(map(len, counts), default=0)
+        for task, n in counts.items():
+            mine = [t.gpu_seconds for t in self.order if t.task == task]
+            each = f"  ~{format_duration(sum(mine) / len(mine))} each in training" if cpu.makespan is not None else ""
+            lines.append(f"{task:<{width}}  {n} trials{each}")
+        if cpu.makespan is None:
+            return lines + [f"no estimate on CPU: {cpu.note}"]
+        return lines + [f"predicted makespan {format_duration(cpu.makespan)} ({cpu.note})"]
+
+
+def cost_line(sizes: Mapping[str, TaskSize], params: int | None, train: TrainConfig | None) -> str:
+    """'RTE 500 of 2,490 rows x 52 tokens, 4 evals x 128 rows, …; 4 epoch(s), full; model 22.7M parameters':
+    what one trial trains and evaluates (the sweep's own train config; a grid may change it per point)."""
+    def one(s: TaskSize) -> str:
+        if s.error:
+            return f"{s.task} unread ({s.error}), costed as the others' mean"
+        if train is None:
+            return f"{s.task} {s.rows:,} rows x {s.mean_tokens:.0f} tokens"
+        rows = trained_rows(s, train)
+        text = f"{s.task} {rows:,}{f' of {s.rows:,}' if rows < s.rows else ''} rows x {s.mean_tokens:.0f} tokens"
+        evaluated = evaluated_rows(s, train)
+        return text + (f", {evaluations(rows, train)} evals x {evaluated:,} rows" if evaluated else "")
+
+    recipe = f"; {train.epochs} epoch(s), {train.method}" if train is not None else ""
+    model = f"; model {params / 1e6:.1f}M parameters" if params else ""
+    return "cost of what the trials train: " + ", ".join(one(s) for s in sizes.values()) + recipe + model
 
 
 def dispatch(settings: Settings, trials: Sequence[TrialWork], cluster: ClusterGPUs) -> Dispatch:

@@ -23,7 +23,7 @@ def _clock(seconds: float) -> str:
 class SweepProgress(Callback):
     def __init__(self, settings: Settings, total: int, forecast=None):
         self.total = total
-        self.forecast = forecast  # sweep.plan.costs.Forecast: the ETA from the trials' costs, refined as they report
+        self.forecast = forecast  # sweep.plan.eta.Forecast: the ETA from the trials' costs, then their observed pace
         self.epochs = settings.train.epochs
         self.metric = {t.name: t.metric for t in settings.tasks}
         self.mode = {t.name: t.mode for t in settings.tasks}
@@ -38,15 +38,8 @@ class SweepProgress(Callback):
         self.waiting: str | None = None  # what the sweep waits for from the autoscaler (WaitForNodes sets it)
 
     def _eta(self) -> str:
-        left = self.forecast.remaining() if self.forecast is not None else None
-        if left is not None:
-            return _clock(left)
-        if not self.done:
-            return "?"
-        remaining = self.total - len(self.done)
-        parallel = max(len(self.running), 1)
-        per_trial = sum(self.done.values()) / len(self.done)
-        return _clock(per_trial * remaining / parallel)
+        left = self.forecast.remaining(time.time()) if self.forecast is not None else None
+        return "?" if left is None else _clock(left)
 
     def print_line(self) -> None:
         pending = self.total - len(self.done) - len(self.running)
@@ -73,17 +66,16 @@ class SweepProgress(Callback):
 
     def on_trial_start(self, iteration: int, trials: list, trial, **info: Any) -> None:
         self.running.add(trial.trial_id)
+        if self.forecast is not None:
+            self.forecast.start(trial.trial_id, trial_key(trial.config), time.time())
         self.print_line()
 
     def on_trial_result(self, iteration: int, trials: list, trial, result: dict, **info: Any) -> None:
         task, seed, _ = trial_of(trial.config)
         report = Report.from_row(result)
-        if self.forecast is not None and report.train_tokens is not None:
-            self.forecast.observe(task, report.train_tokens, report.train_seconds or 0)
-            if report.progress is not None:  # evaluations may fall inside an epoch: the share of steps done
-                self.forecast.advance(trial.trial_id, trial_key(trial.config), report.progress)
-            elif report.epoch is not None and self.epochs:
-                self.forecast.advance(trial.trial_id, trial_key(trial.config), report.epoch / self.epochs)
+        if self.forecast is not None:
+            self.forecast.report(trial.trial_id, self._progress(report), report.loop_started, report.reported_at,
+                                 report.pid, bool(report.resumed))
         value = report.metrics.get(self.metric.get(task))
         if task in self.metric and value is not None:
             old = self.best.get(task)
@@ -92,10 +84,18 @@ class SweepProgress(Callback):
                 self.best[task] = (float(value), seed)
         self.print_line()
 
+    def _progress(self, report: Report) -> float | None:
+        """The share of the trial's steps done (evaluations may fall inside an epoch)."""
+        if report.progress is not None:
+            return report.progress
+        if report.epoch is not None and self.epochs:
+            return report.epoch / self.epochs
+        return None
+
     def _finish(self, trial) -> None:
         self.running.discard(trial.trial_id)
         if self.forecast is not None:
-            self.forecast.finish(trial_key(trial.config), trial.trial_id)
+            self.forecast.finish(trial.trial_id)
         self.done[trial.trial_id] = time.time() - (trial.run_metadata.start_time or self.start)
 
     def on_trial_complete(self, iteration: int, trials: list, trial, **info: Any) -> None:

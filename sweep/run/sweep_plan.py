@@ -11,13 +11,16 @@ from pathlib import Path
 
 from sweep.config.settings import AUTO, Settings
 from sweep.config.validate import check_halving_trials
-from sweep.plan.costs import Forecast, grid_points, measure_sizes, sweep_trials
-from sweep.plan.dispatch import ClusterGPUs, Dispatch, cluster_gpus, dispatch
+from sweep.failures import first_line
+from sweep.plan.costs import TaskSize, grid_points, measure_sizes, sweep_trials
+from sweep.plan.dispatch import ClusterGPUs, Dispatch, OnCpu, cluster_gpus, dispatch
+from sweep.plan.eta import Forecast
+from sweep.plan.probe import Probe, cpu_note, probe_step_cost, probe_task, why_no_probe
 from sweep.plan.scale import AutoscalerView, TrialSize
 from sweep.plan.sizes import SweepStorage, TaskPlan, many_nodes, plan_trials, storage_path, sweep_storage, trial_count
 from sweep.run.connect import alive_node_resources, beside_the_driver
 from sweep.run.stage_nodes import ProgressRelay, Staging, ship_sources, stage_all_nodes
-from sweep.storage.staging import DriverSources
+from sweep.storage.staging import DriverSources, cache_root
 from sweep.trials import point_of, trial_key
 
 
@@ -68,15 +71,22 @@ def plan_sweep(settings: Settings, sources: DriverSources, out_dir: Path) -> Swe
     staged = stage_all_nodes(settings, staging)  # every node, before the plan reads sizes
     sizes, params = _staged_sizes(settings, sources, staged)
     cluster = cluster_gpus(nodes, autoscaler, total)
-    chosen = dispatch(settings, sweep_trials(settings, sizes, params), cluster)
+    on_cpu = cluster.total < 1 or all(settings.resources.gpus_for(spec.name) == 0 for spec in settings.tasks)
+    probe, why_not = _probe(settings, sources, sizes, on_cpu, len(nodes))
+    chosen = dispatch(settings, sweep_trials(settings, sizes, params, step=probe.step if probe else None), cluster)
     tasks = {task: fixed.get(task) or plan_trials(settings, nodes, autoscaler, wanted=total, task=task,
                                                   gpus_per_trial=share)
              for task, share in chosen.gpus.items()}
     check_halving_trials(settings, chosen.gpus)  # "auto" as the plan chose it
     concurrency = min(max(p.max_concurrent for p in tasks.values()), total)
-    plan = SweepPlan(total, nodes, autoscaler, storage, tasks, chosen, concurrency,
-                     _forecast(settings, chosen, params, cluster, concurrency), staging)
-    print_plan(settings, plan, chosen.describe(sizes, params))
+    forecast = _forecast(settings, chosen, cluster, concurrency, on_cpu, probe is not None)
+    plan = SweepPlan(total, nodes, autoscaler, storage, tasks, chosen, concurrency, forecast, staging)
+    cpu = None
+    if on_cpu:
+        cpus = max(p.size.cpus_per_worker for p in tasks.values())
+        makespan = forecast.remaining(0.0) if probe is not None else None
+        cpu = OnCpu(concurrency, cpus, makespan, cpu_note(probe, why_not))
+    print_plan(settings, plan, chosen.describe(sizes, params, settings.train, cpu))
     return plan
 
 
@@ -107,13 +117,32 @@ def _staged_sizes(settings: Settings, sources: DriverSources, staged):
                    .remote(settings, first.sources))
 
 
-def _forecast(settings: Settings, chosen: Dispatch, params: int, cluster: ClusterGPUs, concurrency: int) -> Forecast:
-    """The progress line's ETA: every trial's predicted cost (Tune repeats the grid per search sample)."""
+def _probe(settings: Settings, sources: DriverSources, sizes: dict[str, TaskSize], on_cpu: bool,
+           nodes: int) -> tuple[Probe | None, str]:
+    """A few real training steps on this machine, where every trial runs on CPU here; else why not."""
+    why = why_no_probe(on_cpu, bool(settings.cluster.address), nodes, sources.local is not None)
+    if why:
+        return None, why
+    task = probe_task(sizes, settings.train)
+    spec = next(spec for spec in settings.tasks if spec.name == task)
+    threads = max(1, int(settings.resources.cpus_for(task)))  # Ray sets a trial's OMP_NUM_THREADS to its CPUs
+    try:
+        return probe_step_cost(spec, sources.local.model_dir, sources.local.data_dir, settings.train, threads,
+                               cache_root(settings.storage)), ""
+    except Exception as e:  # noqa: BLE001 -- a plan's estimate is no reason to stop the sweep; its trials say it
+        return None, f"the timing probe failed ({first_line(e)})"
+
+
+def _forecast(settings: Settings, chosen: Dispatch, cluster: ClusterGPUs, concurrency: int, on_cpu: bool,
+              measured: bool) -> Forecast:
+    """The progress line's ETA: every trial's predicted loop (Tune repeats the grid per search sample);
+    on CPU in trial slots, known only where the probe measured this machine."""
     points = grid_points(settings)
     every = list(chosen.order) * settings.sweep.num_samples
-    return Forecast(every, [trial_key({"trial": point_of(t.task, t.seed, points[t.point])}) for t in every],
-                    chosen.gpus if cluster.total else {}, params, cluster.total or concurrency,
-                    on_gpus=cluster.total > 0, method=settings.train.method)
+    keys = [trial_key({"trial": point_of(t.task, t.seed, points[t.point])}) for t in every]
+    if on_cpu:
+        return Forecast(every, keys, None, concurrency, concurrency, known=measured)
+    return Forecast(every, keys, chosen.gpus, cluster.total, concurrency, known=True)
 
 
 def print_plan(settings: Settings, plan: SweepPlan, describe: list[str]) -> None:

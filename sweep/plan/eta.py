@@ -1,0 +1,194 @@
+"""The sweep's remaining time (the progress line's ETA and the plan's predicted makespan on CPU).
+
+A trial's wall time is its start-up plus its training loop. The loop's duration is predicted per
+trial (``sweep.plan.costs``: ``TrialWork.gpu_seconds``, taken at the trial's GPU share, or in one CPU
+trial slot where the probe measured it). The start-up is a new trial process's (``cold``: a Ray worker
+importing torch, transformers and Ray Train) for the first trials, a reused process's (``warm``:
+the next model and data) for the rest (Tune reuses trial processes); and Tune's own setup comes
+before the first trial (``launch``). Those are priors, measured on this project's 2-core VM.
+
+What the running sweep shows replaces the priors, as real tools do after the first trials:
+* the loops' scale: observed loop seconds / predicted ones, summed over the trials that reported
+  (a trial at progress p after L seconds of loop implies L / p; a resumed one says nothing);
+* the cold and warm start-ups: the mean of those seen (a trial's first loop start - its start;
+  cold when its process ran no earlier trial);
+* a running trial that reported ends when its own pace says (a resumed one: its rest at the
+  predicted pace).
+The trials left are then dispatched as Tune does: on CPU trial slots, greedily in dispatch order
+(a heap of slots, exact for equal slots); on GPU shares, the work left over the GPUs, never less
+than the longest running trial's rest.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+
+from sweep.plan.makespan import DEFAULT_SPEEDUP, Speedup, TrialWork
+
+# Priors, measured on this 2-core VM in 7 sweeps of 3-4 trials on CPU (the demo; MiniLM on real RTE/MRPC),
+# load average 1.2-3: the tuner's start to the first trial's start 4.2-8.4 s (median 5.3); the driver's
+# trial start to the loop's start in a new process 3.8-8.7 s (median 5.5; 12.6 s at load 8) -- Ray
+# started that process earlier, and it takes 9-18 s in all to import torch, transformers and Ray Train;
+# the two together 8.5-17 s (median 10). In a reused process 0.1 s (tiny model) to 0.7 s (MiniLM).
+LAUNCH_S, COLD_START_S, WARM_START_S = 5.0, 5.0, 0.5
+SIMULATE_AT_MOST = 512  # trials left past this: the work over the slots (the last wave's tail is small then)
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """Seconds outside the training loops (priors until the sweep shows its own)."""
+
+    launch: float = LAUNCH_S
+    cold: float = COLD_START_S
+    warm: float = WARM_START_S
+
+
+@dataclass
+class _Running:
+    key: Hashable
+    started: float  # the driver's clock
+    cold: bool  # a new process (guessed from the start order until a report names its pid)
+    loop_started: float | None = None
+    end: float | None = None  # its loop's end at its own pace (from its reports)
+    resumed_at: tuple[float, float] | None = None  # a resumed trial's last (report time, progress)
+
+
+class Forecast:
+    """The sweep's remaining seconds from each trial's predicted loop, rescaled as trials report.
+
+    ``trials`` and ``keys`` pair up, in dispatch order (a key repeats for Tune's search samples).
+    ``shares``: each task's GPUs per trial, None where the trials run on CPU; ``capacity``: the
+    cluster's GPUs, or the CPU trials at once; ``concurrency``: trials at once (the first ones start
+    cold). ``known``: the predictions mean seconds here (GPU prior, or measured on this CPU); else
+    (a CPU nobody measured) ``remaining`` is None until a trial shows its pace.
+    """
+
+    def __init__(self, trials: Sequence[TrialWork], keys: Sequence[Hashable], shares: Mapping[str, float] | None,
+                 capacity: int, concurrency: int, known: bool, overheads: Overheads = Overheads(),
+                 speedup: Speedup = DEFAULT_SPEEDUP):
+        self.on_slots = shares is None
+        self.capacity, self.concurrency = max(1, capacity), max(1, concurrency)
+        self.known, self.overheads = known, overheads
+        self.order = list(keys)
+        self.loop: dict[Hashable, float] = {}  # key -> predicted loop seconds at its share
+        self.share: dict[Hashable, float] = {}  # key -> GPUs it holds (1: a CPU slot)
+        for key, t in zip(keys, trials):
+            share = 1.0 if shares is None else (shares.get(t.task, 1.0) or 1.0)
+            self.loop[key], self.share[key] = speedup.seconds(t.gpu_seconds, share), share
+        self.started_keys: dict[Hashable, int] = {}  # key -> its copies started
+        self.ever_started: set[str] = set()
+        self.running: dict[str, _Running] = {}
+        self.pids: set[int] = set()  # trial processes seen
+        # the work of the trials not yet started, kept as they start (not summed per progress line)
+        self.pending = len(self.order)
+        self.pending_loop = sum(self.loop[k] * self.share[k] for k in self.order)
+        self.pending_share = sum(self.share[k] for k in self.order)
+        self.observed: dict[str, tuple[float, float]] = {}  # trial id -> (implied loop, predicted loop)
+        self.observed_sum = [0.0, 0.0]
+        self.startups: dict[bool, list[float]] = {True: [], False: []}  # cold? -> seen start-ups
+
+    # --- what the sweep shows ---------------------------------------------------------------------
+
+    def start(self, trial_id: str, key: Hashable, now: float) -> None:
+        first = trial_id not in self.ever_started
+        if first:
+            self.ever_started.add(trial_id)
+            if key in self.loop:
+                self.started_keys[key] = self.started_keys.get(key, 0) + 1
+                self.pending -= 1
+                self.pending_loop -= self.loop[key] * self.share[key]
+                self.pending_share -= self.share[key]
+        self.running[trial_id] = _Running(key, now, cold=first and len(self.ever_started) <= self.concurrency)
+
+    def report(self, trial_id: str, progress: float | None, loop_started: float | None, reported_at: float | None,
+               pid: int | None = None, resumed: bool = False) -> None:
+        """An evaluation: ``progress`` of the trial's steps done, its loop's start and the report's time."""
+        run = self.running.get(trial_id)
+        if run is None or loop_started is None:
+            return
+        if run.loop_started is None:  # its first report: how long it took to start
+            if pid is not None:
+                run.cold = pid not in self.pids
+                self.pids.add(pid)
+            self.startups[run.cold].append(max(0.0, loop_started - run.started))
+            run.loop_started = loop_started
+        if not progress or progress <= 0 or reported_at is None or run.key not in self.loop:
+            return
+        if resumed:  # its loop began mid-way: the rest of it at the predicted pace, and nothing learnt
+            run.resumed_at = (reported_at, min(progress, 1.0))
+            return
+        implied = max(0.0, reported_at - loop_started) / min(progress, 1.0)
+        run.end = loop_started + implied
+        self._observe(trial_id, implied, self.loop[run.key])
+
+    def finish(self, trial_id: str) -> None:
+        self.running.pop(trial_id, None)
+
+    def _observe(self, trial_id: str, implied: float, predicted: float) -> None:
+        old = self.observed.get(trial_id, (0.0, 0.0))
+        self.observed[trial_id] = (implied, predicted)
+        self.observed_sum[0] += implied - old[0]
+        self.observed_sum[1] += predicted - old[1]
+
+    # --- the estimate -----------------------------------------------------------------------------
+
+    @property
+    def scale(self) -> float:
+        """Observed loop seconds over predicted ones (1: nothing observed yet)."""
+        observed, predicted = self.observed_sum
+        return observed / predicted if predicted > 0 and observed > 0 else 1.0
+
+    def startup(self, cold: bool) -> float:
+        seen = self.startups[cold]
+        if seen:
+            return sum(seen) / len(seen)
+        return self.overheads.cold if cold else self.overheads.warm
+
+    def remaining(self, now: float) -> float | None:
+        """Seconds until the last trial ends; None: a CPU no one measured, and no trial's pace seen yet."""
+        if not self.known and not self.observed:
+            return None
+        rests = [self._rest(run, now) for run in self.running.values()]
+        launch = self.overheads.launch if not self.ever_started else 0.0
+        if self.on_slots and self.pending <= SIMULATE_AT_MOST:
+            return launch + self._on_slots(rests)
+        return launch + self._over_capacity(rests)
+
+    def _rest(self, run: _Running, now: float) -> float:
+        if run.end is not None:
+            return max(0.0, run.end - now)
+        loop = self.loop.get(run.key, 0.0) * self.scale
+        if run.resumed_at is not None:
+            reported_at, progress = run.resumed_at
+            return max(0.0, reported_at + (1 - progress) * loop - now)
+        begins = run.loop_started if run.loop_started is not None else run.started + self.startup(run.cold)
+        return max(0.0, begins + loop - now)
+
+    def _pending(self) -> list[tuple[Hashable, float]]:
+        """The trials not started, in dispatch order, with their predicted wall seconds."""
+        seen: dict[Hashable, int] = {}
+        left, started, scale = [], len(self.ever_started), self.scale
+        for key in self.order:
+            seen[key] = seen.get(key, 0) + 1
+            if seen[key] > self.started_keys.get(key, 0):
+                cold = started + len(left) < self.concurrency
+                left.append((key, self.startup(cold) + self.loop[key] * scale))
+        return left
+
+    def _on_slots(self, rests: list[float]) -> float:
+        """Greedy dispatch on equal slots: each pending trial takes the slot that frees first."""
+        slots = sorted(rests) + [0.0] * max(0, self.capacity - len(rests))
+        heapq.heapify(slots)
+        for _, seconds in self._pending():
+            heapq.heappush(slots, heapq.heappop(slots) + seconds)
+        return max(slots, default=0.0)
+
+    def _over_capacity(self, rests: list[float]) -> float:
+        """The work left (seconds x share) over the capacity, never less than a running trial's rest."""
+        running = sum(rest * self.share.get(run.key, 1.0) for rest, run in zip(rests, self.running.values()))
+        cold = max(0, min(self.pending, self.concurrency - len(self.ever_started)))  # first wave not started
+        starts = self.startup(False) * self.pending_share + (self.startup(True) - self.startup(False)) * cold
+        work = running + self.pending_loop * self.scale + starts
+        return max(work / self.capacity, max(rests, default=0.0))

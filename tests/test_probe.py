@@ -1,0 +1,49 @@
+"""The CPU timing probe (sweep/plan/probe.py): real steps of the real model, the driver left as it was."""
+
+from __future__ import annotations
+
+import random
+
+from sweep.config.tasks import load_task
+from sweep.data.synthetic import write_synthetic_glue
+from sweep.plan.costs import TaskSize
+from sweep.plan.probe import cpu_note, probe_step_cost, probe_task, why_no_probe
+from tests.helpers.configs import demo_settings
+
+
+def test_the_probe_times_real_steps_on_a_trials_threads_and_leaves_the_driver_as_it_was(tiny_roberta_dir, tmp_path):
+    import numpy as np
+    import torch
+
+    data = write_synthetic_glue(tmp_path, ["RTE"], n_train=200)
+    train = demo_settings("train.max_train_samples=100").train
+    threads = torch.get_num_threads()
+    random.seed(5)
+    np.random.seed(5)
+    torch.manual_seed(5)
+    want = random.random(), np.random.rand(), torch.rand(1).item()
+    random.seed(5)
+    np.random.seed(5)
+    torch.manual_seed(5)
+    probe = probe_step_cost(load_task("RTE"), tiny_roberta_dir, data, train, threads=1)
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == want  # an unseeded search stays unseeded
+    assert torch.get_num_threads() == threads
+    assert probe.step.measured and probe.step.method == "full" and 1 <= probe.steps <= 3
+    assert probe.step.train > probe.step.eval > 0  # a forward costs less than forward + backward + update
+    assert probe.seconds < 30 and "ms/token" in cpu_note(probe, "")
+
+
+def test_the_probe_runs_only_where_every_trial_runs_on_this_machines_cpu():
+    assert why_no_probe(on_cpu=True, joined=False, nodes=1, local_sources=True) == ""
+    assert "GPU" in why_no_probe(on_cpu=False, joined=False, nodes=1, local_sources=True)
+    assert "cluster's nodes" in why_no_probe(on_cpu=True, joined=True, nodes=1, local_sources=True)
+    assert "cluster's nodes" in why_no_probe(on_cpu=True, joined=False, nodes=2, local_sources=True)
+    assert "staged on the nodes" in why_no_probe(on_cpu=True, joined=False, nodes=1, local_sources=False)
+    assert cpu_note(None, "why") == "why"
+
+
+def test_the_probe_times_the_task_with_the_most_tokens_to_train():
+    sizes = {"RTE": TaskSize("RTE", 2490, 60.0), "SST-2": TaskSize("SST-2", 67_349, 13.0),
+             "QQP": TaskSize("QQP", 9, 9.0, error="unread")}
+    assert probe_task(sizes, demo_settings("train.max_train_samples=null").train) == "SST-2"
+    assert probe_task(sizes, demo_settings("train.max_train_samples=500").train) == "RTE"

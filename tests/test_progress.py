@@ -1,0 +1,58 @@
+"""The progress line's ETA (sweep/run/progress.py over sweep/plan/eta.py), with Tune's callbacks called
+by hand: trials start, report their loop's start and progress, end; the clock is set by the test."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from sweep.plan.eta import Forecast, Overheads
+from sweep.plan.makespan import TrialWork
+from sweep.trials import point_of, trial_key
+from tests.helpers.configs import demo_settings
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def trial(seed: int) -> SimpleNamespace:
+    config = {"trial": point_of("WNLI", seed, {})}
+    return SimpleNamespace(trial_id=f"t{seed}", config=config, run_metadata=SimpleNamespace(start_time=None),
+                           last_result=None, status="RUNNING")
+
+
+def test_the_eta_counts_start_ups_and_slots_then_follows_the_trials_pace(monkeypatch, capsys):
+    from sweep.run import progress
+
+    clock = Clock()
+    monkeypatch.setattr(progress.time, "time", clock)
+    settings = demo_settings()  # WNLI, seeds 38-40, 4 epochs
+    trials = [trial(seed) for seed in settings.sweep.seeds]
+    work = [TrialWork("WNLI", seed, 20.0) for seed in settings.sweep.seeds]
+    forecast = Forecast(work, [trial_key(t.config) for t in trials], None, capacity=2, concurrency=2, known=True,
+                        overheads=Overheads(launch=6.0, cold=10.0, warm=1.0))
+    line = progress.SweepProgress(settings, 3, forecast)
+    for t in trials[:2]:
+        line.on_trial_start(0, trials, t)
+    assert line.last_line.endswith("ETA 00:51")  # 2 x (10 + 20) start together, then 1 + 20 on a reused process
+    clock.now += 20  # both started their loops at +10, and after a quarter (one epoch) of it took 20 s
+    for t in trials[:2]:
+        row = {"trial_id": t.trial_id, "trial": t.config["trial"], "epoch": 1, "step": 13, "steps_total": 52,
+               "progress": 0.25, "score": 0.5, "eval/acc": 0.5, "loop_started": 1010.0, "reported_at": 1020.0,
+               "pid": int(t.trial_id[1:]), "train_tokens": 100, "train_seconds": 4.0}
+        line.on_trial_result(0, trials, t, row)
+    # each trial's loop is 40 s at its pace: 30 s left; the third, scaled 2x: 1 + 40 after
+    assert line.last_line.endswith("ETA 01:11")
+    assert forecast.scale == pytest.approx(2.0)
+    clock.now += 30
+    for t in trials[:2]:
+        line.on_trial_complete(0, trials, t)
+    line.on_trial_start(0, trials, trials[2])
+    assert line.last_line.endswith("ETA 00:41")
+    assert "2/3 done, 1 running" in line.last_line
