@@ -81,7 +81,7 @@ def test_a_cpu_plan_says_cpu_and_how_many_at_once_and_never_a_gpu_figure():
     assert "GPU" not in text and "~" not in text  # no figure at all
     here = chosen.describe(sizes, 22_700_000, train, OnCpu(2, 1.0, 230.0, "training measured here: ..."))
     assert "GPU" not in "\n".join(here)
-    assert here[-1] == "predicted makespan 4m (training measured here: ...)"
+    assert here[-1] == "predicted makespan 3m50s (training measured here: ...)"
     assert any(line.startswith("RTE") and "each in training" in line for line in here)
 
 

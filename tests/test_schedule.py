@@ -187,7 +187,8 @@ def test_make_plan_with_one_share_for_all_and_auto() -> None:
 
 
 def test_format_duration() -> None:
-    assert [format_duration(s) for s in (45, 1380, 4920, 11100)] == ["45s", "23m", "1h22m", "3h05m"]
+    assert [format_duration(s) for s in (45, 83, 599, 1380, 4920, 11100)] == [
+        "45s", "1m23s", "9m59s", "23m", "1h22m", "3h05m"]
 
 
 # --- the bench ----------------------------------------------------------------------------------

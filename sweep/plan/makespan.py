@@ -411,10 +411,12 @@ class MakespanPlan:
 
 
 def format_duration(seconds: float) -> str:
-    """1h22m, 23m, 45s: to the minute above a minute, which is all a prediction is good for."""
+    """1h22m, 23m, 1m23s, 45s: to the second below 10 minutes (a CPU demo's whole sweep), else to the minute."""
     s = round(seconds)
     if s < 60:
         return f"{s}s"
+    if s < 600:
+        return f"{s // 60}m{s % 60:02d}s"
     minutes = round(seconds / 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m"
