@@ -114,3 +114,32 @@ def test_a_trial_the_memory_monitor_kills_fails_and_tune_goes_on(tmp_path):
     line = trial_failure_line(result.error)
     assert line.startswith("killed for memory: ") and " GB used on node " in line, line
     assert line.endswith("lower train.batch_size or give the trial more memory")
+
+
+@pytest.mark.slow
+def test_what_tune_raises_out_of_fit_is_one_sweep_failed_line(tmp_path):
+    """Tune's own failure after trials ran (here a callback that raises in Tune's loop) is SweepFailed with
+    one line, the cause kept; the CLI prints it with the resume command (tests/test_outcome.py)."""
+    import ray
+    from ray import tune
+
+    from sweep.errors import SweepFailed
+    from sweep.run.tuner import fit_sweep
+
+    class Boom(tune.Callback):
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            raise RuntimeError("the results store went away\nmore lines")
+
+    def one_report(config):
+        tune.report({"score": 1.0})
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        tuner = tune.Tuner(one_report, run_config=tune.RunConfig(storage_path=str(tmp_path), callbacks=[Boom()],
+                                                                 verbose=0))
+        with pytest.raises(SweepFailed) as failed:
+            fit_sweep(tuner)
+    finally:
+        ray.shutdown()
+    line = str(failed.value)
+    assert line.startswith("Tune's run ended on ") and "\n" not in line, line

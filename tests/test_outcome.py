@@ -90,3 +90,10 @@ def test_relative_paths_reach_a_trial_absolute(tmp_path, monkeypatch):
     settings = compose_settings("task=RTE", "storage.data_dir=data")
     monkeypatch.chdir(Path("/"))  # a Ray worker's folder
     assert local_data_dir(settings.storage) == tmp_path / "data"
+
+
+def test_the_resume_line_of_a_failed_tune_run_names_the_same_command():
+    from sweep.run.stop import resume_command
+
+    assert resume_command(["task=RTE", "out_dir=old", "train.lr=1e-5"], "/abs/out") == (
+        "python -m sweep task=RTE train.lr=1e-5 out_dir=/abs/out resume=true")
