@@ -16,7 +16,7 @@ from transformers.utils import logging as hf_logging
 
 from sweep.config.tasks import CONF_DIR, load_task, task_from_config
 from sweep.errors import ModelSourceError
-from sweep.models import quiet, source, tiny as tiny_builder
+from sweep.models import quiet, tiny as tiny_builder
 from sweep.models.source import resolve_model_dir
 from sweep.models.tiny import build_tiny_model
 from sweep.train.loading import load_for_task, load_tokenizer
@@ -125,7 +125,7 @@ def test_same_seed_same_weights(tmp_path: Path) -> None:
 def test_builder_is_built_once_and_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
     real_build = tiny_builder.build_tiny_model
-    monkeypatch.setattr(source, "build_tiny_model", lambda *a, **kw: calls.append(a) or real_build(*a, **kw))
+    monkeypatch.setattr(tiny_builder, "build_tiny_model", lambda *a, **kw: calls.append(a) or real_build(*a, **kw))
     cfg = model_cfg("tiny-gpt2")
     first = resolve_model_dir(cfg, tmp_path)
     mtime = (first / "config.json").stat().st_mtime_ns
