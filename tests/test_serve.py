@@ -246,7 +246,7 @@ def test_key_value_arguments() -> None:
     for argv, message in [
         (["model=/m", "prot=1"], "prot: unknown option"),
         (["model=/m", "--port", "1"], "arguments are key=value"),
-        (["model=/m", "port=http"], "port: invalid literal"),
+        (["model=/m", "port=http"], "port: expected a whole number, got 'http'"),
         (["model=/m", "port=70000"], "port: must be a port in 1..65535"),
         (["model=/m", "batching=maybe"], "batching: expected true or false"),
         (["model=/m", "model=/n"], "model: given twice"),

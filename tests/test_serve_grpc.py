@@ -56,7 +56,7 @@ def test_grpc_options_and_defaults() -> None:
 def test_serve_cli_bad_grpc_arguments_exit_2_with_one_line() -> None:
     for argv, message in [
         (["model=x", "grpc_port=0"], "error: grpc_port: must be a port in 1..65535, got 0"),
-        (["model=x", "grpc_port=x"], "error: grpc_port: invalid literal for int() with base 10: 'x'"),
+        (["model=x", "grpc_port=x"], "error: grpc_port: expected a whole number, got 'x'"),
         (["model=x", "port=9000", "grpc_port=9000"], "error: grpc_port: must differ from port (both 9000)"),
         (["model=x", "grpc=maybe"], "error: grpc: expected true or false"),
     ]:
@@ -278,11 +278,14 @@ def test_infer_cli_over_grpc_errors_are_one_clear_line(servers: dict[str, Server
         (["--grpc", servers["rest-only"].grpc_address, "--model", CLASSIFIER_NAME, "hi"],
          "error: cannot reach the gRPC server"),
         (["--grpc", "localhost", "--model", lm.name, "hi"], "error: --grpc 'localhost': expected HOST:PORT"),
-        (["--grpc", lm.grpc_address, "hi"], "error: --grpc needs --model NAME"),
     ]:
         done = _infer_cli(*args)
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 1 and len(lines) == 1 and lines[0].startswith(message), done.stderr
+    # a usage mistake, found before any connection: argparse's usage and its one error line, exit 2
+    done = _infer_cli("--grpc", lm.grpc_address, "hi")
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].endswith(
+        "error: --grpc needs --model NAME: the v2 gRPC protocol has no list of models"), done.stderr
 
 
 # ---------------------------------------------------------------------------------------------
