@@ -32,9 +32,7 @@ def hold_out_dir(out_dir: Path) -> Iterator[None]:
     try:
         lock.acquire(blocking=False)
     except Timeout:
-        raise OutDirInUseError(
-            f"out_dir {out_dir} is in use by another sweep ({_owner(out_dir)}); wait for it or choose another out_dir"
-        ) from None
+        raise in_use(out_dir) from None
     owner = out_dir / OWNER_FILE
     try:
         owner.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}))
@@ -42,6 +40,27 @@ def hold_out_dir(out_dir: Path) -> Iterator[None]:
     finally:
         owner.unlink(missing_ok=True)
         lock.release()
+
+
+def check_free(out_dir: Path) -> None:
+    """OutDirInUseError now when another sweep holds ``out_dir`` (the command asks before Hydra writes its log
+    there); writes nothing: a folder without the lock file is free. ``hold_out_dir`` still takes the lock."""
+    from filelock import FileLock, Timeout
+
+    path = Path(out_dir) / LOCK_FILE
+    if not path.is_file():
+        return
+    lock = FileLock(str(path))
+    try:
+        lock.acquire(blocking=False)
+    except Timeout:
+        raise in_use(Path(out_dir)) from None
+    lock.release()
+
+
+def in_use(out_dir: Path) -> OutDirInUseError:
+    return OutDirInUseError(
+        f"out_dir {out_dir} is in use by another sweep ({_owner(out_dir)}); wait for it or choose another out_dir")
 
 
 def _owner(out_dir: Path) -> str:

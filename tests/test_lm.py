@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -297,14 +298,19 @@ def test_sweep_of_a_text_folder(tmp_path, wikitext_dir):
 
 @pytest.mark.slow
 def test_sweep_on_real_wikitext_valid_for_training_test_for_evaluation(tmp_path, shared_data_dir):
+    """The README's WikiText line, every path relative to the folder it runs in (the data, out_dir, the
+    sqlite store: each resolved there, once); that folder is left as it was (no outputs/, no mlartifacts/)."""
+    work = tmp_path / "work"
+    work.mkdir()
     out, db = tmp_path / "out", tmp_path / "mlflow.db"
     r = sweep_cmd("task=wikitext-2", "task.wikitext-2.train_split=valid", "task.wikitext-2.eval_splits=[test]",
-                  f"storage.data_dir={shared_data_dir}", "model=tiny-gpt2", "train=quick",
+                  f"storage.data_dir={os.path.relpath(shared_data_dir, work)}", "model=tiny-gpt2", "train=quick",
                   "train.max_train_samples=256", "train.max_eval_samples=64", "train.epochs=3", "sweep.seeds=[38]",
-                  f"tracking.uri=sqlite:///{db}", "tracking.experiment=lm-wikitext", f"out_dir={out}",
-                  cwd=tmp_path, cache=tmp_path / "cache", timeout=400)
+                  "tracking.uri=sqlite:///../mlflow.db", "tracking.experiment=lm-wikitext", "out_dir=../out",
+                  cwd=work, cache=tmp_path / "cache", timeout=400)
     assert r.returncode == 0, r.stderr[-3000:]
     assert_tracked_and_registered(db, "lm-wikitext", "wikitext-2", [38], out)
+    assert list(work.iterdir()) == []
 
 
 def test_cli_block_size_too_large_is_one_line_before_any_trial(tmp_path, wikitext_dir, tiny_gpt2_dir, cache_dir):

@@ -102,9 +102,14 @@ def multirun(args: Sequence[str]) -> bool:
 def run_folder_overrides(out_dir: str) -> list[str]:
     """With ``out_dir=`` set, Hydra's job runs there (its log beside the results, no ``.hydra/`` record over a
     running sweep's) instead of making ``outputs/<date>/<time>``; an out_dir that cannot be made is one line."""
-    from sweep.errors import ConfigError
+    from sweep.errors import ConfigError, OutDirInUseError
+    from sweep.lock import check_free
 
     folder = Path(out_dir)
+    try:
+        check_free(folder)  # another sweep's out_dir: refused before Hydra's log lands in it
+    except OutDirInUseError as e:
+        user_error(e)
     try:
         if not folder.is_dir():
             folder.mkdir(parents=True)

@@ -77,9 +77,10 @@ def _run_tune(settings: Settings, sources: DriverSources, out_dir: Path, trackin
 
 
 def fit_sweep(tuner):
-    """``tuner.fit()``: a trial's process that Ray ended (its memory monitor) is a failed trial; a full disk
-    ends the sweep as its DiskFullError line; anything else Tune raises is one SweepFailed line."""
-    from sweep.errors import DiskFullError, SweepFailed
+    """``tuner.fit()``: a trial's process that Ray ended (its memory monitor) is a failed trial; our own
+    verdicts (a full disk's DiskFullError, ScaleTimeoutError) end the sweep as they are; anything else Tune
+    raises is one SweepFailed line."""
+    from sweep.errors import USER_ERRORS, SweepFailed
     from sweep.failures import error_line
     from sweep.run.disk_stop import fit_until_disk_full
     from sweep.run.lost_trials import one_line_trial_failures, treat_lost_processes_as_trial_failures
@@ -88,7 +89,7 @@ def fit_sweep(tuner):
     one_line_trial_failures()
     try:
         return fit_until_disk_full(tuner)
-    except DiskFullError:
+    except USER_ERRORS:  # our own one-line verdicts (a full disk, nodes that never came): as they are
         raise
     except Exception as e:  # Tune's own failure, after trials ran: their work is in Tune's saved state
         raise SweepFailed(f"Tune's run ended on {error_line(e)}") from e
