@@ -10,7 +10,7 @@ VLLM ?= vllm==0.24.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test docs install clean
 
 install: $(STAMP)
 
@@ -44,5 +44,10 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --durations=25 $(ARGS)
 
+# The documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or anchor, or a page left
+# out of the nav, fails the build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf outputs multirun .pytest_cache
+	rm -rf outputs multirun .pytest_cache site
