@@ -13,6 +13,7 @@ import pytest
 
 from sweep.cli.main import COMMANDS
 from sweep.cli.serve import OPTIONS
+from sweep.cli.ui import OPTIONS as UI_OPTIONS
 
 # What each subcommand's --help must name (its options and arguments).
 NAMES = {
@@ -23,6 +24,7 @@ NAMES = {
     "upload": ["--bucket", "--key", "--plain", "--endpoint", "--region", "folders"],
     "upload-mlflow": ["tracking_uri", "dest", "--endpoint", "--region"],
     "replay": ["file", "--uri"],
+    "ui": [f"{key}=" for key in UI_OPTIONS],
 }
 HEAVY = ("torch", "transformers", "ray", "mlflow", "kserve", "boto3")
 

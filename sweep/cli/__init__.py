@@ -9,6 +9,7 @@ with plain values (nothing here is imported by the packages below).
 - ``upload.py``:    ``sweep upload``: folders packed and uploaded to S3 for ``storage=s3``
 - ``upload_mlflow.py``: ``sweep upload-mlflow``: a sqlite MLflow store and its artifacts to S3, by hand
 - ``replay.py``:    ``sweep replay``: the MLflow calls a sweep kept, sent to a store
+- ``ui.py``:        ``sweep ui``: MLflow's UI on a sweep's store (``mlflow server``), the URLs of its runs
 - ``key_values.py``: ``key=value`` arguments (``sweep serve``'s) with one-line errors
 
 ``python -m sweep`` is ``sweep``; ``python -m sweep.submit`` / ``serve`` / ``infer`` / ``upload`` (sweep/*.py)

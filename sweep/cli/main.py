@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "upload": ("sweep.cli.upload", "pack folders and upload them to S3 for storage=s3"),
     "upload-mlflow": ("sweep.cli.upload_mlflow", "a sweep's sqlite MLflow store and its artifacts to S3, by hand"),
     "replay": ("sweep.cli.replay", "send the MLflow calls a sweep kept while its store did not answer"),
+    "ui": ("sweep.cli.ui", "the MLflow UI on a sweep's store; prints the URL of its runs"),
 }
 # A first argument like these is meant as a command: no Hydra override (key=value, ~key) or flag (-m, --cfg).
 _WORD = re.compile(r"[A-Za-z][\w.-]*")

@@ -22,6 +22,7 @@ what is left is one file for ``sweep replay FILE [--uri URI]`` (sweep/cli/replay
 - ``model_flavor.py``: the best model as an MLflow Model (transformers flavor) on its trial's run; a logged
                     model's files back into one folder for the server
 - ``replaying.py``: ``replay`` kept calls into a store (the command: ``sweep replay``)
+- ``ui.py``:        MLflow's UI on a store: the URLs of a sweep's runs, ``mlflow server``'s command (``sweep ui``)
 
 What other modules import is re-exported here: ``from sweep.tracking import SweepTracker``.
 """

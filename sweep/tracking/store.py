@@ -188,8 +188,8 @@ def _artifact_location(uri: str) -> str | None:
     return (db.resolve().parent / "mlartifacts").as_uri() if db is not None else None
 
 
-# MLflow 3's experiment kind: its UI opens a model-development experiment on the runs table, not on the
-# GenAI overview ("Traces 0 — No data available") it guesses for an untagged one.
+# MLflow 3's experiment kind, what marks a sweep's experiments (sweep ui lists them). MLflow 3.17's UI no
+# longer reads it to choose a page: its GenAI / Model training switch does (sweep/tracking/ui.py).
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 
 

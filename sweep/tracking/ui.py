@@ -1,0 +1,105 @@
+"""MLflow's own UI on a sweep's store: the URLs of a sweep's runs and of the registry, the sweep
+experiments a store holds, the ``mlflow server`` command that shows a local store, and the line the end
+of a sweep prints to say how to look at it (``sweep ui``: sweep/cli/ui.py).
+
+What MLflow 3.17's UI does with them (found in headless Chromium, tests/test_mlflow_ui.py):
+
+- ``#/experiments/<id>?workflowType=machine_learning`` opens the experiment in the "Model training" view,
+  on its runs table (MLflow redirects to ``.../runs?workflowType=machine_learning&...``).
+- Without ``workflowType`` the view is the browser's own switch (GenAI / Model training, top left; kept
+  in the browser's local storage, GenAI until a person picks the other), whatever the experiment's
+  ``mlflow.experimentKind`` tag says: an experiment clicked in the experiment list opens on the GenAI
+  "Overview" (traces, none here) until "Model training" is picked once. The URL's ``workflowType`` shows
+  the view without storing it: the switch stays as it was.
+- A sweep's trial runs are listed collapsed under its parent run, and nothing in a URL expands them:
+  which parents are open (``runsExpanded``) is kept in the browser's local storage per experiment, left
+  out of shared views (``?viewStateShareKey=``), and a ``searchFilter`` that matches only the trials
+  still shows them under their (fetched) parent. The UI opens a parent by itself only on a browser's
+  first visit and only for children tagged ``mlflow.runType=evaluation`` (``mlflow.evaluate``'s runs),
+  which trial runs are not. So the URL printed is the runs table; one click on the parent's ``+``
+  shows the trials.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+from sweep.secrets import scrub
+from sweep.tracking.store import EXPERIMENT_KIND, _artifact_location, _client, _http_problem, _retry, _sqlite_path
+
+MODEL_TRAINING = "workflowType=machine_learning"  # the UI's "Model training" view (its other one: genai)
+
+
+def is_server(uri: str) -> bool:
+    """An MLflow tracking server (http/https), as opposed to a store the sweep writes itself (a database)."""
+    return urlparse(uri).scheme in ("http", "https")
+
+
+def server_address(uri: str) -> str:
+    """The server's address for a browser: no credentials (a browser asks for its own), no trailing slash."""
+    parsed = urlparse(uri)
+    netloc = parsed.netloc.rsplit("@", 1)[-1]
+    return scrub(parsed._replace(netloc=netloc).geturl()).rstrip("/")
+
+
+def runs_url(server: str, experiment_id: str) -> str:
+    """An experiment's runs table in the Model training view."""
+    return f"{server.rstrip('/')}/#/experiments/{experiment_id}?{MODEL_TRAINING}"
+
+
+def run_url(server: str, experiment_id: str, run_id: str) -> str:
+    """One run's page (a sweep's parent: its summary metrics, config and result files)."""
+    return f"{server.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{MODEL_TRAINING}"
+
+
+def models_url(server: str) -> str:
+    """The model registry: every registered model with its aliased versions (``@ champion``)."""
+    return f"{server.rstrip('/')}/#/models"
+
+
+def experiments_url(server: str) -> str:
+    return f"{server.rstrip('/')}/#/experiments?{MODEL_TRAINING}"
+
+
+def server_problem(uri: str) -> str | None:
+    """None when an MLflow server answers at ``uri``, else why not (one line)."""
+    return _http_problem(uri)
+
+
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` store (None for another store)."""
+    return _sqlite_path(uri)
+
+
+def artifact_root(uri: str) -> str | None:
+    """Where the sweep puts the artifacts of a sqlite store's experiments (``mlartifacts`` beside the file)."""
+    return _artifact_location(uri)
+
+
+def sweep_experiments(uri: str) -> list[tuple[str, str]]:
+    """(id, name) of the store's active experiments that sweeps made (tagged model development), by name."""
+    key, value = next(iter(EXPERIMENT_KIND.items()))
+    found = _retry(_client(uri).search_experiments, filter_string=f"tags.`{key}` = '{value}'")
+    return sorted(((e.experiment_id, e.name) for e in found), key=lambda pair: pair[1])
+
+
+def server_command(uri: str, host: str, port: int) -> list[str]:
+    """``mlflow server`` on the store ``uri`` (artifacts where the sweep put them), one worker."""
+    entry = Path(sys.executable).with_name("mlflow")
+    command = [str(entry)] if entry.exists() else [sys.executable, "-m", "mlflow"]
+    command += ["server", "--backend-store-uri", uri, "--host", host, "--port", str(port), "--workers", "1"]
+    artifacts = artifact_root(uri)
+    if artifacts is not None:  # new experiments there too, and mlflow-artifacts:/ resolved there
+        command += ["--default-artifact-root", artifacts, "--artifacts-destination", artifacts]
+    return command
+
+
+def look_line(uri: str, experiment_id: str | None, out_dir: Path) -> str:
+    """The end of a sweep: how to look at its runs. A tracking server's runs table is a URL already; a
+    store the sweep wrote (sqlite, a database) needs a server first: the ``sweep ui`` command."""
+    if is_server(uri) and experiment_id is not None:
+        return f"runs: {runs_url(server_address(uri), experiment_id)}"
+    return f"runs: sweep ui out_dir={shlex.quote(str(out_dir))}"
