@@ -172,6 +172,9 @@ def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkp
     print(f"results: {out_dir / 'results.csv'}  summary: {out_dir / 'summary.csv'}  plot: {plot}")
     if tracker is not None:
         record_in_mlflow(settings, tracker, records, summaries, best, out_dir, plot)
+        from sweep.tracking.ui import look_line
+
+        print(look_line(tracker.uri, tracker.experiment_id, out_dir))  # runs: sweep ui out_dir=... (or the URL)
     return summaries
 
 
