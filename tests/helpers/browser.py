@@ -7,18 +7,28 @@ Playwright's own browser downloads are never used (``playwright install`` cannot
 
 What MLflow 3.17.2's UI (a hash-routed single-page app) needs, as found with this helper:
 
-- ``<server>/#/experiments/<id>/runs`` is the runs table ("Training runs"). ``/#/experiments/<id>`` alone
-  opens the experiment's Overview (Usage/Quality/Tool calls of traces), even for an experiment tagged
-  ``mlflow.experimentKind=custom_model_development``; so the helpers name the runs tab.
+- The UI has two views, switched top left ("GenAI" / "Model training"); the browser keeps the choice in its
+  local storage (``mlflow.workflowType_v1``), GenAI until a person picks the other. The experiment's
+  ``mlflow.experimentKind`` tag does not choose it. In the GenAI view ``/#/experiments/<id>`` (and a click on
+  the experiment in the experiment list) opens the Overview (Usage/Quality/Tool calls of traces), which
+  greets a browser with a "Detect Issues in Your Traces" popover.
+- ``<server>/#/experiments/<id>/runs`` is the runs table in either view ("Training runs" in GenAI's, "Runs"
+  in Model training's); ``/#/experiments/<id>?workflowType=machine_learning`` opens the Model training view
+  on it (what ``sweep ui`` prints): the URL shows that view without storing it, so the experiment list's
+  links still open the Overview until the switch is clicked once (tests/test_mlflow_ui.py).
 - Nested runs (tag ``mlflow.parentRunId``) are listed collapsed under their parent: the parent's Run Name
   cell has an expander button to click (``expand_child_runs``). No URL parameter expands them
-  (``runsExpanded`` is kept in the browser's local storage and left out of shared views).
+  (``runsExpanded`` is kept in the browser's local storage and left out of shared views; a ``searchFilter``
+  on the parent's id lists them under the parent, collapsed, all the same). The UI expands a parent by itself
+  only on a browser's first visit of the experiment and only for children tagged ``mlflow.runType=evaluation``.
 - Metric and param columns are hidden by default (the default columns are Dataset, Source, Models):
   "Columns" menu, click the key's entry (``show_run_columns``). A shared view (experiment tag
   ``mlflow.sharedViewState.<key>`` = JSON ``{"selectedColumns": ["metrics.`acc`"]}``, opened with
   ``?viewStateShareKey=<key>``) shows them too, but writes to the experiment.
 - A metric shows every digit, as JavaScript's ``String(value)`` (``mlflow_metric_text``).
 - ``<server>/#/models/<name>`` is a registered model's page: rows "Version 2 | <date> | ... | @ champion".
+  ``<server>/#/models``, the registry, opens with a modal ("Flexible, governed deployments with the new Model
+  Registry UI"): reading the page works through it, a click needs it closed first (``dismiss_dialog``).
 - The body's innerText lists the runs table column block by column block (pinned run names first, then
   the values), so a name and its value are paired by ``grid_rows``, which joins a row's parts.
 """
@@ -229,6 +239,18 @@ def open_mlflow_runs(page, server_url: str, experiment_id: str, first_run: str, 
         expand_child_runs(page)
     if columns:
         show_run_columns(page, list(columns))
+
+
+def dismiss_dialog(page, button: str, wait_s: float = 10) -> None:
+    """Click ``button`` of a dialog MLflow greets a page's first visit with ("Got it" of the GenAI overview's
+    popover, "Close" of the registry's modal), when one shows within ``wait_s``: until then it holds every
+    other click, as it would a person's."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.get_by_role("dialog").get_by_role("button", name=button, exact=True).first.click(timeout=wait_s * 1000)
+    except PlaywrightTimeout:
+        pass
 
 
 def mlflow_metric_text(value: float) -> str:
