@@ -109,7 +109,7 @@ def test_noise_is_two_binomial_standard_errors_for_shares_and_two_over_root_n_fo
 def test_learned_means_beyond_the_noise_in_the_tasks_direction():
     margin = noise_margin("acc", 0.5271, 277)  # real RTE dev: ±0.060
     assert not learned(0.5271, 0.5271, margin, "max")  # at the trivial score
-    assert not learned(0.565, 0.5271, margin, "max")  # the README's "nothing learns beyond 0.565"
+    assert not learned(0.565, 0.5271, margin, "max")  # docs/benchmarks.md's "nothing learns beyond 0.565"
     assert learned(0.60, 0.5271, margin, "max")
     assert not learned(0.56, 0.6, 0.05, "min") and learned(0.5, 0.6, 0.05, "min")  # lower is better: below it
 

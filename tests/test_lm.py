@@ -298,7 +298,7 @@ def test_sweep_of_a_text_folder(tmp_path, wikitext_dir):
 
 @pytest.mark.slow
 def test_sweep_on_real_wikitext_valid_for_training_test_for_evaluation(tmp_path, shared_data_dir):
-    """The README's WikiText line, every path relative to the folder it runs in (the data, out_dir, the
+    """docs/lm.md's WikiText line, every path relative to the folder it runs in (the data, out_dir, the
     sqlite store: each resolved there, once); that folder is left as it was (no outputs/, no mlartifacts/)."""
     work = tmp_path / "work"
     work.mkdir()
