@@ -8,7 +8,11 @@ checks the reasons are there). A command that stops working fails here."""
 
 from __future__ import annotations
 
+import csv
+import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -20,6 +24,9 @@ from pathlib import Path
 
 import pytest
 
+from sweep.config.tasks import load_task
+from sweep.results.records import MADE_BY, rank_key
+from sweep.trials import TRAINING_STATE
 from tests.helpers.doc_blocks import Block, bash_blocks, commands, with_overrides
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
@@ -53,9 +60,9 @@ def fresh_clone(to: Path) -> Path:
     return clone
 
 
-def run_foreground(block: Block, clone: Path, state: Path, env: dict[str, str]) -> dict[str, str]:
+def run_foreground(block: Block, state: Path, env: dict[str, str]) -> tuple[dict[str, str], str]:
     """Runs ``block`` (its sweeps made small) where the last block left off; the environment and folder
-    it leaves. Fails the test, with the output, when a command fails."""
+    it leaves, and what it printed. Fails the test, with the output, when a command fails."""
     script = "\n".join(with_overrides(command, SMALL) for command in commands(block.text))
     saved = f'\nenv -0 > "{state}/env"; pwd > "{state}/pwd"\n'
     result = subprocess.run(["bash", "-euo", "pipefail", "-c", f'cd "{env["PWD"]}"\n{script}{saved}'],
@@ -65,7 +72,7 @@ def run_foreground(block: Block, clone: Path, state: Path, env: dict[str, str]) 
                     f"{result.stderr[-4000:]}")
     after = dict(item.split("=", 1) for item in (state / "env").read_text().split("\0") if "=" in item)
     after["PWD"] = (state / "pwd").read_text().strip()
-    return after
+    return after, result.stdout
 
 
 def start_background(block: Block, env: dict[str, str], log: Path) -> subprocess.Popen:
@@ -105,17 +112,50 @@ def test_every_readme_command_runs_as_written(tmp_path: Path, shared_data_dir: P
     env.pop("VIRTUAL_ENV", None)  # as a new terminal: the README activates the venv itself
     env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if not p.startswith(sys.prefix))
     servers: list[subprocess.Popen] = []
-    ran = []
+    printed: dict[str, str] = {}  # each block's first command: what it printed
+    logs: dict[str, Path] = {}  # a background block's: read once it has stopped
     try:
         for block in bash_blocks(clone / "README.md", clone):
             if block.not_run is not None:
                 continue
+            first = shlex.join(shlex.split(commands(block.text)[0], comments=True))  # no trailing comment
             if block.ready_url:
-                servers.append(start_background(block, env, tmp_path / f"background-{block.line}.log"))
+                log = tmp_path / f"background-{block.line}.log"
+                servers.append(start_background(block, env, log))
+                logs[first] = log
             else:
-                env = run_foreground(block, clone, state, env)
-            ran.append(block.where)
+                env, printed[first] = run_foreground(block, state, env)
     finally:
         for proc in servers:
             stop(proc)
-    assert len(ran) >= 5, ran  # the two commands' demo, activation, a sweep, its results, the UI, a server, a call
+    printed |= {command: log.read_text() for command, log in logs.items()}
+
+    # What each step is there for, beyond its exit status.
+    demo_out = the_demos_out_dir(clone)
+    assert_the_demo_kept_exactly_the_best_model(demo_out, printed["make demo"])
+    tour = clone / "runs" / "tour"
+    assert [row["task"] for row in csv.DictReader((tour / "summary.csv").open())] == ["SST-2", "MRPC"]
+    ui = next(text for command, text in printed.items() if command.startswith("sweep ui"))
+    assert re.search(r"^runs: http://127\.0\.0\.1:5000/\S+", ui, re.MULTILINE), ui
+    answer = next(text for command, text in printed.items() if command.startswith("sweep infer"))
+    assert re.fullmatch(r"\S+\t[0-9.]+\n", answer), answer  # label<TAB>score, as the README says
+
+
+def the_demos_out_dir(clone: Path) -> Path:
+    """`make demo` has no out_dir: Hydra's outputs/<date>/<time>/ in the folder it ran in."""
+    (out,) = (clone / "outputs").glob("*/*")
+    return out
+
+
+def assert_the_demo_kept_exactly_the_best_model(out: Path, stdout: str) -> None:
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert len(rows) == 3 and {row["status"] for row in rows} == {"TERMINATED"}, rows  # the demo's 3 seeds
+    mode = load_task("WNLI").mode
+    best_seed = max(rows, key=lambda row: rank_key(mode, float(row["score"]), int(row["seed"])))["seed"]
+    made_by = json.loads((out / "best" / "WNLI" / MADE_BY).read_text())
+    assert str(made_by["seed"]) == best_seed
+    assert (out / "best" / "WNLI" / "config.json").exists()
+    assert not list((out / "best").rglob(TRAINING_STATE)), "the optimizer state was exported"
+    assert not list((out / "ray").rglob("checkpoint_*")), "pruned checkpoints left behind"
+    assert f"best WNLI: seed {best_seed}" in stdout
+    assert "WNLI: best of 1 " in stdout and (out / "expected_max.csv").is_file()  # how many seeds were enough
