@@ -1,7 +1,9 @@
 """MLflow's UI on a real sweep, as its user opens it: the sweep's last line says ``runs: sweep ui out_dir=…``;
-that command starts MLflow's UI on the sweep's store and prints the URL of its runs; a real headless
-Chromium (tests/helpers/browser.py) opens it. What MLflow 3.17's UI does with it is in
-sweep/tracking/ui.py's docstring; this test holds it to that.
+that command starts MLflow's UI on the sweep's store and prints the URL of its runs (sweep's page on that
+server, sweep/tracking/ui_app.py); a real headless Chromium (tests/helpers/browser.py), fresh, opens it and
+lands on the runs table with the sweep's trials listed under their parent, and from then on MLflow's
+experiment list lands there too. What MLflow 3.17's UI does is in sweep/tracking/ui.py's docstring; this
+test holds it to that.
 
 The sweep: the tiny RoBERTa on synthetic WNLI-layout data of 800 training rows, two seeds, one epoch (50
 steps, about as many as the demo's 4 epochs of 200 rows): it learns (0.94 and 0.81 where a constant answer
@@ -116,7 +118,6 @@ def test_sweep_ui_shows_the_sweeps_runs_and_its_champion(swept: dict, tmp_path: 
     from tests.helpers.browser import (
         browser_page,
         dismiss_dialog,
-        expand_child_runs,
         mlflow_metric_text,
         show_run_columns,
         wait_for_rows,
@@ -148,57 +149,50 @@ def test_sweep_ui_shows_the_sweeps_runs_and_its_champion(swept: dict, tmp_path: 
     ui = start_ui([sys.executable, "-m", "sweep", *command[1:], f"port={port}"], work, tmp_path / "ui.err")
     server = f"http://127.0.0.1:{port}"
     try:
-        eid = store["experiment_id"]
+        eid, run_id = store["experiment_id"], store["run_id"]
         assert ui.lines == [
             f"sweep ui: starting MLflow's UI on {store['uri']} at {server}",
-            f"runs: {server}/#/experiments/{eid}?workflowType=machine_learning (experiment glue-tiny-roberta)",
-            f"sweep: {server}/#/experiments/{eid}/runs/{store['run_id']}?workflowType=machine_learning (its parent "
+            f"runs: {server}/sweep/open?experiment={eid}&parent={run_id} (experiment glue-tiny-roberta)",
+            f"sweep: {server}/#/experiments/{eid}/runs/{run_id}?workflowType=machine_learning (its parent "
             f"run: summary metrics, config, results)",
             f"models: {server}/#/models (the registry: each model's versions, @ champion)",
             "sweep ui: running until Ctrl-C or SIGTERM",
         ], ui.lines
-        # A tracking server is not started again: its URLs, the store's sweep experiments listed.
+        # A tracking server is not started again: its URLs (the runs table in the Model training view: it
+        # may have no sweep page), the store's sweep experiments listed.
         remote = sweep_ui(f"tracking_uri={server}", cwd=work)
         assert remote.returncode == 0, remote.stderr
-        assert remote.stdout.splitlines()[1:] == [ui.lines[1], ui.lines[3]], remote.stdout
+        assert remote.stdout.splitlines()[1:] == [
+            f"runs: {server}/#/experiments/{eid}?workflowType=machine_learning (experiment glue-tiny-roberta)",
+            ui.lines[3]], remote.stdout
 
         started = time.monotonic()
-        with browser_page(TIMEOUT_S) as page:
-            # (a) The printed URL lands on the runs table (Model training view), not on the GenAI overview.
-            runs_url = ui.url("runs")
-            page.goto(runs_url, wait_until="domcontentloaded")
+        with browser_page(TIMEOUT_S) as page:  # a fresh browser: nothing in its local storage
+            # (a) The printed URL lands on the runs table (Model training view, not the GenAI overview) with
+            # the parent expanded: the trials listed under it with no click on its +, each with its metric
+            # as results.csv has it ("Columns": MLflow shows no metric column by default).
+            page.goto(ui.url("runs"), wait_until="domcontentloaded")
             on_runs_table(page, eid, parent, tmp_path / "runs.png")
-            # From MLflow's experiment list, a click lands where the browser's GenAI / Model training switch
-            # says: a fresh browser's is GenAI, which the printed URL showed past without storing it.
-            page.get_by_role("link", name="Experiments", exact=True).first.click()
-            click_experiment(page, eid, "glue-tiny-roberta")
-            wait_for_text(page, ["Usage", "Traces"], TIMEOUT_S, url=page.url, screenshot=tmp_path / "overview.png")
-            assert re.search(rf"#/experiments/{eid}/overview", page.url) and "workflowType=genai" in page.url
-            # Picked once, the switch is kept: from the list, the click lands on the runs table. (The overview
-            # greets a browser with a "Detect Issues in Your Traces" popover that holds every click: "Got it".)
-            dismiss_dialog(page, "Got it")
-            page.get_by_text("Model training", exact=True).first.click()
-            on_runs_table(page, eid, parent, tmp_path / "switched.png")
+            show_run_columns(page, ["acc"])
+            trials_listed(page, expected, tmp_path / "trials.png")
+            # ... because it set what the two clicks ("Model training", the parent's +) set in the browser.
+            stored = page.evaluate("() => ({...localStorage})")
+            assert stored["mlflow.workflowType_v1"] == '"machine_learning"', stored
+            state = json.loads(stored[f'MLflowLocalStorage-1.1-ExperimentPage-["{eid}"]-ReactComponentState'])
+            assert state["runsExpanded"] == {run_id: True}, state
+            # From MLflow's experiment list, a click lands on the runs table too (the browser's switch says
+            # Model training now; a fresh browser's says GenAI): the trials still listed under the parent.
             page.get_by_role("link", name="Experiments", exact=True).first.click()
             click_experiment(page, eid, "glue-tiny-roberta")
             on_runs_table(page, eid, parent, tmp_path / "clicked.png")
-
-            # (b) The trials, under the parent (collapsed: one click on its +), each with its metric as
-            # results.csv has it ("Columns": MLflow shows no metric column by default).
-            assert not any(name in wait_for_text(page, [parent], 5) for name in expected)
-            assert expand_child_runs(page) == 1
-            show_run_columns(page, ["acc"])
-            rows = wait_for_rows(page, [[name, value] for name, value in expected.items()], TIMEOUT_S,
-                                 screenshot=tmp_path / "trials.png")
-            (first, second) = expected
-            assert not any(first in row and expected[second] in row for row in rows), rows
+            trials_listed(page, expected, tmp_path / "clicked-trials.png")
 
             # The sweep's parent run: its summary metrics.
             page.goto(ui.url("sweep"), wait_until="domcontentloaded")
             wait_for_text(page, [parent, "WNLI.best", "WNLI.learned"], TIMEOUT_S, url=page.url,
                           screenshot=tmp_path / "parent.png")
 
-            # (c) The registry: the model's champion, and on its page the alias on the version it names.
+            # (b) The registry: the model's champion, and on its page the alias on the version it names.
             page.goto(ui.url("models"), wait_until="domcontentloaded")
             wait_for_rows(page, [["tiny-roberta-WNLI", "champion"]], TIMEOUT_S, screenshot=tmp_path / "models.png")
             dismiss_dialog(page, "Close")  # "Flexible, governed deployments with the new Model Registry UI"
@@ -225,6 +219,16 @@ def on_runs_table(page, experiment_id: str, parent: str, screenshot: Path) -> No
     text = wait_for_text(page, ["Run Name", parent, "Model registry"], TIMEOUT_S, url=page.url, screenshot=screenshot)
     assert f"#/experiments/{experiment_id}/runs" in page.url and "workflowType=machine_learning" in page.url
     assert "Token Usage" not in text
+
+
+def trials_listed(page, expected: dict[str, str], screenshot: Path) -> None:
+    """Each trial's row (its name and its metric) on the runs table, nothing clicked: under the parent,
+    expanded. Two metrics, distinct: a value on the wrong run's row would show."""
+    from tests.helpers.browser import wait_for_rows
+
+    rows = wait_for_rows(page, [[name, value] for name, value in expected.items()], TIMEOUT_S, screenshot=screenshot)
+    (first, second) = expected
+    assert not any(first in row and expected[second] in row for row in rows), rows
 
 
 def click_experiment(page, experiment_id: str, name: str) -> None:
@@ -288,3 +292,31 @@ def test_the_end_of_a_sweep_names_the_command_or_the_url() -> None:
     assert look_line("postgresql://db/mlflow", "1", Path("/a/out")) == "runs: sweep ui out_dir=/a/out"
     assert (look_line("https://me:pw@mlflow.example:5000/", "7", Path("/a/out"))
             == "runs: https://mlflow.example:5000/#/experiments/7?workflowType=machine_learning")
+
+
+def test_the_landing_page_takes_only_mlflow_ids() -> None:
+    """``/sweep/open`` on MLflow's own Flask app (the ``mlflow.app`` factory, outside uvicorn): the page for
+    an experiment's and runs' ids, 400 for anything else; ``landing_url`` leaves out what the page refuses."""
+    from importlib.metadata import entry_points
+
+    from sweep.tracking.ui import landing_url
+    from sweep.tracking.ui_app import APP_NAME, create_app
+
+    assert [e.value for e in entry_points(group="mlflow.app") if e.name == APP_NAME] == [
+        "sweep.tracking.ui_app:create_app"], "pip install -e . registers the plugin (pyproject.toml)"
+    client = create_app().test_client()
+    run = "0123456789abcdef0123456789abcdef"
+    page = client.get(f"/sweep/open?experiment=12&parent={run}")
+    assert page.status_code == 200 and page.mimetype == "text/html"
+    html = page.get_data(as_text=True)
+    assert '"MLflowLocalStorage-1.1-ExperimentPage-[\\"12\\"]-ReactComponentState"' in html, html
+    assert f'"parents": ["{run}"]' in html and '"route": "/experiments/12/runs?workflowType=machine_learning"' in html
+    assert "http" not in html and "src=" not in html  # nothing loaded from anywhere
+    for bad in ["", "experiment=1x", "experiment=1&parent=abc", f"experiment=1&parent={run.upper()}",
+                "experiment=1&parent=%3Cscript%3E", f"parent={run}"]:
+        answer = client.get(f"/sweep/open?{bad}")
+        assert answer.status_code == 400 and answer.mimetype == "text/plain", bad
+    server = "http://127.0.0.1:5000"
+    assert landing_url(server, "3", [run]) == f"{server}/sweep/open?experiment=3&parent={run}"
+    assert landing_url(server, "3", ["nope"]) == f"{server}/sweep/open?experiment=3"
+    assert landing_url(server, "x'", [run]) == f"{server}/#/experiments/x'?workflowType=machine_learning"

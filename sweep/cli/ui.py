@@ -4,10 +4,10 @@ sweep recorded to, and the URLs of its runs.
 ``out_dir=`` finds the store in the sweep's ``mlflow-parent.json`` (its store's URI, experiment and parent
 run); with neither option it is the sweep's default store, ``mlflow.db`` in this folder. For a store the
 sweep wrote itself (sqlite, or another database) it starts ``mlflow server`` on it (artifacts where the
-sweep put them: sweep/tracking/ui.py), waits until ``/health`` answers and prints one line per URL; it
-runs until Ctrl-C or SIGTERM, which stop the server with it (exit 0). An http(s) tracking server has a UI
-already: its URLs are printed and nothing is started. A mistake (no such folder, no store, a port in use)
-is one line, exit 2, before anything starts.
+sweep put them, and sweep's page for its runs: sweep/tracking/ui.py, ui_app.py), waits until ``/health``
+answers and prints one line per URL; it runs until Ctrl-C or SIGTERM, which stop the server with it (exit
+0). An http(s) tracking server has a UI already: its URLs are printed and nothing is started. A mistake (no
+such folder, no store, a port in use) is one line, exit 2, before anything starts.
 """
 
 from __future__ import annotations
@@ -44,11 +44,14 @@ OPTIONS: dict[str, Option] = {
     "host": Option(non_empty, "127.0.0.1", "the address the UI listens on; 0.0.0.0 for every interface"),
 }
 HELP = """
-It prints the URL of each sweep experiment's runs table in MLflow's "Model training" view, the
-sweep's parent run (out_dir=) and the model registry. MLflow opens an experiment clicked in its
-experiment list on the GenAI overview until "Model training" is picked (top left, once per
-browser); the printed URLs pick it. A sweep's trials are listed under its parent run: click the
-parent's + to show them, and "Columns" to show their metric."""
+It prints the URL of each sweep experiment's runs table, the sweep's parent run (out_dir=) and the
+model registry. For a store it serves, the runs URL is a page of sweep's on that server
+(/sweep/open): it picks MLflow's "Model training" view for the browser (top left; MLflow's default,
+GenAI, opens an experiment clicked in its experiment list on the GenAI overview) and opens the
+sweep's parent run (its +), as those two clicks would, then shows the runs table: the trials under
+the parent, and from then on the experiment list's click lands on the runs too. On an http(s)
+tracking server the URL is the runs table in the Model training view: click the parent's + to show
+the trials. "Columns" shows their metric."""
 
 
 class _Stop(BaseException):
@@ -183,15 +186,19 @@ def browser_host(host: str) -> str:
 # --- the lines -----------------------------------------------------------------------------------
 
 
-def url_lines(server: str, store: Store) -> list[str]:
-    """The runs table of each sweep experiment (out_dir=: its sweep's), its parent run, the registry."""
-    from sweep.tracking.ui import experiments_url, models_url, run_url, runs_url, sweep_experiments
+def url_lines(server: str, store: Store, landing: bool = False) -> list[str]:
+    """The runs table of each sweep experiment (out_dir=: its sweep's), its parent run, the registry.
+    ``landing``: the server is ``sweep ui``'s own (``--app-name sweep-ui``), whose page opens the runs table
+    with the sweep's parent expanded and "Model training" kept for the browser; else the runs table's URL."""
+    from sweep.tracking.ui import experiments_url, landing_url, models_url, run_url, runs_url, sweep_experiments
 
     if store.experiment_id:
         experiments = [(store.experiment_id, store.experiment or store.experiment_id)]
     else:
         experiments = sweep_experiments(server)
-    lines = [f"runs: {runs_url(server, eid)} (experiment {name})" for eid, name in experiments]
+    parents = [store.parent_run_id] if store.parent_run_id else []
+    lines = [f"runs: {landing_url(server, eid, parents) if landing else runs_url(server, eid)} (experiment {name})"
+             for eid, name in experiments]
     if not experiments:
         lines.append(f"runs: no sweep has recorded to this store yet; every experiment: {experiments_url(server)}")
     if store.experiment_id and store.parent_run_id:
@@ -253,13 +260,14 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def serve(store: Store, host: str, port: int) -> int:
     from sweep.secrets import scrub
-    from sweep.tracking.ui import server_command, sqlite_file
+    from sweep.tracking.ui import app_installed, server_command, sqlite_file
 
     db = sqlite_file(store.uri)
     check_store_file(store, db)
     check_port(host, port)
     server = f"http://{browser_host(host)}:{port}"
-    command = server_command(store.uri, host, port)
+    landing = app_installed()  # sweep's page on the server (an installed sweep has it: pyproject.toml)
+    command = server_command(store.uri, host, port, app=landing)
     if "MLFLOW_UVICORN_OPTS" not in os.environ:
         command.append("--uvicorn-opts=--no-access-log")  # a line per request of the UI would bury ours
 
@@ -286,7 +294,7 @@ def serve(store: Store, host: str, port: int) -> int:
                       file=sys.stderr)
                 return 1
             time.sleep(0.5)
-        for line in url_lines(server, store):
+        for line in url_lines(server, store, landing):
             _say(line)
         _say("sweep ui: running until Ctrl-C or SIGTERM")
         proc.wait()

@@ -7,28 +7,36 @@ What MLflow 3.17's UI does with them (found in headless Chromium, tests/test_mlf
 - ``#/experiments/<id>?workflowType=machine_learning`` opens the experiment in the "Model training" view,
   on its runs table (MLflow redirects to ``.../runs?workflowType=machine_learning&...``).
 - Without ``workflowType`` the view is the browser's own switch (GenAI / Model training, top left; kept
-  in the browser's local storage, GenAI until a person picks the other), whatever the experiment's
-  ``mlflow.experimentKind`` tag says: an experiment clicked in the experiment list opens on the GenAI
-  "Overview" (traces, none here) until "Model training" is picked once. The URL's ``workflowType`` shows
-  the view without storing it: the switch stays as it was.
+  in the browser's local storage, ``mlflow.workflowType_v1``, GenAI until a person picks the other),
+  whatever the experiment's ``mlflow.experimentKind`` tag says: an experiment clicked in the experiment
+  list opens on the GenAI "Overview" (traces, none here) until "Model training" is picked once. The URL's
+  ``workflowType`` shows the view without storing it: the switch stays as it was.
 - A sweep's trial runs are listed collapsed under its parent run, and nothing in a URL expands them:
   which parents are open (``runsExpanded``) is kept in the browser's local storage per experiment, left
   out of shared views (``?viewStateShareKey=``), and a ``searchFilter`` that matches only the trials
   still shows them under their (fetched) parent. The UI opens a parent by itself only on a browser's
   first visit and only for children tagged ``mlflow.runType=evaluation`` (``mlflow.evaluate``'s runs),
-  which trial runs are not. So the URL printed is the runs table; one click on the parent's ``+``
-  shows the trials.
+  which trial runs are not.
+
+So for a store it serves, ``sweep ui`` runs ``mlflow server --app-name sweep-ui`` (sweep/tracking/ui_app.py:
+one more page on MLflow's own server, the same origin as the UI) and prints that page's URL,
+``<server>/sweep/open?experiment=<id>&parent=<run id>``: it sets the two in the browser (Model training,
+the parent expanded), as a person's two clicks would, and replaces itself with the runs table. Someone
+else's tracking server has no such page: its URL is the runs table with ``?workflowType=machine_learning``.
 """
 
 from __future__ import annotations
 
 import shlex
 import sys
+from collections.abc import Sequence
+from importlib.metadata import entry_points
 from pathlib import Path
 from urllib.parse import urlparse
 
 from sweep.secrets import scrub
 from sweep.tracking.store import EXPERIMENT_KIND, _artifact_location, _client, _http_problem, _retry, _sqlite_path
+from sweep.tracking.ui_app import APP_NAME, OPEN_PATH, check_ids, open_query
 
 MODEL_TRAINING = "workflowType=machine_learning"  # the UI's "Model training" view (its other one: genai)
 
@@ -48,6 +56,22 @@ def server_address(uri: str) -> str:
 def runs_url(server: str, experiment_id: str) -> str:
     """An experiment's runs table in the Model training view."""
     return f"{server.rstrip('/')}/#/experiments/{experiment_id}?{MODEL_TRAINING}"
+
+
+def landing_url(server: str, experiment_id: str, parents: Sequence[str] = ()) -> str:
+    """The page of ``mlflow server --app-name sweep-ui`` that opens an experiment's runs table with the
+    parent runs ``parents`` expanded and "Model training" picked for the browser (sweep/tracking/ui_app.py).
+    It takes only ids MLflow makes: a parent that is not one is left out; an experiment's, ``runs_url``."""
+    parents = tuple(p for p in parents if check_ids("0", [p]) is None)
+    if check_ids(experiment_id, list(parents)) is not None:
+        return runs_url(server, experiment_id)
+    return f"{server.rstrip('/')}{OPEN_PATH}?{open_query(experiment_id, parents)}"
+
+
+def app_installed() -> bool:
+    """``mlflow server --app-name sweep-ui`` can start: this package's entry point is registered (an
+    installed sweep, ``pip install -e .`` included; not a bare source tree on sys.path)."""
+    return any(e.name == APP_NAME for e in entry_points(group="mlflow.app"))
 
 
 def run_url(server: str, experiment_id: str, run_id: str) -> str:
@@ -86,11 +110,14 @@ def sweep_experiments(uri: str) -> list[tuple[str, str]]:
     return sorted(((e.experiment_id, e.name) for e in found), key=lambda pair: pair[1])
 
 
-def server_command(uri: str, host: str, port: int) -> list[str]:
-    """``mlflow server`` on the store ``uri`` (artifacts where the sweep put them), one worker."""
+def server_command(uri: str, host: str, port: int, app: bool = True) -> list[str]:
+    """``mlflow server`` on the store ``uri`` (artifacts where the sweep put them), one worker; with ``app``,
+    sweep's page for the runs too (``--app-name sweep-ui``: ``landing_url``)."""
     entry = Path(sys.executable).with_name("mlflow")
     command = [str(entry)] if entry.exists() else [sys.executable, "-m", "mlflow"]
     command += ["server", "--backend-store-uri", uri, "--host", host, "--port", str(port), "--workers", "1"]
+    if app:
+        command += ["--app-name", APP_NAME]
     artifacts = artifact_root(uri)
     if artifacts is not None:  # new experiments there too, and mlflow-artifacts:/ resolved there
         command += ["--default-artifact-root", artifacts, "--artifacts-destination", artifacts]

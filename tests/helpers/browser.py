@@ -8,19 +8,26 @@ Playwright's own browser downloads are never used (``playwright install`` cannot
 What MLflow 3.17.2's UI (a hash-routed single-page app) needs, as found with this helper:
 
 - The UI has two views, switched top left ("GenAI" / "Model training"); the browser keeps the choice in its
-  local storage (``mlflow.workflowType_v1``), GenAI until a person picks the other. The experiment's
-  ``mlflow.experimentKind`` tag does not choose it. In the GenAI view ``/#/experiments/<id>`` (and a click on
-  the experiment in the experiment list) opens the Overview (Usage/Quality/Tool calls of traces), which
-  greets a browser with a "Detect Issues in Your Traces" popover.
+  local storage (``mlflow.workflowType_v1``: the JSON string ``"genai"`` or ``"machine_learning"``), GenAI
+  until a person picks the other. The experiment's ``mlflow.experimentKind`` tag does not choose it. In the
+  GenAI view ``/#/experiments/<id>`` (and a click on the experiment in the experiment list) opens the Overview
+  (Usage/Quality/Tool calls of traces), which greets a browser with a "Detect Issues in Your Traces" popover.
 - ``<server>/#/experiments/<id>/runs`` is the runs table in either view ("Training runs" in GenAI's, "Runs"
   in Model training's); ``/#/experiments/<id>?workflowType=machine_learning`` opens the Model training view
-  on it (what ``sweep ui`` prints): the URL shows that view without storing it, so the experiment list's
-  links still open the Overview until the switch is clicked once (tests/test_mlflow_ui.py).
+  on it without storing it, so the experiment list's links still open the Overview until the switch is
+  clicked once.
 - Nested runs (tag ``mlflow.parentRunId``) are listed collapsed under their parent: the parent's Run Name
-  cell has an expander button to click (``expand_child_runs``). No URL parameter expands them
-  (``runsExpanded`` is kept in the browser's local storage and left out of shared views; a ``searchFilter``
-  on the parent's id lists them under the parent, collapsed, all the same). The UI expands a parent by itself
-  only on a browser's first visit of the experiment and only for children tagged ``mlflow.runType=evaluation``.
+  cell has an expander button to click (``expand_child_runs``). No URL parameter expands them: which parents
+  are open is the experiment page's state in local storage, ``MLflowLocalStorage-1.1-ExperimentPage-["<id>"]-
+  ReactComponentState`` (JSON; ``runsExpanded``: ``{"<run id>": true}``), left out of shared views; a
+  ``searchFilter`` on the parent's id lists them under the parent, collapsed, all the same. The UI expands a
+  parent by itself only on a browser's first visit of the experiment and only for children tagged
+  ``mlflow.runType=evaluation``.
+- Hence the URL ``sweep ui`` prints for a store it serves, ``<server>/sweep/open?experiment=<id>&parent=<run
+  id>`` (a page of ``mlflow server --app-name sweep-ui``, on the UI's origin: sweep/tracking/ui_app.py): it
+  sets both in the browser (Model training; the parent expanded), as a person's two clicks would, and
+  replaces itself with the runs table: a fresh browser lands on the trials under their parent, and the
+  experiment list's click lands on the runs table from then on (tests/test_mlflow_ui.py).
 - Metric and param columns are hidden by default (the default columns are Dataset, Source, Models):
   "Columns" menu, click the key's entry (``show_run_columns``). A shared view (experiment tag
   ``mlflow.sharedViewState.<key>`` = JSON ``{"selectedColumns": ["metrics.`acc`"]}``, opened with
