@@ -89,6 +89,8 @@ def test_unknown_task_lists_the_tasks():
         ("+storage.progress_every_s=-1", "storage.progress_every_s: must be >= 0"),
         ("+storage.aws_secret_access_key=hunter2-secret", "storage.aws_secret_access_key: credentials are never read"),
         ("+storage.access_key=hunter2-secret", "storage.access_key: credentials are never read"),
+        ("resume=maybe", "resume: expected true, false or auto, got 'maybe'"),
+        ("resume=1", "resume: expected true, false or auto, got 1"),
     ],
 )
 def test_bad_values_are_one_line_errors_naming_the_key(override, expected):
@@ -326,3 +328,8 @@ def test_the_command_line_check_names_the_mistake_on_one_line(argv, expected):
     with pytest.raises(ConfigError) as e:
         check_command_line(argv)
     assert str(e.value).startswith(expected) and "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("value, resumes", [("true", True), ("false", False), ("auto", True), ("AUTO", True)])
+def test_resume_is_true_false_or_auto(value, resumes):
+    assert validate(_compose(f"resume={value}")).resume is resumes

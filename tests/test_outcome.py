@@ -9,7 +9,7 @@ from sweep.config.paths import absolute_paths
 from sweep.config.tasks import load_task
 from sweep.config.validate import compose_settings
 from sweep.failures import trial_failure_line
-from sweep.results.outcome import EXIT_TASK_FAILED, exit_code, failure_lines, verdict_line
+from sweep.results.outcome import EXIT_TASK_FAILED, SavedTrial, exit_code, failure_lines, resuming_line, verdict_line
 from sweep.results.records import TrialRecord, summarize
 
 # What Ray 2.60's memory monitor wrote for a trial it killed (tests/test_first_contact.py makes a real one).
@@ -97,3 +97,14 @@ def test_the_resume_line_of_a_failed_tune_run_names_the_same_command():
 
     assert resume_command(["task=RTE", "out_dir=old", "train.lr=1e-5"], "/abs/out") == (
         "python -m sweep task=RTE train.lr=1e-5 out_dir=/abs/out resume=true")
+
+
+def test_a_resumed_sweep_says_what_it_found_and_what_each_trial_will_do():
+    done, paused, fresh, failed = (SavedTrial(True, False, True), SavedTrial(False, False, True),
+                                   SavedTrial(False, False, False), SavedTrial(False, True, True))
+    assert resuming_line("s3://b/ray/sweep", [done, done, paused, fresh, failed]) == (
+        "resume: continuing the sweep in s3://b/ray/sweep: of its 5 saved trials 2 finished (not run again), "
+        "1 restart from their checkpoints, 1 start from the beginning (no checkpoint yet), 1 failed (kept as they are)")
+    assert resuming_line("/o/ray/sweep", [paused]) == (
+        "resume: continuing the sweep in /o/ray/sweep: of its 1 saved trials 0 finished (not run again), "
+        "1 restart from their checkpoints")

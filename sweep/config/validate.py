@@ -92,6 +92,18 @@ def _check_seeds_per_point(sweep) -> None:
            f"give {n - n % k or k} or {n - n % k + k} seeds")
 
 
+RESUME_CHOICES = {False: False, True: True, "auto": True}  # auto: the RayJob's; the same as true
+
+
+def _resume(value: Any) -> bool:
+    """``resume``: false, true or auto. true and auto continue the sweep's saved state (Tune's experiment
+    under cluster.storage_path or out_dir) when there is one, else start it; bool("no") must not be True."""
+    key = value.lower() if isinstance(value, str) else value
+    _check(isinstance(key, (bool, str)) and key in RESUME_CHOICES, "resume",
+           f"expected true, false or auto, got {value!r}")
+    return RESUME_CHOICES[key]
+
+
 def _check_ranges(s: Settings) -> None:
     t = s.train
     _check_method(t)
@@ -370,7 +382,7 @@ def validate(cfg: DictConfig) -> Settings:
         tracking=_typed("tracking", TrackingConfig, cfg.get("tracking", {})),
         cluster=_typed("cluster", ClusterConfig, cfg.get("cluster", {})),
         out_dir=cfg.get("out_dir"),
-        resume=bool(cfg.get("resume", False)),
+        resume=_resume(cfg.get("resume", False)),
     )
     _check_ranges(settings)
     return absolute_paths(settings)  # trials run in Ray's own folders: a path means the user's folder

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from sweep.results.records import TaskSummary, TrialRecord
 
@@ -41,3 +42,26 @@ def verdict_line(summaries: Sequence[TaskSummary]) -> str | None:
         return None
     return (f"error: every trial of {', '.join(tasks)} failed (the reasons above); exit code {EXIT_TASK_FAILED}"
             + ("; the other tasks' results and models are kept" if len(tasks) < len(summaries) else ""))
+
+
+@dataclass(frozen=True)
+class SavedTrial:
+    """A trial as a resumed sweep finds it in Tune's saved experiment."""
+
+    finished: bool  # its last report was its last: not run again
+    failed: bool  # ended in an error: not run again (resume_errored=False)
+    checkpointed: bool  # has a checkpoint to go on from
+
+
+def resuming_line(experiment: str, trials: list[SavedTrial]) -> str:
+    """The one line a resumed sweep starts with: what it found and what each trial will do."""
+    finished = sum(t.finished and not t.failed for t in trials)
+    failed = sum(t.failed for t in trials)
+    rest = [t for t in trials if not t.finished and not t.failed]
+    from_checkpoint = sum(t.checkpointed for t in rest)
+    parts = [f"{finished} finished (not run again)", f"{from_checkpoint} restart from their checkpoints"]
+    if len(rest) > from_checkpoint:
+        parts.append(f"{len(rest) - from_checkpoint} start from the beginning (no checkpoint yet)")
+    if failed:
+        parts.append(f"{failed} failed (kept as they are)")
+    return f"resume: continuing the sweep in {experiment}: of its {len(trials)} saved trials " + ", ".join(parts)

@@ -14,6 +14,7 @@ from sweep.plan.costs import grid_points
 from sweep.plan.makespan import TrialWork
 from sweep.plan.scale import TrialSize
 from sweep.plan.sizes import EXPERIMENT
+from sweep.results.outcome import SavedTrial, resuming_line
 from sweep.results.records import TrialRecord
 from sweep.run.connect import beside_the_driver, connect, quiet_ray
 from sweep.run.sweep_plan import SweepPlan, plan_sweep
@@ -133,8 +134,8 @@ def make_tuner(settings: Settings, plan: SweepPlan, callbacks: list, launch_id: 
     trainable = tune.with_resources(trainable, ResourcesByTask(plan.sizes))
     experiment = plan.storage.experiment
     if settings.resume and tune.Tuner.can_restore(experiment):
-        print(f"resume: continuing the sweep in {experiment}; finished trials are not run again")
         tuner = tune.Tuner.restore(experiment, trainable=trainable, resume_unfinished=True, resume_errored=False)
+        print(resuming_line(experiment, [saved_trial_state(result) for result in tuner.get_results()]))
         # Restore brings back the first launch's run config, callbacks pickled then included: this
         # launch's own (its progress, its MLflow runs with its launch id) replace them.
         tuner._local_tuner.get_run_config().callbacks = callbacks
@@ -160,6 +161,12 @@ def make_tuner(settings: Settings, plan: SweepPlan, callbacks: list, launch_id: 
             callbacks=callbacks, **retries_and_checkpoints(settings, plan.sizes),
         ),
     )
+
+
+def saved_trial_state(result) -> SavedTrial:
+    """What a restored Tune ``Result`` says of its trial (its last report's ``done``, its error, its checkpoint)."""
+    return SavedTrial(finished=bool((result.metrics or {}).get("done")), failed=result.error is not None,
+                      checkpointed=result.checkpoint is not None)
 
 
 def make_search(settings: Settings, order: Sequence[TrialWork], ddp_tasks: set[str], concurrency: int):
