@@ -47,6 +47,8 @@ def start_tracking(settings: Settings, cfg: DictConfig, out_dir: Path | None = N
     from sweep.tracking import SweepTracker, TrialTracking, check_reachable, saved_parent
     from sweep.tracking.spool import SPOOL_DIR
 
+    if settings.resume and settings.storage.output_prefix and out_dir is not None:
+        restore_records(settings, Path(out_dir))  # a new cluster's head: the records the last one copied
     uri = absolute_store(check_reachable(settings.tracking.uri, settings.tracking.required))
     experiment = settings.tracking.experiment or default_experiment(settings)
     spool_dir = Path(out_dir) / SPOOL_DIR if out_dir is not None else None
@@ -58,6 +60,18 @@ def start_tracking(settings: Settings, cfg: DictConfig, out_dir: Path | None = N
     verb = "continuing MLflow run" if tracker.reopened else "MLflow run"
     print(f"tracking: {verb} {parent} in experiment {experiment!r} at {uri}")
     return tracker, TrialTracking(uri, tracker.experiment_id, parent, experiment, str(spool_dir) if spool_dir else None)
+
+
+def restore_records(settings: Settings, out_dir: Path) -> None:
+    """resume on a head without the sweep's records (a preempted RayJob's new cluster): take back the copy
+    the sweep kept in storage.output_prefix (sweep/storage/mlflow_copies.py), before the store is opened."""
+    from sweep.storage.mlflow_copies import destination, restore_store
+    from sweep.storage.s3 import make_client
+
+    client = make_client(settings.storage.endpoint, settings.storage.region)
+    restored = restore_store(client, absolute_store(settings.tracking.uri), settings.storage.output_prefix, out_dir)
+    if restored:
+        print(f"resume: restored {restored} from {destination(settings.storage.output_prefix)}/")
 
 
 def register(settings: Settings, tracker, best: dict[str, TrialRecord], out_dir: Path,

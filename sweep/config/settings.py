@@ -183,6 +183,7 @@ class TrackingConfig:
     uri: Optional[str] = "sqlite:///mlflow.db"
     experiment: Optional[str] = None
     required: bool = True
+    copy_every_s: float = 300.0  # with storage.output_prefix: the records copied there at least this often
 
 
 @dataclass

@@ -105,6 +105,8 @@ def _resume(value: Any) -> bool:
 
 
 def _check_ranges(s: Settings) -> None:
+    every = s.tracking.copy_every_s
+    _check(every > 0, "tracking.copy_every_s", f"must be > 0 (seconds), got {every}")
     t = s.train
     _check_method(t)
     _check(t.lr is not None and t.lr > 0, "train.lr", f"must be > 0, got {t.lr}")

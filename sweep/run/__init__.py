@@ -18,6 +18,7 @@
 - ``progress.py``:    the one-line-per-change progress callback
 - ``mlflow_runs.py``: every trial's nested MLflow run, logged by the driver from the trials' reports
 - ``lost_trials.py``: a trial whose process Ray ended (its memory monitor) is a failed trial, not a crashed Tune run
+- ``store_copies.py``: the MLflow records copied to storage.output_prefix while the sweep runs
 - ``disk_stop.py``:   a trial's full disk ends the sweep with its one line (resume=true finishes it)
 - ``stage_nodes.py``: staging on every node before the first trial (and on nodes that join later),
                       the driver's folders shipped through Ray, the nodes' progress lines

@@ -60,6 +60,8 @@ def _run_tune(settings: Settings, sources: DriverSources, out_dir: Path, trackin
     # the handle keeps the board alive for the sweep's duration
     rungs_board, board_handle = start_rungs_board(settings, plan.storage.experiment, plan.total, plan.storage.histories)
     callbacks, progress, trial_runs = sweep_callbacks(settings, plan, tracking, launch_id, board_handle)
+    if tracking is not None and settings.storage.output_prefix:  # records that outlive the head's disk
+        callbacks.append(record_copies(settings, tracking.uri, out_dir))
     tuner = make_tuner(settings, plan, callbacks, launch_id, rungs_board)
     try:
         # the autoscaler is asked for every concurrent trial up front (added to other sweeps' requests),
@@ -119,6 +121,15 @@ def sweep_callbacks(settings: Settings, plan: SweepPlan, tracking, launch_id: st
                         asked=plan.asked)
         callbacks.append(WaitForNodes(wait, progress))
     return callbacks, progress, trial_runs
+
+
+def record_copies(settings: Settings, tracking_uri: str, out_dir: Path):
+    from sweep.run.store_copies import CopyTheRecords
+    from sweep.storage.mlflow_copies import StoreCopies
+
+    storage = settings.storage
+    return CopyTheRecords(StoreCopies(tracking_uri, storage.output_prefix, Path(out_dir), storage.endpoint,
+                                      storage.region, settings.tracking.copy_every_s))
 
 
 def make_tuner(settings: Settings, plan: SweepPlan, callbacks: list, launch_id: str, rungs_board: str | None):

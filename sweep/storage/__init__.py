@@ -8,4 +8,6 @@
 - ``upload.py``:     pack and upload folders the way ``storage=s3`` reads them (the command: ``sweep upload``)
 - ``mlflow_upload.py``: after the sweep, a sqlite MLflow store (a consistent copy) and its artifacts to
                     ``<output_prefix>/mlflow/``, openable where it is downloaded
+- ``mlflow_copies.py``: the same while the sweep runs (``StoreCopies``), and taken back by a resumed sweep on
+                    a new cluster (``restore_store``)
 """

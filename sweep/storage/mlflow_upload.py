@@ -84,7 +84,7 @@ def snapshot(db: Path, dest: Path) -> None:
         source.backup(copy)
 
 
-def _text_columns(conn: sqlite3.Connection) -> list[tuple[str, str]]:
+def text_columns(conn: sqlite3.Connection) -> list[tuple[str, str]]:
     tables = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='table' "
                                              "AND name NOT LIKE 'sqlite_%'")]
     columns = []
@@ -102,7 +102,7 @@ def relocate(copy: Path, artifact_root: Path) -> int:
     prefixes = sorted({root.as_uri(), str(root), f"file://{root}"}, key=len, reverse=True)
     changed = 0
     with closing(sqlite3.connect(copy)) as conn:
-        for table, column in _text_columns(conn):
+        for table, column in text_columns(conn):
             for prefix in prefixes:
                 n = len(prefix)
                 cursor = conn.execute(

@@ -1,0 +1,127 @@
+"""The sweep's MLflow records kept in storage.output_prefix while it runs, and taken back by a resumed sweep on
+a new head (sweep/storage/mlflow_copies.py), against a real S3 endpoint (moto_server) and real sqlite stores.
+Ray-free: the Tune callback only calls ``StoreCopies``."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from sweep.storage.mlflow_copies import PARENT_FILE, StoreCopies, restore_store
+from sweep.storage.mlflow_upload import ARTIFACTS, DB_NAME
+from tests.helpers.s3 import s3_env
+from tests.test_mlflow_upload import EXPERIMENT, empty_store, make_store  # noqa: F401 - the fixture
+
+PREFIX = "s3://results/glue-tiny"
+
+
+def save_parent(out_dir: Path, uri: str, run_id: str) -> None:
+    """What the sweep's SweepTracker.save writes in out_dir (a test below checks they agree)."""
+    from mlflow import MlflowClient
+
+    experiment_id = MlflowClient(tracking_uri=uri).get_experiment_by_name(EXPERIMENT).experiment_id
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / PARENT_FILE).write_text(json.dumps({"run_id": run_id, "experiment_id": experiment_id,
+                                                   "experiment": EXPERIMENT, "uri": uri}))
+
+
+def wait_for(copies: StoreCopies, count: int, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while copies.copies < count and time.monotonic() < deadline:
+        time.sleep(0.1)
+    copies.close()
+    assert copies.copies >= count
+
+
+def test_the_parent_file_name_is_the_trackers() -> None:
+    from sweep.tracking import PARENT_FILE as TRACKERS
+
+    assert PARENT_FILE == TRACKERS
+
+
+def test_a_new_head_takes_back_the_records_the_last_one_copied_and_reopens_its_parent(
+        moto_server, monkeypatch, tmp_path: Path, empty_store: Path) -> None:  # noqa: F811
+    import boto3
+    from mlflow import MlflowClient
+
+    from sweep.storage.s3 import make_client
+    from sweep.tracking import saved_parent
+
+    s3_env(monkeypatch, moto_server)
+    boto3.client("s3").create_bucket(Bucket="results")
+    uri, run_id = make_store(tmp_path / "head", empty_store)
+    save_parent(tmp_path / "head" / "out", uri, run_id)
+
+    copies = StoreCopies(uri, PREFIX, tmp_path / "head" / "out", every_s=3600)
+    assert not copies.due()
+    copies.request()
+    copies.request()  # while the first runs: one more after it, never two at once
+    wait_for(copies, 2)
+    MlflowClient(tracking_uri=uri).log_metric(run_id, "eval/accuracy", 0.75, step=3)  # the sweep goes on
+    copies.request()
+    wait_for(copies, 3)
+
+    # The cluster is gone (Kueue preempted it); the new head has the same entrypoint, another folder.
+    new_head = tmp_path / "new-head"
+    new_uri = f"sqlite:///{new_head / DB_NAME}"
+    client = make_client()
+    restored = restore_store(client, new_uri, PREFIX + "/", new_head / "out")
+    assert restored == "the store (mlflow.db, 2 artifact files) and the parent run's id"
+    mlflow = MlflowClient(tracking_uri=new_uri, registry_uri=new_uri)
+    experiment = mlflow.get_experiment_by_name(EXPERIMENT)
+    assert experiment.artifact_location == (new_head / ARTIFACTS).as_uri()  # this head's, not the old one's
+    history = mlflow.get_metric_history(run_id, "eval/accuracy")
+    assert [(m.step, m.value) for m in history] == [(2, 0.625), (3, 0.75)]  # the last copy's, each step once
+    summary = mlflow.download_artifacts(run_id, "notes/summary.txt", str(tmp_path / "got"))
+    assert Path(summary).read_text() == "the best epoch was 2\n"
+    assert saved_parent(new_head / "out", new_uri, EXPERIMENT) == run_id  # the resumed sweep reopens it
+
+    # A head that has its records keeps them: nothing is overwritten.
+    mlflow.log_metric(run_id, "eval/accuracy", 0.8, step=4)
+    assert restore_store(client, new_uri, PREFIX, new_head / "out") is None
+    assert len(mlflow.get_metric_history(run_id, "eval/accuracy")) == 3
+    # Nothing copied under another prefix: nothing restored, a fresh sweep.
+    assert restore_store(client, f"sqlite:///{tmp_path / 'other' / DB_NAME}", "s3://results/other",
+                         tmp_path / "other" / "out") is None
+    assert not (tmp_path / "other").exists()
+
+
+def test_a_failed_copy_is_a_warning_and_the_next_one_tries_again(moto_server, monkeypatch, tmp_path: Path,
+                                                                 empty_store: Path, caplog) -> None:  # noqa: F811
+    import boto3
+
+    s3_env(monkeypatch, moto_server)
+    uri, run_id = make_store(tmp_path / "head", empty_store)
+    copies = StoreCopies(uri, PREFIX, tmp_path / "head" / "out", every_s=3600)
+    copies.request()  # no bucket yet
+    copies.close()
+    assert copies.copies == 0
+    assert "the MLflow store was not copied to s3://results/glue-tiny/mlflow/" in caplog.text
+    assert "the next copy tries again" in caplog.text
+    boto3.client("s3").create_bucket(Bucket="results")
+    copies.request()
+    wait_for(copies, 1)
+
+
+@pytest.mark.parametrize("key", ["../outside.txt", "a/../../outside.txt"])
+def test_a_key_that_leaves_the_artifacts_folder_is_refused(moto_server, monkeypatch, tmp_path: Path,
+                                                          empty_store: Path, key: str) -> None:  # noqa: F811
+    import boto3
+
+    from sweep.storage.s3 import make_client
+
+    s3_env(monkeypatch, moto_server)
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="results")
+    uri, _ = make_store(tmp_path / "head", empty_store)
+    copies = StoreCopies(uri, PREFIX, tmp_path / "head" / "out")
+    copies.request()
+    wait_for(copies, 1)
+    s3.put_object(Bucket="results", Key=f"glue-tiny/mlflow/{ARTIFACTS}/{key}", Body=b"x")
+    new_head = tmp_path / "new-head"
+    with pytest.raises(ValueError, match="a key that leaves"):
+        restore_store(make_client(), f"sqlite:///{new_head / DB_NAME}", PREFIX, new_head / "out")
+    assert not (tmp_path / "outside.txt").exists() and not (new_head / DB_NAME).exists()
