@@ -74,6 +74,21 @@ def restore_records(settings: Settings, out_dir: Path) -> None:
         print(f"resume: restored {restored} from {destination(settings.storage.output_prefix)}/")
 
 
+def keep_records(settings: Settings, tracking_uri: str, out_dir: Path) -> None:
+    """Stopped by a signal (SIGTERM: Kueue suspends the RayJob): the records' last copy, for the resumed
+    sweep; one line either way, never an exception over the stop's own."""
+    from sweep.failures import first_line
+    from sweep.storage.mlflow_copies import copy_store, destination
+    from sweep.storage.s3 import make_client
+
+    dest = destination(settings.storage.output_prefix)
+    try:
+        copy_store(make_client(settings.storage.endpoint, settings.storage.region), tracking_uri, dest, out_dir)
+        print(f"tracking: the records are copied to {dest}/ for the resumed sweep")
+    except Exception as e:  # noqa: BLE001 - the stop goes on; the periodic copies are there
+        print(f"warning: the records were not copied to {dest}/ ({first_line(e, scrubbed=True)})")
+
+
 def register(settings: Settings, tracker, best: dict[str, TrialRecord], out_dir: Path,
              summaries: list | None = None) -> None:
     """The best model per task into the registry as <model>-<task>; alias champion only on improvement,
@@ -300,4 +315,6 @@ def run(cfg: DictConfig, out_dir: Path) -> list:
             if tracker is not None and tracker.run_id is not None:
                 # stopped by a signal (SweepStopped): KILLED, for resume=true to finish
                 tracker.fail("KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")  # never masks e
+            if isinstance(e, KeyboardInterrupt) and tracker is not None and settings.storage.output_prefix:
+                keep_records(settings, tracker.uri, Path(out_dir))  # a suspended RayJob's head goes next
             raise

@@ -163,6 +163,41 @@ class TrialRuns(Callback):
                         first_line(e, 200, scrubbed=True))
             return ""
 
+    def reconcile(self, records, histories) -> int:
+        """A resumed sweep, after ``close``: each trial's run made whole from the trial's own history.
+        The records it took back from storage.output_prefix are the last copy the old cluster made, so
+        evaluations reported after it, or a trial's end, may be missing there; a trial that is not run
+        again never reports them anew. Logs each evaluation whose step the run lacks and ends a run
+        still RUNNING as its trial ended; the evaluations added."""
+        from mlflow.entities import Metric
+
+        from sweep.tracking.store import client_for, metric_key
+
+        client = client_for(self.tracking.uri)
+        added = 0
+        for record in records:
+            if not record.run_id or not record.trial_id:
+                continue
+            try:
+                logged = {m.step for m in client.get_metric_history(record.run_id, "score")}
+                train = with_hparams(self.settings.train, record.hparams)
+                now = int(time.time() * 1000)
+                for report in histories.read(record.trial_id):
+                    evaluation = evaluation_metrics(report, train)
+                    if evaluation is None or evaluation[0] in logged:
+                        continue
+                    step, metrics = evaluation
+                    client.log_batch(record.run_id, metrics=[Metric(metric_key(k), v, now, step)
+                                                              for k, v in metrics.items()])
+                    logged.add(step)
+                    added += 1
+                if client.get_run(record.run_id).info.status == "RUNNING":
+                    client.set_terminated(record.run_id, "FINISHED" if record.status == "TERMINATED" else "FAILED")
+            except Exception as e:  # the store is away: the records are written; the line says which run
+                log.warning("tracking: the run of trial %s was not made whole (%s)", record.trial_id,
+                            first_line(e, 300, scrubbed=True))
+        return added
+
     def _queue(self, call, *args) -> None:
         if self.thread is None or not self.thread.is_alive():
             self.calls = queue.Queue()

@@ -76,6 +76,10 @@ def _run_tune(settings: Settings, sources: DriverSources, out_dir: Path, trackin
     storage = plan.storage
     records = records_from_results(grid, settings, plan.tasks, storage.histories, storage.local_train_dir,
                                    trial_runs.run_id_of if trial_runs is not None else None)
+    if trial_runs is not None and settings.resume and storage.histories is not None:  # the last copy's gaps
+        added = trial_runs.reconcile(records, storage.histories)
+        if added:
+            print(f"tracking: {added} evaluations logged from the trials' histories (after the records' last copy)")
     return records, checkpoint_folders(grid, storage.local_train_dir, storage.train if storage.remote else None)
 
 

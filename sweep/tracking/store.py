@@ -118,6 +118,16 @@ def _set_tags(client: MlflowClient, run_id: str, tags: Mapping[str, str]) -> Non
         _retry(client.log_batch, run_id, tags=items[i : i + BATCH])
 
 
+def client_for(uri: str) -> MlflowClient:
+    """The client the sweep's own calls use for ``uri`` (MLflow's HTTP timeouts and retries set)."""
+    return _client(uri)
+
+
+def metric_key(key: str) -> str:
+    """A metric's key as the trial's run logs it."""
+    return _key(key)
+
+
 def _client(uri: str) -> MlflowClient:
     for name, value in HTTP_DEFAULTS.items():  # read by MLflow at each request; Ray workers inherit them
         os.environ.setdefault(name, value)
