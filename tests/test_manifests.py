@@ -18,10 +18,13 @@ import pytest
 from tests.helpers.manifests import (
     ELASTIC_JOB_ANNOTATION,
     PLACEHOLDER,
+    PRIORITY_LABEL,
     QUEUE_LABEL,
     installed_ray_version,
+    kueue_stack_errors,
     load_yaml_documents,
     manifest_errors,
+    may_preempt,
     storage_version,
     strict_json_schema,
 )
@@ -34,8 +37,10 @@ DOCUMENTS = [(path, i, doc) for path in MANIFEST_FILES for i, doc in enumerate(l
 
 
 def _one(name: str, kind: str) -> dict[str, Any]:
-    """The document of ``kind`` in deploy/kuberay/<name>, as a fresh copy to mutate."""
-    [doc] = [d for d in load_yaml_documents(KUBERAY / name) if d["kind"] == kind]
+    """The document of ``kind`` (or ``kind/metadata.name``) in deploy/kuberay/<name>, as a fresh copy to mutate."""
+    kind, _, named = kind.partition("/")
+    [doc] = [d for d in load_yaml_documents(KUBERAY / name)
+             if d["kind"] == kind and named in ("", d["metadata"].get("name"))]
     return copy.deepcopy(doc)
 
 
@@ -49,8 +54,8 @@ def _ray_containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
 
 def test_deploy_has_the_expected_manifests() -> None:
     kinds = {doc["kind"] for _, _, doc in DOCUMENTS}
-    assert {"RayCluster", "RayJob", "ResourceFlavor", "ClusterQueue", "LocalQueue", "Secret", "InferenceService",
-            "ServingRuntime", "ServiceAccount"} <= kinds
+    assert {"RayCluster", "RayJob", "ResourceFlavor", "ClusterQueue", "LocalQueue", "WorkloadPriorityClass", "Secret",
+            "InferenceService", "ServingRuntime", "ServiceAccount"} <= kinds
 
 
 @pytest.mark.parametrize(("path", "index", "doc"), DOCUMENTS,
@@ -73,6 +78,74 @@ def test_rayjob_is_queued_by_kueue_and_cleans_up() -> None:
     assert queue["spec"]["clusterQueue"] == cluster_queue["metadata"]["name"]
     covered = {r for group in cluster_queue["spec"]["resourceGroups"] for r in group["coveredResources"]}
     assert {"cpu", "memory", "nvidia.com/gpu"} <= covered
+
+
+def _kuberay_documents() -> list[dict[str, Any]]:
+    return [copy.deepcopy(doc) for path, _, doc in DOCUMENTS if path.parent == KUBERAY]
+
+
+def test_rayjob_priority_names_a_valid_workload_priority_class(crds) -> None:
+    """The priority-class label names a WorkloadPriorityClass of kueue.yaml, valid against Kueue's CRD."""
+    job = _one("rayjob.yaml", "RayJob")
+    priorities = {d["metadata"]["name"]: d for d in load_yaml_documents(KUBERAY / "kueue.yaml")
+                  if d["kind"] == "WorkloadPriorityClass"}
+    name = job["metadata"]["labels"][PRIORITY_LABEL]
+    assert name in priorities, (name, sorted(priorities))
+    assert manifest_errors(priorities[name], crds) == []
+    assert "namespace" not in priorities[name]["metadata"]  # cluster-scoped, as the CRD says
+    assert crds[("kueue.x-k8s.io", "WorkloadPriorityClass")]["spec"]["scope"] == "Cluster"
+    assert kueue_stack_errors(_kuberay_documents()) == []
+
+
+def test_a_higher_priority_sweep_preempts_the_rayjob_and_an_equal_one_does_not() -> None:
+    """The ClusterQueue's policy lets a pending workload of higher priority evict the RayJob (which resumes),
+    and only that: the RayJob's own class cannot evict another sweep of the same class."""
+    [cluster_queue] = [d for d in load_yaml_documents(KUBERAY / "kueue.yaml") if d["kind"] == "ClusterQueue"]
+    priorities = {d["metadata"]["name"]: d["value"] for d in load_yaml_documents(KUBERAY / "kueue.yaml")
+                  if d["kind"] == "WorkloadPriorityClass"}
+    ours = priorities[_one("rayjob.yaml", "RayJob")["metadata"]["labels"][PRIORITY_LABEL]]
+    higher = [value for value in priorities.values() if value > ours]
+    assert higher, f"no WorkloadPriorityClass above the RayJob's ({ours}) in kueue.yaml: {priorities}"
+    assert cluster_queue["spec"]["preemption"]["withinClusterQueue"] == "LowerPriority"
+    assert all(may_preempt(cluster_queue, pending=value, admitted=ours) for value in higher)
+    assert not may_preempt(cluster_queue, pending=ours, admitted=ours, pending_is_older=True)
+    assert not may_preempt(cluster_queue, pending=ours, admitted=max(higher))
+    # Kueue's default (no preemption block) would never preempt: the block is what makes the RayJob preemptible.
+    del cluster_queue["spec"]["preemption"]
+    assert not may_preempt(cluster_queue, pending=max(higher), admitted=ours)
+
+
+def test_rayjob_resumes_after_preemption(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """resume=auto in the entrypoint, the package reads it as "continue the saved sweep", and the saved sweep
+    is this RayJob's own: its cluster.storage_path is under its own output prefix, not shared with others."""
+    from sweep.config.validate import validate
+
+    job = _one("rayjob.yaml", "RayJob")
+    assert "resume=auto" in shlex.split(job["spec"]["entrypoint"])
+    cfg = _composed(job["spec"]["entrypoint"], tmp_path)
+    assert cfg.resume == "auto"
+    monkeypatch.setenv("SWEEP_CACHE_DIR", str(tmp_path / "cache"))
+    assert validate(cfg).resume is True
+    assert cfg.cluster.storage_path.startswith(cfg.storage.output_prefix.rstrip("/") + "/")
+    # The preempted cluster goes with its disks, so the state must be where a new cluster finds it.
+    assert cfg.cluster.storage_path.startswith("s3://")
+    assert job["spec"]["shutdownAfterJobFinishes"] is True
+
+
+def test_both_clusters_use_token_authentication(crds) -> None:
+    """authOptions.mode token on the RayJob's cluster and the standalone one (KubeRay >= 1.5.1 hands the token to
+    every Ray container and the submitter; Ray 2.61 requires one), a field both CRDs define."""
+    specs = {"RayCluster": _one("raycluster.yaml", "RayCluster")["spec"],
+             "RayJob": _one("rayjob.yaml", "RayJob")["spec"]["rayClusterSpec"]}
+    for kind, spec in specs.items():
+        assert spec["authOptions"] == {"mode": "token"}, kind
+        schema = next(v for v in crds[("ray.io", kind)]["spec"]["versions"] if v.get("storage"))
+        spec_schema = schema["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        if kind == "RayJob":
+            spec_schema = spec_schema["properties"]["rayClusterSpec"]
+        assert "token" in spec_schema["properties"]["authOptions"]["properties"]["mode"]["enum"]
+        env = {e["name"] for c in _ray_containers(spec) for e in c.get("env", [])}
+        assert not env & {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN"}, "the operator sets them; our own would shadow its token"
 
 
 def test_cluster_shape_head_without_gpu_workers_autoscale_from_zero() -> None:
@@ -156,7 +229,7 @@ def test_rayjob_entrypoint_composes_with_the_package_config(tmp_path: Path, monk
 
     cfg = _composed(_one("rayjob.yaml", "RayJob")["spec"]["entrypoint"], tmp_path)
     assert (cfg.cluster.address, cfg.storage.kind, cfg.storage.bucket) == ("auto", "s3", "sweep-data")
-    assert cfg.cluster.storage_path == "s3://sweep-results/ray"
+    assert cfg.cluster.storage_path == "s3://sweep-results/glue-roberta-base/ray"
     assert cfg.storage.output_prefix == "s3://sweep-results/glue-roberta-base"
     monkeypatch.setenv("SWEEP_CACHE_DIR", str(tmp_path / "cache"))
     settings = validate(cfg)  # the package's own checks of the composed config pass too
@@ -233,6 +306,26 @@ BROKEN = {
     "no name": ("kueue.yaml", "LocalQueue", lambda d: d["metadata"].pop("name"), "metadata.name: required"),
     "old API version": ("kueue.yaml", "LocalQueue", lambda d: d.__setitem__("apiVersion", "kueue.x-k8s.io/v1alpha1"),
                         "apiVersion: "),
+    "priority class without value": ("kueue.yaml", "WorkloadPriorityClass/sweep-low", lambda d: d.pop("value"),
+                                     "'value' is a required property"),
+    "priority value not an integer": ("kueue.yaml", "WorkloadPriorityClass/sweep-low",
+                                      lambda d: d.__setitem__("value", "high"),
+                                      "value: 'high' is not of type 'integer'"),
+    "priority class misplaced in spec": ("kueue.yaml", "WorkloadPriorityClass/sweep-low",
+                                         lambda d: d.__setitem__("spec", {"value": d.pop("value")}),
+                                         "'spec' was unexpected"),
+    "unknown preemption policy": (
+        "kueue.yaml", "ClusterQueue",
+        lambda d: d["spec"]["preemption"].__setitem__("withinClusterQueue", "Always"),
+        "spec.preemption.withinClusterQueue: 'Always' is not one of"),
+    "borrowing preemption without reclaim": (
+        "kueue.yaml", "ClusterQueue",
+        lambda d: d["spec"]["preemption"].__setitem__("borrowWithinCohort", {"policy": "LowerPriority"}),
+        "reclaimWithinCohort=Never and borrowWithinCohort.Policy!=Never"),
+    "unknown auth mode": ("raycluster.yaml", "RayCluster", lambda d: d["spec"]["authOptions"].__setitem__("mode", "on"),
+                          "spec.authOptions.mode: 'on' is not one of"),
+    "token auth on an old ray": ("rayjob.yaml", "RayJob", lambda d: _cluster(d).__setitem__("rayVersion", "2.51.0"),
+                                 "authOptions.mode: token needs rayVersion >= 2.52.0"),
 }
 
 
@@ -243,6 +336,35 @@ def test_validator_refuses_a_broken_manifest(case: str, crds) -> None:
     assert manifest_errors(doc, crds, installed_ray_version()) == []
     break_it(doc)
     errors = manifest_errors(doc, crds, installed_ray_version())
+    assert any(expected in e for e in errors), errors
+
+
+STACK_BROKEN = {
+    "priority class not defined": (lambda docs: _label(docs, "RayJob", PRIORITY_LABEL, "sweep-urgent"),
+                                   "RayJob/glue-roberta-base: metadata.labels.kueue.x-k8s.io/priority-class: "
+                                   "no WorkloadPriorityClass 'sweep-urgent'"),
+    "queue not defined": (lambda docs: _label(docs, "RayJob", QUEUE_LABEL, "other-queue"),
+                          "kueue.x-k8s.io/queue-name: no LocalQueue 'other-queue' in namespace 'sweep'"),
+    "queue in another namespace": (
+        lambda docs: next(d for d in docs if d["kind"] == "LocalQueue")["metadata"].__setitem__("namespace", "other"),
+        "no LocalQueue 'sweep-queue' in namespace 'sweep'"),
+    "cluster queue not defined": (
+        lambda docs: next(d for d in docs if d["kind"] == "LocalQueue")["spec"].__setitem__("clusterQueue", "gone"),
+        "LocalQueue/sweep-queue: spec.clusterQueue: no ClusterQueue 'gone'"),
+}
+
+
+def _label(docs: list[dict], kind: str, key: str, value: str) -> None:
+    next(d for d in docs if d["kind"] == kind)["metadata"]["labels"][key] = value
+
+
+@pytest.mark.parametrize("case", STACK_BROKEN, ids=list(STACK_BROKEN))
+def test_kueue_stack_check_refuses_a_dangling_name(case: str) -> None:
+    break_it, expected = STACK_BROKEN[case]
+    docs = _kuberay_documents()
+    assert kueue_stack_errors(docs) == []
+    break_it(docs)
+    errors = kueue_stack_errors(docs)
     assert any(expected in e for e in errors), errors
 
 

@@ -19,6 +19,8 @@ import jsonschema
 import yaml
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"  # names a WorkloadPriorityClass (Kueue's WorkloadPriorityClassLabel)
+RAY_AUTH_MIN_VERSION = (2, 52, 0)  # KubeRay refuses authOptions.mode token on an older rayVersion
 ELASTIC_JOB_ANNOTATION = "kueue.x-k8s.io/elastic-job"
 PLACEHOLDER = "REPLACE_ME"
 # Secret keys whose values must never be committed: only the placeholder may stand there.
@@ -151,14 +153,33 @@ def ray_cluster_spec_errors(spec: dict[str, Any], at: str, ray_version: str | No
                           f"got {low} <= {replicas} <= {high}")
         if kueue_managed and group.get("groupName") == "head":
             errors.append(f"{at}.workerGroupSpecs[{i}].groupName: 'head' is reserved by Kueue for the head group")
+    token_auth = (spec.get("authOptions") or {}).get("mode") == "token"
+    if token_auth and _version(spec.get("rayVersion")) < RAY_AUTH_MIN_VERSION:
+        errors.append(f"{at}.authOptions.mode: token needs rayVersion >= "
+                      f"{'.'.join(map(str, RAY_AUTH_MIN_VERSION))}, got {spec.get('rayVersion')!r} (KubeRay)")
     if kueue_managed and spec.get("enableInTreeAutoscaling") and not elastic:
         errors.append(f"{at}.enableInTreeAutoscaling: Kueue admits an autoscaling cluster only as an elastic job "
                       f"(metadata.annotations {ELASTIC_JOB_ANNOTATION}: \"true\")")
     return errors
 
 
+def _version(text: Any) -> tuple[int, ...]:
+    """'2.60.0' -> (2, 60, 0); anything unparsable sorts first (KubeRay refuses it too)."""
+    match = re.match(r"^v?(\d+)(?:\.(\d+))?(?:\.(\d+))?", str(text or ""))
+    return tuple(int(part or 0) for part in match.groups()) if match else (-1,)
+
+
+def cluster_queue_errors(cluster_queue: dict[str, Any]) -> list[str]:
+    """The ClusterQueue CRD's CEL rule on preemption (a schema check does not run CEL)."""
+    preemption = (cluster_queue.get("spec") or {}).get("preemption") or {}
+    borrow = (preemption.get("borrowWithinCohort") or {}).get("policy", "Never")
+    if preemption.get("reclaimWithinCohort", "Never") == "Never" and borrow != "Never":
+        return ["spec.preemption: reclaimWithinCohort=Never and borrowWithinCohort.Policy!=Never (Kueue's CRD rule)"]
+    return []
+
+
 def operator_rule_errors(doc: dict[str, Any], ray_version: str | None = None) -> list[str]:
-    """KubeRay's and Kueue's admission rules for RayJob and RayCluster (others: none)."""
+    """KubeRay's and Kueue's admission rules for RayJob, RayCluster and ClusterQueue (others: none)."""
     meta = doc.get("metadata") or {}
     spec = doc.get("spec") or {}
     kueue_managed = QUEUE_LABEL in (meta.get("labels") or {})
@@ -186,7 +207,48 @@ def operator_rule_errors(doc: dict[str, Any], ray_version: str | None = None) ->
                                               kueue_managed, elastic)
     elif doc.get("kind") == "RayCluster":
         errors += ray_cluster_spec_errors(spec, "spec", ray_version, kueue_managed, elastic)
+    elif doc.get("kind") == "ClusterQueue":
+        errors += cluster_queue_errors(doc)
     return errors
+
+
+# ---------------------------------------------------------------------------------------------
+# Kueue across documents: what a job's labels name must exist, and what preemption the queue allows.
+
+def kueue_stack_errors(docs: list[dict[str, Any]]) -> list[str]:
+    """Each queued job's LocalQueue (in its namespace), that queue's ClusterQueue, and its
+    WorkloadPriorityClass exist among the documents ("Kind/name: path: message")."""
+    local_queues = {((d.get("metadata") or {}).get("name"), (d.get("metadata") or {}).get("namespace")): d
+                    for d in docs if d.get("kind") == "LocalQueue"}
+    cluster_queues = _named(docs, "ClusterQueue")
+    priorities = _named(docs, "WorkloadPriorityClass")
+    errors = []
+    for queue in local_queues.values():
+        target = (queue.get("spec") or {}).get("clusterQueue")
+        if target not in cluster_queues:
+            errors.append(f"LocalQueue/{queue['metadata'].get('name')}: spec.clusterQueue: no ClusterQueue {target!r}")
+    for doc in docs:
+        meta = doc.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        where = f"{doc.get('kind')}/{meta.get('name')}: metadata.labels"
+        if QUEUE_LABEL in labels and (labels[QUEUE_LABEL], meta.get("namespace")) not in local_queues:
+            errors.append(f"{where}.{QUEUE_LABEL}: no LocalQueue {labels[QUEUE_LABEL]!r} in namespace "
+                          f"{meta.get('namespace')!r}")
+        if PRIORITY_LABEL in labels and labels[PRIORITY_LABEL] not in priorities:
+            errors.append(f"{where}.{PRIORITY_LABEL}: no WorkloadPriorityClass {labels[PRIORITY_LABEL]!r} "
+                          f"(have {sorted(priorities)})")
+    return errors
+
+
+def may_preempt(cluster_queue: dict[str, Any], pending: int, admitted: int, pending_is_older: bool = False) -> bool:
+    """Whether, in one ClusterQueue short of quota, a pending workload of priority ``pending`` may evict an
+    admitted one of priority ``admitted`` (Kueue's withinClusterQueue policies; the default is Never)."""
+    policy = ((cluster_queue.get("spec") or {}).get("preemption") or {}).get("withinClusterQueue", "Never")
+    if policy == "LowerPriority":
+        return admitted < pending
+    if policy == "LowerOrNewerEqualPriority":
+        return admitted < pending or (admitted == pending and pending_is_older)
+    return False
 
 
 # ---------------------------------------------------------------------------------------------
