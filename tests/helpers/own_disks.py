@@ -29,8 +29,9 @@ class OwnDiskSweeps(OwnDiskCluster):
                 f"storage.cache_dir={self.driver / 'cache'}", f"out_dir={self.driver / name}", *overrides]
         if log is not None:
             with log.open("w") as out:
+                # its own session: tests.helpers.sweeps.kill_session ends it and nothing else
                 return subprocess.Popen(args, env=self.env, cwd=self.driver, stdout=out, stderr=subprocess.STDOUT,
-                                        text=True)
+                                        text=True, start_new_session=True)
         return subprocess.run(args, env=self.env, cwd=self.driver, capture_output=True, text=True, timeout=timeout)
 
 
