@@ -125,3 +125,42 @@ def test_a_key_that_leaves_the_artifacts_folder_is_refused(moto_server, monkeypa
     with pytest.raises(ValueError, match="a key that leaves"):
         restore_store(make_client(), f"sqlite:///{new_head / DB_NAME}", PREFIX, new_head / "out")
     assert not (tmp_path / "outside.txt").exists() and not (new_head / DB_NAME).exists()
+
+
+def test_a_resumed_sweep_makes_each_run_whole_from_the_trials_histories(tmp_path: Path,
+                                                                       empty_store: Path) -> None:  # noqa: F811
+    """The last copy missed a trial's first evaluations and its end: the run gets them from the history
+    (by the id the trial reported with, not its folder's name), each step once, and a second pass adds none."""
+    import shutil
+
+    from mlflow import MlflowClient
+
+    from sweep.config.validate import compose_settings
+    from sweep.results.records import TrialRecord
+    from sweep.run.mlflow_runs import TrialRuns
+    from sweep.tracking import TrialTracking
+    from sweep.trials import Report, TrialHistories
+
+    shutil.copy(empty_store, tmp_path / DB_NAME)
+    uri = f"sqlite:///{tmp_path / DB_NAME}"
+    client = MlflowClient(tracking_uri=uri)
+    experiment_id = client.create_experiment("resumed")
+    parent = client.create_run(experiment_id, run_name="WNLI sweep").info.run_id
+    run = client.create_run(experiment_id, run_name="WNLI seed 2", tags={"mlflow.parentRunId": parent}).info.run_id
+    client.log_metric(run, "score", 0.9, step=3)  # what the copy held: the resumed trial's last evaluation
+    histories = TrialHistories(str(tmp_path / "history"))
+    histories.write("4f3b445e_00002", [Report("4f3b445e_00002", task="WNLI", seed=2, epoch=e, step=10 * e,
+                                              steps_total=30, score=s, train_loss=1.0 / e)
+                                       for e, s in ((1, 0.5), (2, 0.7), (3, 0.9))])
+    settings = compose_settings("experiment=demo", "train.epochs=3")
+    runs = TrialRuns(settings, TrialTracking(uri, experiment_id, parent, "resumed"), launch_id="now")
+    record = TrialRecord(task="WNLI", seed=2, trial_id="train_driver_fn_4f3b445e_2_seed=2", run_id=run)
+    ids = {"train_driver_fn_4f3b445e_2_seed=2": "4f3b445e_00002"}
+
+    assert runs.reconcile([record], histories, ids) == 2
+    history = client.get_metric_history(run, "score")
+    assert sorted((m.step, m.value) for m in history) == [(1, 0.5), (2, 0.7), (3, 0.9)]
+    assert [m.step for m in client.get_metric_history(run, "train_loss")] == [1, 2]  # the whole evaluation
+    assert client.get_run(run).info.status == "FINISHED"  # it had ended: the copy missed its end
+    assert runs.reconcile([record], histories, ids) == 0  # each step once
+    assert len(client.get_metric_history(run, "score")) == 3

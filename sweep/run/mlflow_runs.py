@@ -163,12 +163,13 @@ class TrialRuns(Callback):
                         first_line(e, 200, scrubbed=True))
             return ""
 
-    def reconcile(self, records, histories) -> int:
+    def reconcile(self, records, histories, reported_ids: dict[str, str]) -> int:
         """A resumed sweep, after ``close``: each trial's run made whole from the trial's own history.
         The records it took back from storage.output_prefix are the last copy the old cluster made, so
         evaluations reported after it, or a trial's end, may be missing there; a trial that is not run
         again never reports them anew. Logs each evaluation whose step the run lacks and ends a run
-        still RUNNING as its trial ended; the evaluations added."""
+        still RUNNING as its trial ended; the evaluations added. ``reported_ids``: a record's trial folder
+        name -> the id its history goes by."""
         from mlflow.entities import Metric
 
         from sweep.tracking.store import client_for, metric_key
@@ -176,13 +177,14 @@ class TrialRuns(Callback):
         client = client_for(self.tracking.uri)
         added = 0
         for record in records:
-            if not record.run_id or not record.trial_id:
+            reported = reported_ids.get(record.trial_id)
+            if not record.run_id or not reported:
                 continue
             try:
                 logged = {m.step for m in client.get_metric_history(record.run_id, "score")}
                 train = with_hparams(self.settings.train, record.hparams)
                 now = int(time.time() * 1000)
-                for report in histories.read(record.trial_id):
+                for report in histories.read(reported):
                     evaluation = evaluation_metrics(report, train)
                     if evaluation is None or evaluation[0] in logged:
                         continue

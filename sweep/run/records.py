@@ -116,6 +116,16 @@ def _trial_started(first_row: Report, first_in_process: dict[int, float]) -> flo
     return started
 
 
+def reported_ids(grid) -> dict[str, str]:
+    """Each trial's folder name (``TrialRecord.trial_id``) -> the id it reported with (its history's name)."""
+    ids = {}
+    for result in grid:
+        trial_id = _trial_id(result)
+        if result.path and trial_id:
+            ids[result.path.rsplit("/", 1)[-1]] = trial_id
+    return ids
+
+
 def _trial_id(result) -> str | None:
     """The id the trial reported with every evaluation (None: it never reported)."""
     return (result.metrics or {}).get("trial_id")

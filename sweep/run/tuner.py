@@ -53,7 +53,7 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None,
 def _run_tune(settings: Settings, sources: DriverSources, out_dir: Path, tracking,
               stop) -> tuple[list[TrialRecord], list[Path | str]]:
     from sweep.run.cluster_request import request_trial_resources
-    from sweep.run.records import checkpoint_folders, records_from_results
+    from sweep.run.records import checkpoint_folders, records_from_results, reported_ids
 
     plan = plan_sweep(settings, sources, out_dir)
     launch_id = uuid.uuid4().hex[:8]
@@ -77,7 +77,7 @@ def _run_tune(settings: Settings, sources: DriverSources, out_dir: Path, trackin
     records = records_from_results(grid, settings, plan.tasks, storage.histories, storage.local_train_dir,
                                    trial_runs.run_id_of if trial_runs is not None else None)
     if trial_runs is not None and settings.resume and storage.histories is not None:  # the last copy's gaps
-        added = trial_runs.reconcile(records, storage.histories)
+        added = trial_runs.reconcile(records, storage.histories, reported_ids(grid))
         if added:
             print(f"tracking: {added} evaluations logged from the trials' histories (after the records' last copy)")
     return records, checkpoint_folders(grid, storage.local_train_dir, storage.train if storage.remote else None)
