@@ -164,3 +164,29 @@ def test_a_resumed_sweep_makes_each_run_whole_from_the_trials_histories(tmp_path
     assert client.get_run(run).info.status == "FINISHED"  # it had ended: the copy missed its end
     assert runs.reconcile([record], histories, ids) == 0  # each step once
     assert len(client.get_metric_history(run, "score")) == 3
+
+
+def test_with_a_tracking_server_the_parents_id_alone_crosses_and_is_found_again(moto_server, monkeypatch,
+                                                                                tmp_path: Path) -> None:
+    """tracking.uri=http(s)://…: the server keeps the records; the new head needs only the parent's id."""
+    import boto3
+
+    from sweep.storage.s3 import make_client
+    from sweep.tracking import saved_parent
+
+    s3_env(monkeypatch, moto_server)
+    boto3.client("s3").create_bucket(Bucket="results")
+    server = "http://mlflow.sweep.svc:5000"
+    head = tmp_path / "head" / "out"
+    head.mkdir(parents=True)
+    (head / PARENT_FILE).write_text(json.dumps({"run_id": "a" * 32, "experiment_id": "3",
+                                                "experiment": EXPERIMENT, "uri": server}))
+    copies = StoreCopies(server, PREFIX, head)
+    copies.request()
+    wait_for(copies, 1)
+    keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="results")["Contents"]]
+    assert keys == [f"glue-tiny/mlflow/{PARENT_FILE}"]  # no store to copy: the server has it
+
+    new_head = tmp_path / "new-head" / "out"
+    assert restore_store(make_client(), server, PREFIX, new_head) == "the parent run's id"
+    assert saved_parent(new_head, server, EXPERIMENT) == "a" * 32
