@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ray.tune import Callback
+
 from sweep.config.settings import Settings
 from sweep.failures import trial_failure_line
 from sweep.plan.sizes import TaskPlan
@@ -17,15 +19,18 @@ from sweep.trials import CHECKPOINT_MARKER, Report, TrialHistories, pbt_schedule
 
 
 def records_from_results(grid, settings: Settings, plans: dict[str, TaskPlan], histories: TrialHistories | None = None,
-                         train_dir: Path | None = None, run_id_of=None) -> list[TrialRecord]:
+                         train_dir: Path | None = None, run_id_of=None,
+                         configs: dict[str, dict] | None = None) -> list[TrialRecord]:
     """One TrialRecord per Tune trial (``plans``: each task's), with the best evaluation's metrics and checkpoint.
 
-    ``run_id_of(tune trial id, task, seed, hparams)``: the id of the trial's MLflow run (the driver logged it)."""
+    ``run_id_of(tune trial id, task, seed, hparams)``: the id of the trial's MLflow run (the driver logged it).
+    ``configs``: each trial's config by its folder's name (``TrialConfigs``), for a trial that never reported."""
     records = []
     tables = [(result, _history(result, histories)) for result in grid]
     first_in_process = _first_trial_per_process([rows for _, rows in tables])
     for result, rows in tables:
-        task, seed, hparams = trial_of(result.config) if result.config and "trial" in result.config else ("?", -1, {})
+        config = _config(result, configs or {})
+        task, seed, hparams = trial_of(config) if config else ("?", -1, {})
         plan = plans.get(task)
         trial_id = _trial_id(result)
         record = TrialRecord(
@@ -114,6 +119,34 @@ def _trial_started(first_row: Report, first_in_process: dict[int, float]) -> flo
     if pid is not None and first_in_process.get(pid) == started and first_row.process_started is not None:
         started = min(started, first_row.process_started)
     return started
+
+
+class TrialConfigs(Callback):
+    """Each trial's config by its folder's name, as Tune ran it. A trial killed before its first report
+    has none in its Result (Tune's ``Result.config`` is its last report's), and its record must still
+    say which task and seed failed: the exit code and the failure lines go by task."""
+
+    def __init__(self) -> None:
+        self.by_folder: dict[str, dict] = {}
+
+    def __getstate__(self) -> dict:
+        return {"by_folder": {}}  # Tune pickles its callbacks into the experiment
+
+    def on_trial_start(self, iteration, trials, trial, **info) -> None:
+        self._keep(trial)
+
+    def on_trial_error(self, iteration, trials, trial, **info) -> None:
+        self._keep(trial)
+
+    def _keep(self, trial) -> None:
+        if trial.path and trial.config and "trial" in trial.config:
+            self.by_folder[trial.path.rstrip("/").rsplit("/", 1)[-1]] = trial.config
+
+
+def _config(result, configs: dict[str, dict]) -> dict | None:
+    if result.config and "trial" in result.config:
+        return result.config
+    return configs.get(result.path.rstrip("/").rsplit("/", 1)[-1]) if result.path else None
 
 
 def reported_ids(grid) -> dict[str, str]:

@@ -53,13 +53,15 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None,
 def _run_tune(settings: Settings, sources: DriverSources, out_dir: Path, tracking,
               stop) -> tuple[list[TrialRecord], list[Path | str]]:
     from sweep.run.cluster_request import request_trial_resources
-    from sweep.run.records import checkpoint_folders, records_from_results, reported_ids
+    from sweep.run.records import TrialConfigs, checkpoint_folders, records_from_results, reported_ids
 
     plan = plan_sweep(settings, sources, out_dir)
     launch_id = uuid.uuid4().hex[:8]
     # the handle keeps the board alive for the sweep's duration
     rungs_board, board_handle = start_rungs_board(settings, plan.storage.experiment, plan.total, plan.storage.histories)
     callbacks, progress, trial_runs = sweep_callbacks(settings, plan, tracking, launch_id, board_handle)
+    configs = TrialConfigs()  # a trial killed before its first report still has a task and seed
+    callbacks.append(configs)
     if tracking is not None and settings.storage.output_prefix:  # records that outlive the head's disk
         callbacks.append(record_copies(settings, tracking.uri, out_dir))
     tuner = make_tuner(settings, plan, callbacks, launch_id, rungs_board)
@@ -75,7 +77,7 @@ def _run_tune(settings: Settings, sources: DriverSources, out_dir: Path, trackin
     progress.close()
     storage = plan.storage
     records = records_from_results(grid, settings, plan.tasks, storage.histories, storage.local_train_dir,
-                                   trial_runs.run_id_of if trial_runs is not None else None)
+                                   trial_runs.run_id_of if trial_runs is not None else None, configs.by_folder)
     if trial_runs is not None and settings.resume and storage.histories is not None:  # the last copy's gaps
         added = trial_runs.reconcile(records, storage.histories, reported_ids(grid))
         if added:
