@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sweep.run.local_cluster import GPU_TYPE, autoscaling_cluster, gpu_worker_type  # the tests' cluster too
+from sweep.testing.local_cluster import GPU_TYPE, autoscaling_cluster, gpu_worker_type  # the tests' cluster too
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -21,7 +21,7 @@ import torch
 
 from sweep.config.tasks import load_task
 from sweep.config.validate import compose, compose_settings
-from sweep.models.source import resolve_model_dir
+from sweep.models.local_folder import resolve_model_dir
 from sweep.train.loop import finetune
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -35,9 +35,9 @@ def _one_run(args: dict, queue) -> None:
     from sweep.config.tasks import load_task
     from sweep.config.validate import compose_settings
     from sweep.disk import folder_size
-    from sweep.models.source import resolve_model_dir
-    from sweep.train.adapters import trainable_parameters
+    from sweep.models.local_folder import resolve_model_dir
     from sweep.train.loop import finetune, setup
+    from sweep.train.lora import trainable_parameters
 
     settings = compose_settings(f"model={args['model']}", f"train.method={args['method']}",
                                 f"train.epochs={args['epochs']}", f"train.max_train_samples={args['rows']}",

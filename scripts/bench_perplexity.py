@@ -32,7 +32,7 @@ from sweep.config.tasks import TaskSpec, task_from_config
 from sweep.config.validate import compose, compose_settings
 from sweep.data.collate import make_lm_collator
 from sweep.data.lm import lm_blocks
-from sweep.models.source import resolve_model_dir
+from sweep.models.local_folder import resolve_model_dir
 from sweep.train.evaluate import evaluate
 from sweep.train.loading import load_for_task, pick_device
 from sweep.train.loop import finetune, quiet_progress_bars

@@ -73,7 +73,7 @@ def profiled(trials: int, tracking: str, top: int = 30) -> None:
     import pstats
     import tracemalloc
 
-    import sweep.run.progress as progress
+    import sweep.hooks.progress as progress
 
     tracemalloc.start(8)
     snapshots = {}
@@ -104,8 +104,8 @@ def profiled(trials: int, tracking: str, top: int = 30) -> None:
 def one(trials: int, tracking: str, sample: bool = True) -> dict:
     """Runs in the child: one sweep of ``trials`` trials, measured from inside."""
     import sweep.app as app
-    import sweep.run.progress as progress
-    import sweep.run.tuner as tuner
+    import sweep.driver.tuner as tuner
+    import sweep.hooks.progress as progress
 
     sampler = Sampler()
     phases: dict[str, float] = {}

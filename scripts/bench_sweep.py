@@ -23,7 +23,7 @@ from pathlib import Path
 
 from sweep.config.validate import compose_settings
 from sweep.data.synthetic import write_synthetic_glue
-from sweep.run.tuner import run_tune
+from sweep.driver.tuner import run_tune
 from sweep.storage.staging import ensure_local
 from sweep.train.sequential import run_sequential
 

@@ -1,6 +1,6 @@
 """What tracking costs a sweep: each trial logging its own nested MLflow run from its worker (the
 old way, trial-side) vs the driver logging every trial's run from its Tune reports
-(sweep/run/mlflow_runs.py's ``TrialRuns``, driver-side), on the same store in the same run.
+(sweep/hooks/mlflow_runs.py's ``TrialRuns``, driver-side), on the same store in the same run.
 
 For each store (a fresh ``sqlite:///`` file, and a real ``mlflow server`` subprocess over HTTP) a
 parent run is made with ``SweepTracker`` (the server runs with ``--workers 1`` by default and
@@ -53,8 +53,8 @@ from typing import Any
 import psutil
 
 from sweep.config.validate import compose_settings
-from sweep.run.local_cluster import free_port
-from sweep.run.mlflow_runs import TrialRuns, evaluation_metrics, run_name
+from sweep.hooks.mlflow_runs import TrialRuns, evaluation_metrics, run_name
+from sweep.testing.local_cluster import free_port
 from sweep.tracking import SweepTracker, TrialLogger, TrialTracking
 from sweep.trials import CHECKPOINT_RANK, Report, checkpoint_rank
 

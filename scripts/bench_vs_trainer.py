@@ -42,7 +42,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 from sweep.config.tasks import load_task  # noqa: E402
 from sweep.config.validate import compose, compose_settings  # noqa: E402
-from sweep.models.source import resolve_model_dir  # noqa: E402
+from sweep.models.local_folder import resolve_model_dir  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FIRST_SEED = 42

@@ -4,7 +4,7 @@ faults injected on a schedule, and whether both end with the same results.
 The sweep (2 GLUE tasks x 6 seeds, a tiny model, staged from S3, logged to an ``mlflow server``) is
 run by ``python -m sweep`` joined to a 3-node Ray cluster of one-CPU nodes whose two worker nodes
 each have their OWN DISK, as pods do (``ray start`` inside ``unshare -m`` with a tmpfs over the
-driver's folder: out_dir and the caches; sweep/run/local_cluster.py): only the storage path and the MLflow
+driver's folder: out_dir and the caches; sweep/testing/local_cluster.py): only the storage path and the MLflow
 server are shared, so any shortcut through the driver's disk would show. The faults, each triggered
 by the sweep's progress (epochs on record in the trials' histories) so both runs see them at the
 same point:
@@ -34,12 +34,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from services import FaultyProxy, ServerProcess, s3_environment, start_moto, upload  # the tests' stand-ins too
 from sweep.config.tasks import load_task
 from sweep.data.synthetic import write_synthetic_glue
-from sweep.models.source import resolve_model_dir
+from sweep.models.local_folder import resolve_model_dir
 from sweep.results.records import best_per_task, load_records
-from sweep.run.local_cluster import OwnDiskCluster, mount_namespace, namespace_refused
+from sweep.testing.local_cluster import OwnDiskCluster, mount_namespace, namespace_refused
+from sweep.testing.services import FaultyProxy, ServerProcess, s3_environment, start_moto, upload
 from sweep.train.tiny_exports import TINY_ROBERTA
 
 BUCKET = "sweep-chaos"

@@ -134,7 +134,7 @@ def model_writer(settings: Settings, sources, task: str):
     adapter merged into the base model (the base read on this machine; from S3, staged here first)."""
     if settings.train.method == "full":
         return copy_model
-    from sweep.train.adapters import export_merged
+    from sweep.train.lora import export_merged
 
     spec = next(t for t in settings.tasks if t.name == task)
     base = sources_here(settings, sources).model_dir
@@ -201,7 +201,7 @@ def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkp
     print(f"results: {out_dir / 'results.csv'}  summary: {out_dir / 'summary.csv'}  plot: {plot}")
     if tracker is not None:
         record_in_mlflow(settings, tracker, records, summaries, best, out_dir, plot)
-        from sweep.tracking.ui import look_line
+        from sweep.tracking.ui_urls import look_line
 
         print(look_line(tracker.uri, tracker.experiment_id, out_dir))  # runs: sweep ui out_dir=... (or the URL)
     return summaries
@@ -293,7 +293,7 @@ def run(cfg: DictConfig, out_dir: Path) -> list:
     with hold_out_dir(Path(out_dir)):  # one sweep per out_dir (OutDirInUseError), before anything is written
         sources = check_sources(settings)
         if settings.train.method != "full":  # a target module the model lacks, or QLoRA without a GPU
-            from sweep.train.adapters import check_method_runs_here, check_targets
+            from sweep.train.lora import check_method_runs_here, check_targets
 
             check_method_runs_here(settings.train, settings.cluster.address)
             if sources.local is not None:
@@ -303,7 +303,7 @@ def run(cfg: DictConfig, out_dir: Path) -> list:
 
             check_test_files(settings.tasks, sources.local.data_dir)
         tracker, tracking = start_tracking(settings, cfg, Path(out_dir))  # an unreachable store before any trial
-        from sweep.run.tuner import run_tune
+        from sweep.driver.tuner import run_tune
 
         try:
             records, checkpoint_folders = run_tune(settings, Path(out_dir), tracking, sources)

@@ -196,7 +196,7 @@ def pbt_schedule(rows: list[Report]) -> list[dict[str, Any]]:
 
 def trial_of(config: dict[str, Any]) -> tuple[str, int, dict[str, Any]]:
     """A Tune trial's (task, seed, hparams) from its config: ``trial`` is the point of the dispatch
-    order (task, seed, grid values), ``hparams`` the search samples (``run/gate.py``)."""
+    order (task, seed, grid values), ``hparams`` the search samples (``schedulers/gate.py``)."""
     point = config["trial"]
     return point["task"], int(point["seed"]), {**(point.get("grid") or {}), **(config.get("hparams") or {})}
 

@@ -54,7 +54,7 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_roberta_dir(cache_dir: Path) -> Path:
-    from sweep.models.source import resolve_model_dir
+    from sweep.models.local_folder import resolve_model_dir
 
     return resolve_model_dir(TINY_ROBERTA, cache_dir)
 

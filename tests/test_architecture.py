@@ -1,7 +1,7 @@
 """The rules of docs/architecture.md §5, checked from the source (AST): no import cycles between the
-package's modules, no package importing one above it (the layers below), Ray imported only under
-sweep/run/ (what runs inside Ray or talks to it), torch never in config/ (nor at module level in
-plan/), and short package maps."""
+package's modules, no package importing one above it (the layers below), Ray imported only in the
+packages that run inside Ray or talk to it (``RAY_ROOMS``), torch never in config/ (nor at module level
+in plan/), and short package maps."""
 
 from __future__ import annotations
 
@@ -11,17 +11,23 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "sweep"
-RAY_ROOM = "sweep.run"
+# Where Ray may be imported: the cluster, the schedulers and searchers, the Tune hooks, the trial, the
+# driver, the Jobs client and the test clusters. Everything below them is plain Python.
+RAY_ROOMS = ("sweep.cluster", "sweep.schedulers", "sweep.hooks", "sweep.trial", "sweep.driver",
+             "sweep.ray_jobs", "sweep.testing")
 
 # Lowest first: a module may import its own layer and those below, never one above (docs/architecture.md §1).
 BASE = ("errors", "secrets", "disk", "files", "lock", "remote_files", "trials", "failures")
 LAYERS = (
     tuple(f"sweep.{m}" for m in BASE),
     ("sweep.config",), ("sweep.data",), ("sweep.models",), ("sweep.results",), ("sweep.tracking",),
-    ("sweep.storage",), ("sweep.train",), ("sweep.plan",), ("sweep.serving",), ("sweep.run",),
-    ("sweep.app", "sweep.__main__", "sweep.cli", "sweep.submit", "sweep.serve", "sweep.infer", "sweep.upload"),
+    ("sweep.storage",), ("sweep.train",), ("sweep.plan",), ("sweep.serving",),
+    ("sweep.cluster",), ("sweep.schedulers",), ("sweep.hooks",), ("sweep.trial",), ("sweep.driver",),
+    ("sweep.ray_jobs", "sweep.testing"),
+    ("sweep.app", "sweep.__main__", "sweep.cli"),
 )
-PACKAGES = ("config", "data", "models", "train", "plan", "results", "storage", "run", "serving", "cli")
+PACKAGES = ("config", "data", "models", "train", "plan", "results", "storage", "serving", "cluster",
+            "schedulers", "hooks", "trial", "driver", "testing", "cli")
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:
@@ -72,7 +78,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def ray_outside_run(package: Path = PACKAGE) -> list[str]:
     return sorted(
         module_name(p, package) for p in package.rglob("*.py")
-        if not module_name(p, package).startswith(RAY_ROOM)
+        if not any(module_name(p, package) == room or module_name(p, package).startswith(room + ".")
+                   for room in RAY_ROOMS)
         and any(m == "ray" or m.startswith("ray.") for m in imports_of(p))
     )
 
@@ -104,19 +111,19 @@ def test_the_package_has_no_import_cycle() -> None:
     assert find_cycle(import_graph()) is None
 
 
-def test_ray_is_imported_only_under_sweep_run() -> None:
+def test_ray_is_imported_only_in_the_ray_rooms() -> None:
     assert ray_outside_run() == []
 
 
 def test_the_checks_can_fail(tmp_path: Path) -> None:
     """The two checks find what they look for: a cycle (also through a lazy import) and a stray ray import."""
     pkg = tmp_path / "sweep"
-    (pkg / "run").mkdir(parents=True)
+    (pkg / "driver").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
-    (pkg / "run" / "__init__.py").write_text("")
+    (pkg / "driver" / "__init__.py").write_text("")
     (pkg / "a.py").write_text("from sweep.b import x\n")
     (pkg / "b.py").write_text("def f():\n    from sweep import a\n")
-    (pkg / "run" / "ok.py").write_text("import ray\n")
+    (pkg / "driver" / "ok.py").write_text("import ray\n")
     (pkg / "stray.py").write_text("from ray import tune\n")
     assert find_cycle(import_graph(pkg)) == ["sweep.a", "sweep.b", "sweep.a"]
     assert ray_outside_run(pkg) == ["sweep.stray"]
@@ -138,11 +145,11 @@ def test_the_layer_check_can_fail(tmp_path: Path) -> None:
     (pkg / "config").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
     (pkg / "config" / "__init__.py").write_text("")
-    (pkg / "config" / "settings.py").write_text("def f():\n    from sweep.run.tuner import x\n")
-    (pkg / "run").mkdir()
-    (pkg / "run" / "__init__.py").write_text("")
-    (pkg / "run" / "tuner.py").write_text("from sweep.config.settings import f\n")
-    assert upward_imports(pkg) == ["sweep.config.settings -> sweep.run.tuner"]
+    (pkg / "config" / "settings.py").write_text("def f():\n    from sweep.driver.tuner import x\n")
+    (pkg / "driver").mkdir()
+    (pkg / "driver" / "__init__.py").write_text("")
+    (pkg / "driver" / "tuner.py").write_text("from sweep.config.settings import f\n")
+    assert upward_imports(pkg) == ["sweep.config.settings -> sweep.driver.tuner"]
     assert torch_at_module_level(pkg / "config" / "settings.py") is False
     (pkg / "config" / "settings.py").write_text("import torch\n")
     assert torch_at_module_level(pkg / "config" / "settings.py") is True

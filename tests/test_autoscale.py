@@ -1,5 +1,5 @@
 """The autoscaler building blocks: the plain plan math (fast), and on a real Ray autoscaler
-(``AutoscalingCluster``, fake node provider, sweep/run/local_cluster.py) what the driver reads and asks.
+(``AutoscalingCluster``, fake node provider, sweep/testing/local_cluster.py) what the driver reads and asks.
 
 The slow tests start and stop a Ray cluster (ending every Ray process on the machine): run them
 under ``flock /tmp/ray-machine.lock``.
@@ -201,9 +201,9 @@ def _fake_v2_possible() -> bool:
 def test_autoscaler_launches_gpu_nodes_on_request_and_lets_them_go(version):
     import ray
 
-    from sweep.run import autoscale, cluster_request
-    from sweep.run.connect import alive_node_resources
-    from sweep.run.local_cluster import autoscaling_cluster
+    from sweep.cluster import autoscale, request as cluster_request
+    from sweep.cluster.connect import alive_node_resources
+    from sweep.testing.local_cluster import autoscaling_cluster
 
     if version == "v2" and not _fake_v2_possible():
         pytest.skip("autoscaler v2 with the fake provider needs ray/autoscaler/_private/fake_multi_node/"
@@ -248,7 +248,7 @@ def test_autoscaler_launches_gpu_nodes_on_request_and_lets_them_go(version):
 def test_plain_local_ray_has_no_launchable_types():
     import ray
 
-    from sweep.run import autoscale
+    from sweep.cluster import autoscale
 
     ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     try:

@@ -19,7 +19,7 @@ import pytest
 from sweep.app import run
 from sweep.errors import ResourceError
 from sweep.results.records import load_records
-from sweep.run.local_cluster import GPU_TYPE, autoscaling_cluster, gpu_worker_type
+from sweep.testing.local_cluster import GPU_TYPE, autoscaling_cluster, gpu_worker_type
 from tests.helpers.configs import demo_config
 from tests.helpers.overlap import most_at_once
 
@@ -92,7 +92,7 @@ def test_two_sweeps_at_once_share_launched_gpu_nodes_and_the_request(tmp_path):
     shared keeper the second sweep's request would replace the first's), and the request is withdrawn."""
     import ray
 
-    from sweep.run import autoscale, cluster_request
+    from sweep.cluster import autoscale, request as cluster_request
 
     with autoscaling_cluster(head=HEAD, worker_types={GPU_TYPE: gpu_worker_type(max_workers=2)}) as address:
         ray.init(address=address, logging_level="ERROR", log_to_driver=False)  # to read the request
@@ -142,8 +142,8 @@ def test_a_gpu_group_that_cannot_grow_is_an_error_before_any_trial(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_nodes_that_never_come_end_in_one_clear_error(tmp_path):
+    from sweep.cluster import autoscale
     from sweep.plan.scale import ScaleTimeoutError
-    from sweep.run import autoscale
 
     with autoscaling_cluster(head=HEAD,
                              worker_types={GPU_TYPE: never_starting_gpu_worker_type(max_workers=2)}) as address:

@@ -1,4 +1,4 @@
-"""One standing autoscaler request per cluster, the sum of every sweep's (sweep/run/cluster_request.py).
+"""One standing autoscaler request per cluster, the sum of every sweep's (sweep/cluster/request.py).
 
 Ray keeps one ``request_resources`` per cluster, so two sweeps that each called it would replace and
 clear each other's. The plain book and the keeper's logic are tested without Ray; the slow test runs
@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from sweep.run import cluster_request
-from sweep.run.cluster_request import RequestBook, RequestKeeper
+from sweep.cluster import request as cluster_request
+from sweep.cluster.request import RequestBook, RequestKeeper
 
 pytestmark = pytest.mark.ray
 
@@ -122,7 +122,7 @@ def _stored_request() -> list[dict]:
 # A second driver (its own Ray job) asks for one GPU bundle and dies without withdrawing.
 DYING_DRIVER = """
 import os, ray
-from sweep.run import cluster_request
+from sweep.cluster import request as cluster_request
 ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
 cluster_request.ask("dead-sweep", [{"GPU": 1.0}])
 os._exit(0)

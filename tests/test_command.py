@@ -99,11 +99,11 @@ def test_each_subcommand_help_names_its_options_and_loads_nothing_heavy(work, co
     assert "HEAVY []" in r.stderr
 
 
-@pytest.mark.parametrize("module, command", [("sweep.submit", "submit"), ("sweep.serve", "serve"),
-                                             ("sweep.infer", "infer"), ("sweep.upload", "upload")])
-def test_python_m_sweep_dot_name_still_runs_the_subcommand(module, command):
-    r = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and r.stdout.startswith(f"usage: python -m {module} "), r.stderr
+@pytest.mark.parametrize("command", ["submit", "serve", "infer", "upload"])
+def test_python_m_sweep_runs_each_subcommand(command):
+    """The spelling the image and the manifests run: ``python -m sweep serve ...``."""
+    r = subprocess.run([sys.executable, "-m", "sweep", command, "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith(f"usage: python -m sweep {command} "), r.stderr
     assert [name for name in NAMES[command] if name not in r.stdout] == []
 
 

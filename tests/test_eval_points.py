@@ -141,7 +141,7 @@ def test_trivial_score_is_the_majority_share_and_none_for_causal_lm(synthetic_gl
     assert result.epochs[0].trivial_score == pytest.approx(majority_share)
 
     from sweep.data.synthetic import write_synthetic_wikitext
-    from sweep.models.source import resolve_model_dir
+    from sweep.models.local_folder import resolve_model_dir
     from sweep.train.tiny_exports import TINY_GPT2
 
     wiki = write_synthetic_wikitext(tmp_path / "wiki")

@@ -89,8 +89,8 @@ def test_a_trial_the_memory_monitor_kills_fails_and_tune_goes_on(tmp_path):
     from ray import tune
     from ray._private.utils import get_system_memory, get_used_memory  # what the monitor itself reads
 
+    from sweep.driver.tuner import fit_sweep
     from sweep.failures import trial_failure_line
-    from sweep.run.tuner import fit_sweep
 
     threshold = (get_used_memory() + 2.5 * 2**30) / get_system_memory()  # 2.5 GiB above what is used now
 
@@ -123,8 +123,8 @@ def test_what_tune_raises_out_of_fit_is_one_sweep_failed_line(tmp_path):
     import ray
     from ray import tune
 
+    from sweep.driver.tuner import fit_sweep
     from sweep.errors import SweepFailed
-    from sweep.run.tuner import fit_sweep
 
     class Boom(tune.Callback):
         def on_trial_result(self, iteration, trials, trial, result, **info):

@@ -77,7 +77,7 @@ def test_the_documents_agree_with_each_other(crds) -> None:
 
 def test_runtime_serves_http_and_grpc_as_kserve_expects() -> None:
     """The facts the README and clients rely on, spelled out (the rules above check they agree)."""
-    from sweep.serving.serve import DEFAULT_PORT
+    from sweep.serving.server import DEFAULT_PORT
 
     docs = _docs()
     runtime, isvc = _kind(docs, "ServingRuntime"), _kind(docs, "InferenceService")
@@ -88,7 +88,7 @@ def test_runtime_serves_http_and_grpc_as_kserve_expects() -> None:
     assert runtime["spec"]["annotations"] == {"prometheus.kserve.io/port": str(DEFAULT_PORT),
                                               "prometheus.kserve.io/path": "/metrics"}
     container = _container(docs)
-    assert container["command"] == ["python", "-m", "sweep.serve"]
+    assert container["command"] == ["python", "-m", "sweep", "serve"]
     options = server_options(container["args"])  # the server's own parser: grpc_port must be one of its options
     assert options["model"] == MODEL_MOUNT and options["port"] == DEFAULT_PORT
     assert [(p["name"], p["containerPort"]) for p in container["ports"]] == [("http", DEFAULT_PORT),
@@ -219,8 +219,8 @@ BROKEN: dict[str, tuple[Callable[[list[dict]], None], str]] = {
                         "does not run the model server"),
     "model elsewhere than the mount": (_set_arg("model", "/models"), "model=/models is not /mnt/models"),
     "an option the server lacks": (lambda d: _container(d)["args"].append("batch_size=8"),
-                                   "python -m sweep.serve refuses them: batch_size: unknown option"),
-    "a bad option value": (_set_arg("port", "http"), "python -m sweep.serve refuses them: port:"),
+                                   "python -m sweep serve refuses them: batch_size: unknown option"),
+    "a bad option value": (_set_arg("port", "http"), "python -m sweep serve refuses them: port:"),
     "model ports rename the gRPC port": (
         lambda d: _model(d).__setitem__("ports", [{"containerPort": 8081, "name": "metrics"}]),
         "as run for this InferenceService: spec.containers[0].ports: the gRPC ports [] are not"),

@@ -18,7 +18,9 @@ from sweep.models.tiny import build_tiny_model
 from sweep.plan.costs import METHOD_STEP_RATIO, TaskSize, trial_seconds
 from sweep.plan.makespan import CostModel
 from sweep.results.records import TrialRecord, copy_model, export_best
-from sweep.train.adapters import (
+from sweep.train.loading import load_for_task
+from sweep.train.loop import finetune, setup
+from sweep.train.lora import (
     ADAPTER_FOLDER,
     adaptable_names,
     check_method_runs_here,
@@ -26,8 +28,6 @@ from sweep.train.adapters import (
     export_merged,
     trainable_parameters,
 )
-from sweep.train.loading import load_for_task
-from sweep.train.loop import finetune, setup
 from sweep.trials import TRAINING_STATE
 from tests.helpers.configs import train_config
 from tests.helpers.files import modes, umask, unshared

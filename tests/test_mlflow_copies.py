@@ -136,8 +136,8 @@ def test_a_resumed_sweep_makes_each_run_whole_from_the_trials_histories(tmp_path
     from mlflow import MlflowClient
 
     from sweep.config.validate import compose_settings
+    from sweep.hooks.mlflow_runs import TrialRuns
     from sweep.results.records import TrialRecord
-    from sweep.run.mlflow_runs import TrialRuns
     from sweep.tracking import TrialTracking
     from sweep.trials import Report, TrialHistories
 

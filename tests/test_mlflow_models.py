@@ -1,5 +1,5 @@
 """The registry's versions are MLflow Models: MLflow's own pyfunc API and ``mlflow models serve`` answer
-as ``python -m sweep.serve`` does on the same exported folder, and the server keeps loading
+as ``python -m sweep serve`` does on the same exported folder, and the server keeps loading
 ``models:/<name>@champion`` (a real ``mlflow server``, the real model server over HTTP)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 from mlflow import MlflowClient
 
 from sweep.config.tasks import load_task
-from sweep.run.local_cluster import free_port
+from sweep.testing.local_cluster import free_port
 from sweep.tracking import ensure_experiment, register_best
 from sweep.train.tiny_exports import export_tiny_classifier, export_tiny_lm
 from tests.helpers.serving import Server, output, serving, start_server, texts
@@ -47,7 +47,7 @@ def registered(mlflow_server, tmp_path_factory: pytest.TempPathFactory, cache_di
 
 @pytest.fixture(scope="module")
 def our_servers(registered, mlflow_server, tmp_path_factory, cache_dir) -> Iterator[dict[str, Server]]:
-    """``python -m sweep.serve`` on each exported folder, and one on the registry's champion."""
+    """``python -m sweep serve`` on each exported folder, and one on the registry's champion."""
     root = tmp_path_factory.mktemp("flavor-serve")
     started = {
         "RTE": start_server("tiny-RTE", registered["RTE"], root / "rte.log", cache_dir),
@@ -137,7 +137,7 @@ def test_mlflow_models_serve_answers_for_the_champion(our_servers, mlflow_server
 
 def test_the_logged_models_files_serve_as_a_folder(registered, mlflow_server, tmp_path: Path) -> None:
     """KServe's `mlflow` format: the storage initializer puts the version's files in /mnt/models, read-only."""
-    from sweep.serving.source import published_name, resolve_model_source
+    from sweep.serving.model_location import published_name, resolve_model_source
 
     client = MlflowClient(mlflow_server.url, registry_uri=mlflow_server.url)
     version = client.get_model_version_by_alias("tiny-RTE", "champion")

@@ -2,7 +2,7 @@
 that command starts MLflow's UI on the sweep's store and prints the URL of its runs (sweep's page on that
 server, sweep/tracking/ui_app.py); a real headless Chromium (tests/helpers/browser.py), fresh, opens it and
 lands on the runs table with the sweep's trials listed under their parent, and from then on MLflow's
-experiment list lands there too. What MLflow 3.17's UI does is in sweep/tracking/ui.py's docstring; this
+experiment list lands there too. What MLflow 3.17's UI does is in sweep/tracking/ui_urls.py's docstring; this
 test holds it to that.
 
 The sweep: the tiny RoBERTa on synthetic WNLI-layout data of 800 training rows, two seeds, one epoch (50
@@ -286,7 +286,7 @@ def test_sweep_ui_mistakes_are_one_line_and_start_nothing(tmp_path: Path) -> Non
 
 
 def test_the_end_of_a_sweep_names_the_command_or_the_url() -> None:
-    from sweep.tracking.ui import look_line
+    from sweep.tracking.ui_urls import look_line
 
     assert look_line("sqlite:////a/mlflow.db", "1", Path("/a/my out")) == "runs: sweep ui out_dir='/a/my out'"
     assert look_line("postgresql://db/mlflow", "1", Path("/a/out")) == "runs: sweep ui out_dir=/a/out"
@@ -299,8 +299,8 @@ def test_the_landing_page_takes_only_mlflow_ids() -> None:
     an experiment's and runs' ids, 400 for anything else; ``landing_url`` leaves out what the page refuses."""
     from importlib.metadata import entry_points
 
-    from sweep.tracking.ui import landing_url
     from sweep.tracking.ui_app import APP_NAME, create_app
+    from sweep.tracking.ui_urls import landing_url
 
     assert [e.value for e in entry_points(group="mlflow.app") if e.name == APP_NAME] == [
         "sweep.tracking.ui_app:create_app"], "pip install -e . registers the plugin (pyproject.toml)"

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from scripts.services import ACCESS_KEY, SECRET_KEY
 from sweep.storage.mlflow_upload import (
     ARTIFACTS,
     DB_NAME,
@@ -23,6 +22,7 @@ from sweep.storage.mlflow_upload import (
     sweep_store,
     upload_mlflow,
 )
+from sweep.testing.services import ACCESS_KEY, SECRET_KEY
 from tests.helpers.s3 import s3_env
 
 EXPERIMENT = "glue-tiny-roberta"
@@ -149,7 +149,7 @@ def test_a_failed_upload_is_one_line_and_the_printed_command_does_it(moto_server
 
 
 def test_an_unreachable_endpoint_does_not_fail_either(monkeypatch, tmp_path: Path) -> None:
-    from sweep.run.local_cluster import free_port
+    from sweep.testing.local_cluster import free_port
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)

@@ -17,7 +17,7 @@ from transformers.utils import logging as hf_logging
 from sweep.config.tasks import CONF_DIR, load_task, task_from_config
 from sweep.errors import ModelSourceError
 from sweep.models import quiet, tiny as tiny_builder
-from sweep.models.source import resolve_model_dir
+from sweep.models.local_folder import resolve_model_dir
 from sweep.models.tiny import build_tiny_model
 from sweep.train.loading import load_for_task, load_tokenizer
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from ray.cluster_utils import Cluster
 
-from scripts.services import upload
 from sweep.data.synthetic import write_synthetic_glue
 from sweep.results.records import load_records
 from sweep.storage.node_cache import MARKER
+from sweep.testing.services import upload
 from tests.helpers.s3 import s3_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]

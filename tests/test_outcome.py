@@ -93,7 +93,7 @@ def test_relative_paths_reach_a_trial_absolute(tmp_path, monkeypatch):
 
 
 def test_the_resume_line_of_a_failed_tune_run_names_the_same_command():
-    from sweep.run.stop import resume_command
+    from sweep.driver.stop import resume_command
 
     assert resume_command(["task=RTE", "out_dir=old", "train.lr=1e-5"], "/abs/out") == (
         "python -m sweep task=RTE train.lr=1e-5 out_dir=/abs/out resume=true")

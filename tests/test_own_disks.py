@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from scripts.services import ServerProcess
 from sweep.config.tasks import load_task
 from sweep.data.synthetic import write_synthetic_glue
 from sweep.results.records import load_records, rank_key
+from sweep.testing.services import ServerProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(900)]
 

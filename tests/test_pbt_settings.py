@@ -58,7 +58,7 @@ def test_the_schedule_is_each_stretch_of_values_and_an_exploit_starts_at_the_don
 
 
 def test_a_rows_pbt_fields_go_through_tune_and_the_history_and_become_an_mlflow_curve() -> None:
-    from sweep.run.mlflow_runs import evaluation_metrics
+    from sweep.hooks.mlflow_runs import evaluation_metrics
     from tests.helpers.configs import train_config
 
     row = _row(20, 2.4e-4, donor="t3", donor_step=10, epoch=1, steps_total=40, checkpoint_id="abc")
@@ -70,7 +70,7 @@ def test_a_rows_pbt_fields_go_through_tune_and_the_history_and_become_an_mlflow_
 
 
 def test_a_perturbed_value_stays_in_its_range_and_still_moves() -> None:
-    from sweep.run.pbt_scheduler import KeepInRange
+    from sweep.schedulers.pbt import KeepInRange
 
     keep = KeepInRange({"lr": {"dist": "loguniform", "low": 1e-5, "high": 1e-2},
                         "warmup_ratio": {"dist": "uniform", "low": 0.0, "high": 0.5},
@@ -90,7 +90,7 @@ def test_pbt_ranks_equal_scores_by_eval_loss_and_a_diverged_trial_last() -> None
     from types import SimpleNamespace
 
     from sweep.config.settings import PbtConfig
-    from sweep.run.pbt_scheduler import make_pbt
+    from sweep.schedulers.pbt import make_pbt
 
     pbt = make_pbt(PbtConfig(mutations={"lr": {"dist": "loguniform", "low": 1e-5, "high": 1e-2}}))
 
@@ -104,7 +104,7 @@ def test_pbt_ranks_equal_scores_by_eval_loss_and_a_diverged_trial_last() -> None
 
 
 def test_each_task_and_grid_point_is_a_population_of_its_own() -> None:
-    from sweep.run.pbt_scheduler import population_of
+    from sweep.schedulers.pbt import population_of
     from sweep.trials import point_of
 
     def config(task, seed, grid):
@@ -135,7 +135,7 @@ def test_the_history_a_trial_goes_on_with_is_cut_at_its_checkpoint_not_by_step()
 
 
 def test_a_pbt_trials_mlflow_run_is_named_without_the_values_pbt_changes() -> None:
-    from sweep.run.mlflow_runs import TrialRuns
+    from sweep.hooks.mlflow_runs import TrialRuns
 
     settings = compose_settings(*PBT, LR, "+sweep.grid.batch_size=[8,16]")
     runs = TrialRuns(settings, None, "launch")

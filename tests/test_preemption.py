@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from scripts.services import s3_environment, start_moto
 from sweep.data.synthetic import write_synthetic_glue
 from sweep.results.records import load_records
-from sweep.run.local_cluster import namespace_refused
+from sweep.testing.local_cluster import namespace_refused
+from sweep.testing.services import s3_environment, start_moto
 from tests.helpers.own_disks import OwnDiskSweeps
 from tests.helpers.sweeps import kill_session
 

@@ -1,4 +1,4 @@
-"""The progress line's ETA (sweep/run/progress.py over sweep/plan/eta.py), with Tune's callbacks called
+"""The progress line's ETA (sweep/hooks/progress.py over sweep/plan/eta.py), with Tune's callbacks called
 by hand: trials start, report their loop's start and progress, end; the clock is set by the test."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def trial(seed: int) -> SimpleNamespace:
 
 
 def test_the_eta_counts_start_ups_and_slots_then_follows_the_trials_pace(monkeypatch, capsys):
-    from sweep.run import progress
+    from sweep.hooks import progress
 
     clock = Clock()
     monkeypatch.setattr(progress.time, "time", clock)

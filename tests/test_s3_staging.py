@@ -14,13 +14,13 @@ from pathlib import Path
 import boto3
 import pytest
 
-from scripts.services import SECRET_KEY
 from sweep.data.synthetic import write_synthetic_glue
 from sweep.errors import StagingError
 from sweep.storage.archive import UnsafeArchiveError
 from sweep.storage.node_cache import MARKER, download_prefix
 from sweep.storage.s3 import S3Error, fetch
 from sweep.storage.staging import ensure_local, preflight
+from sweep.testing.services import SECRET_KEY
 from tests.helpers.configs import demo_settings
 from tests.helpers.s3 import s3_env, stage_in_process
 
@@ -43,7 +43,7 @@ def s3(moto_server, monkeypatch, tmp_path, tiny_roberta_dir):
 
 
 def upload(folder: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "sweep.upload", str(folder), "--bucket", BUCKET, *args],
+    r = subprocess.run([sys.executable, "-m", "sweep", "upload", str(folder), "--bucket", BUCKET, *args],
                        capture_output=True, text=True, timeout=120)
     if check:
         assert r.returncode == 0, r.stderr
@@ -113,7 +113,7 @@ def test_a_download_reports_its_progress_in_lines(s3, tmp_path, tiny_roberta_dir
 def test_the_nodes_progress_reaches_the_driver(s3, tmp_path, capsys):
     import ray
 
-    from sweep.run.stage_nodes import Staging, stage_all_nodes
+    from sweep.cluster.stage_nodes import Staging, stage_all_nodes
 
     settings = settings_for(tmp_path / "node", "storage.progress_every_s=0")
     pins = preflight(settings)
@@ -236,7 +236,7 @@ def test_preflight_names_what_is_wrong_quickly_and_never_the_secret(s3, tmp_path
 def test_upload_helper_refuses_what_it_cannot_upload(s3, tmp_path):
     r = upload(tmp_path / "missing", check=False)
     assert r.returncode == 2 and "is not a folder" in r.stderr and "Traceback" not in r.stderr
-    r = subprocess.run([sys.executable, "-m", "sweep.upload", str(tmp_path / "src" / "glue_data"), "--bucket", "nope"],
+    r = subprocess.run([sys.executable, "-m", "sweep", "upload", str(tmp_path / "src" / "glue_data"), "--bucket", "nope"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "bucket 'nope' does not exist" in r.stderr
     assert SECRET_KEY not in r.stderr + r.stdout
@@ -244,7 +244,7 @@ def test_upload_helper_refuses_what_it_cannot_upload(s3, tmp_path):
 
 @pytest.mark.parametrize("status, fail, staged", [(503, 2, True), (403, 1, False)])
 def test_transient_errors_are_retried_and_permanent_ones_are_not(s3, tmp_path, status, fail, staged):
-    from scripts.services import FaultyProxy
+    from sweep.testing.services import FaultyProxy
 
     proxy = FaultyProxy(s3.endpoint, f"/{BUCKET}/glue_data", status, fail)
     try:

@@ -10,11 +10,11 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from scripts.services import SECRET_KEY, upload
 from sweep.app import run
 from sweep.data.synthetic import write_synthetic_glue
 from sweep.results.records import load_records
 from sweep.storage.node_cache import MARKER
+from sweep.testing.services import SECRET_KEY, upload
 from sweep.train.tiny_exports import TINY_GPT2, TINY_ROBERTA
 from tests.helpers.configs import demo_config
 from tests.helpers.s3 import s3_env
@@ -78,7 +78,7 @@ def test_each_object_is_staged_once_per_node_across_sweeps(three_nodes, tmp_path
     assert capsys.readouterr().out.count("already staged") == 3
 
     new = write_synthetic_glue(tmp_path / "src2", ["WNLI", "RTE"])  # a new version of the data
-    subprocess.run([sys.executable, "-m", "sweep.upload", str(new / "glue_data"), "--bucket", BUCKET],
+    subprocess.run([sys.executable, "-m", "sweep", "upload", str(new / "glue_data"), "--bucket", BUCKET],
                    check=True, capture_output=True, timeout=120)
     sweep(tmp_path, "third", "[1]")
     assert (server.gets(BUCKET, "tiny-roberta"), server.gets(BUCKET, "glue_data")) == (3, 6)
@@ -95,7 +95,7 @@ def test_each_object_is_staged_once_per_node_across_sweeps(three_nodes, tmp_path
 def test_what_is_missing_fails_the_cli_before_any_trial(moto_server, monkeypatch, tmp_path, cache_dir,
                                                          task, message):
     from sweep.data.synthetic import write_synthetic_wikitext
-    from sweep.models.source import resolve_model_dir
+    from sweep.models.local_folder import resolve_model_dir
 
     s3_env(monkeypatch, moto_server)
     extra = []

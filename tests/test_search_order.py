@@ -1,4 +1,4 @@
-"""The sweep's own Tune searchers (run/gate.py) without a cluster: the trial points in the given order,
+"""The sweep's own Tune searchers (schedulers/gate.py) without a cluster: the trial points in the given order,
 each drawn from the space by (seed, position), the DDP gate, and a saved state that is a position,
 not a copy of every trial (Tune saves the searcher with each experiment snapshot)."""
 
@@ -9,8 +9,8 @@ import pickle
 import pytest
 from ray.tune.search import Searcher
 
-from sweep.run.gate import RandomSearch
-from sweep.run.optuna_search import TaskOptunaSearch
+from sweep.schedulers.gate import RandomSearch
+from sweep.schedulers.optuna_search import TaskOptunaSearch
 
 SPACE = {"lr": {"dist": "loguniform", "low": 1e-5, "high": 1e-2},
          "batch_size": {"dist": "choice", "values": [8, 16, 32]}}

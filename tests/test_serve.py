@@ -1,6 +1,6 @@
 """The model server: plain logic (requests, batcher, generation, sources) and the real server over HTTP.
 
-Two real ``python -m sweep.serve`` processes run for the module, on free ports: a tiny RoBERTa RTE
+Two real ``python -m sweep serve`` processes run for the module, on free ports: a tiny RoBERTa RTE
 classifier and a tiny GPT-2 language model, each saved as a sweep exports its best model
 (save_pretrained + tokenizer + ``sweep_made_by.json``).
 """
@@ -23,9 +23,9 @@ import yaml
 
 from sweep.cli.key_values import UsageError, parse_key_values
 from sweep.results.records import MADE_BY
-from sweep.run.local_cluster import free_port
 from sweep.serving.batcher import MicroBatcher
 from sweep.serving.generation import finish_completion
+from sweep.serving.model_location import ModelSourceError, published_name, resolve_model_source
 from sweep.serving.protocol import (
     GenerationParams,
     RequestError,
@@ -35,7 +35,7 @@ from sweep.serving.protocol import (
     parse_classify,
     parse_generate,
 )
-from sweep.serving.source import ModelSourceError, published_name, resolve_model_source
+from sweep.testing.local_cluster import free_port
 from sweep.train.tiny_exports import export_tiny_classifier, export_tiny_lm
 from tests.helpers.serving import (
     CLASSIFIER_NAME,
@@ -237,7 +237,7 @@ def test_completion_ends_at_eos_or_length() -> None:
 
 def test_key_value_arguments() -> None:
     from sweep.cli.serve import OPTIONS
-    from sweep.serving.serve import DEFAULT_PORT
+    from sweep.serving.server import DEFAULT_PORT
 
     options = parse_key_values(["model=/m", "port=9000", "batching=false", "max_latency_ms=2.5"], OPTIONS)
     assert options["model"] == "/m" and options["port"] == 9000 and options["batching"] is False
@@ -267,7 +267,7 @@ def test_serve_cli_bad_arguments_exit_2_with_one_line(tmp_path: Path) -> None:
         ([f"model={tmp_path}"], "has no config.json"),
         ([f"model={encoder_only}"], "is neither a sequence classifier nor a causal LM"),
     ]:
-        done = subprocess.run([sys.executable, "-m", "sweep.serve", *argv], capture_output=True, text=True, timeout=60)
+        done = subprocess.run([sys.executable, "-m", "sweep", "serve", *argv], capture_output=True, text=True, timeout=60)
         assert done.returncode == 2, done.stderr
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and message in lines[0], done.stderr
@@ -328,7 +328,7 @@ def test_inferenceservice_runs_the_same_server_command_and_port() -> None:
     """The InferenceService selects the runtime; the runtime runs this server on its ports (the
     schemas and KServe's own rules: tests/test_kserve_manifests.py)."""
     from sweep.cli.serve import OPTIONS
-    from sweep.serving.serve import DEFAULT_PORT
+    from sweep.serving.server import DEFAULT_PORT
 
     runtime = yaml.safe_load((DEPLOY / "servingruntime.yaml").read_text())
     isvc = yaml.safe_load((DEPLOY / "inferenceservice.yaml").read_text())
@@ -338,7 +338,7 @@ def test_inferenceservice_runs_the_same_server_command_and_port() -> None:
     assert model["modelFormat"]["name"] in {f["name"] for f in runtime["spec"]["supportedModelFormats"]}
     assert model["storageUri"].startswith("s3://")
     container = _kserve_container()
-    assert container["command"] == ["python", "-m", "sweep.serve"]
+    assert container["command"] == ["python", "-m", "sweep", "serve"]
     args = [a.replace("{{.Name}}", isvc["metadata"]["name"]) for a in container["args"]]  # as KServe renders them
     options = parse_key_values(args, OPTIONS)  # the server itself accepts these arguments
     assert options["model"] == "/mnt/models" and options["port"] == DEFAULT_PORT
@@ -359,7 +359,7 @@ def test_inferenceservice_runs_the_same_server_command_and_port() -> None:
 
 def test_containerfile_serves_with_the_command_the_deploy_yaml_names() -> None:
     from sweep.cli.serve import OPTIONS
-    from sweep.serving.serve import DEFAULT_PORT
+    from sweep.serving.server import DEFAULT_PORT
 
     lines = (REPO / "deploy" / "Containerfile").read_text().splitlines()
     instruction = {line.split()[0]: line.split(None, 1)[1]
@@ -367,7 +367,7 @@ def test_containerfile_serves_with_the_command_the_deploy_yaml_names() -> None:
     assert "ENTRYPOINT" not in instruction  # KubeRay and KServe set the command; the ServingRuntime names it
     command = _kserve_container()["command"]
     cmd = json.loads(instruction["CMD"])  # a bare `podman run` serves /mnt/models the same way
-    assert cmd[: len(command)] == command == ["python", "-m", "sweep.serve"]
+    assert cmd[: len(command)] == command == ["python", "-m", "sweep", "serve"]
     options = parse_key_values(cmd[len(command):], OPTIONS)
     assert options["model"] == "/mnt/models" and options["port"] == DEFAULT_PORT
     assert {str(DEFAULT_PORT), str(options["grpc_port"])} <= set(instruction["EXPOSE"].split())
@@ -570,7 +570,7 @@ def test_200_concurrent_requests_zero_errors_and_batched(servers: dict[str, Serv
 # The inference command.
 
 def _infer_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sweep.infer", *args], capture_output=True, text=True, timeout=60,
+    return subprocess.run([sys.executable, "-m", "sweep", "infer", *args], capture_output=True, text=True, timeout=60,
                           cwd=REPO)
 
 
@@ -607,7 +607,7 @@ def test_infer_cli_errors_are_one_clear_line(servers: dict[str, Server]) -> None
 def test_stop_sequences_match_only_the_generated_text(cache_dir: Path) -> None:
     import torch
 
-    from sweep.models.source import resolve_model_dir
+    from sweep.models.local_folder import resolve_model_dir
     from sweep.serving.engines import StopOnText
     from sweep.train.loading import load_tokenizer
     from sweep.train.tiny_exports import TINY_GPT2

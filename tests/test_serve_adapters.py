@@ -21,14 +21,14 @@ import pytest
 import torch
 
 from sweep.config.tasks import load_task
-from sweep.models.source import resolve_model_dir
+from sweep.models.local_folder import resolve_model_dir
 from sweep.results.records import ADAPTER_FOLDER, MADE_BY
-from sweep.serving.adapters import check_base, find_adapters, resolve_base
+from sweep.serving.adapter_pool import check_base, find_adapters, resolve_base
+from sweep.serving.model_location import model_config_names, resolve_model_config
 from sweep.serving.protocol import GenerationParams, TaskInputs
-from sweep.serving.serve import ServeError, ServeOptions
-from sweep.serving.source import model_config_names, resolve_model_config
-from sweep.train.adapters import default_targets, export_merged
+from sweep.serving.server import ServeError, ServeOptions
 from sweep.train.loading import load_for_task
+from sweep.train.lora import default_targets, export_merged
 from sweep.train.tiny_exports import TINY_GPT2, TINY_ROBERTA
 from tests.helpers.serving import Server, grpc_infer, output, serving, start_server, texts
 

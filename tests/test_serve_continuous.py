@@ -1,6 +1,6 @@
 """Continuous batching (``generation=continuous``, the default for a causal LM) and admission under overload.
 
-Admission's queue logic first (no server), then ONE real ``python -m sweep.serve`` of the tiny GPT-2 for
+Admission's queue logic first (no server), then ONE real ``python -m sweep serve`` of the tiny GPT-2 for
 the module (16 sequences at once, 16 more may wait), asked through the real ``openai`` client, httpx
 and KServe's gRPC client: streams share the batch, streamed text is the whole text, a newcomer starts at
 the next step, a client that leaves frees its slot, the queue bound answers 429 / RESOURCE_EXHAUSTED.
@@ -90,7 +90,7 @@ def test_bad_options_exit_2_with_one_line() -> None:
         (["model=x", "max_queued=-1"], "error: max_queued: must be >= 0, got -1"),
         (["model=x", "unstreamed=later"], "error: unstreamed: expected continuous or batched, got 'later'"),
     ]:
-        done = subprocess.run([sys.executable, "-m", "sweep.serve", *argv], capture_output=True, text=True, timeout=60)
+        done = subprocess.run([sys.executable, "-m", "sweep", "serve", *argv], capture_output=True, text=True, timeout=60)
         assert done.returncode == 2, done.stderr
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and message in lines[0], done.stderr

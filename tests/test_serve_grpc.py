@@ -1,6 +1,6 @@
 """The model server's v2 gRPC service and its Prometheus metrics, against the REST answers.
 
-Three real ``python -m sweep.serve`` processes run for the module, on free ports: the tiny RTE
+Three real ``python -m sweep serve`` processes run for the module, on free ports: the tiny RTE
 classifier and the tiny GPT-2 language model with gRPC on, and the classifier again with
 ``grpc=false``. Every gRPC answer and error is compared with what REST says to the same request.
 """
@@ -20,9 +20,9 @@ import httpx
 import pytest
 
 from sweep.cli.key_values import parse_key_values
-from sweep.run.local_cluster import free_port
 from sweep.serving.batcher import MicroBatcher
 from sweep.serving.protocol import parameters_for_grpc, parameters_from_grpc
+from sweep.testing.local_cluster import free_port
 from sweep.train.tiny_exports import export_tiny_classifier, export_tiny_lm
 from tests.helpers.serving import (
     CLASSIFIER_NAME,
@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_grpc_options_and_defaults() -> None:
     from sweep.cli.serve import OPTIONS
-    from sweep.serving.serve import DEFAULT_GRPC_PORT
+    from sweep.serving.server import DEFAULT_GRPC_PORT
 
     defaults = parse_key_values(["model=/m"], OPTIONS)
     assert defaults["grpc"] is True and defaults["grpc_port"] == DEFAULT_GRPC_PORT == 8081
@@ -60,7 +60,7 @@ def test_serve_cli_bad_grpc_arguments_exit_2_with_one_line() -> None:
         (["model=x", "port=9000", "grpc_port=9000"], "error: grpc_port: must differ from port (both 9000)"),
         (["model=x", "grpc=maybe"], "error: grpc: expected true or false"),
     ]:
-        done = subprocess.run([sys.executable, "-m", "sweep.serve", *argv], capture_output=True, text=True, timeout=60)
+        done = subprocess.run([sys.executable, "-m", "sweep", "serve", *argv], capture_output=True, text=True, timeout=60)
         assert done.returncode == 2, done.stderr
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and message in lines[0], done.stderr
@@ -232,7 +232,7 @@ def test_a_second_server_on_a_taken_grpc_port_exits_2_with_one_line(servers: dic
     # gRPC binds with SO_REUSEPORT: unchecked, this server would start and share the first one's calls.
     model_arg = next(a for a in servers["classifier"].proc.args if str(a).startswith("model="))
     taken = servers["lm"].grpc_address.rpartition(":")[2]
-    done = subprocess.run([sys.executable, "-m", "sweep.serve", str(model_arg), f"port={free_port()}",
+    done = subprocess.run([sys.executable, "-m", "sweep", "serve", str(model_arg), f"port={free_port()}",
                            f"grpc_port={taken}", "threads=1"], capture_output=True, text=True, timeout=120, cwd=REPO)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stderr
@@ -245,7 +245,7 @@ def test_a_second_server_on_a_taken_grpc_port_exits_2_with_one_line(servers: dic
 # The inference command over gRPC.
 
 def _infer_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sweep.infer", *args], capture_output=True, text=True, timeout=120,
+    return subprocess.run([sys.executable, "-m", "sweep", "infer", *args], capture_output=True, text=True, timeout=120,
                           cwd=REPO)
 
 

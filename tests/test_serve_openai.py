@@ -1,7 +1,7 @@
 """OpenAI-compatible completions: KServe's OpenAI routes on the same server and model name as v2.
 
 Plain logic first (what a stream may send, request validation), then three real
-``python -m sweep.serve`` processes for the module, asked through the real ``openai`` client: the
+``python -m sweep serve`` processes for the module, asked through the real ``openai`` client: the
 tiny GPT-2 as exported (no chat template), the same model with a chat template written into its
 folder, and the tiny RoBERTa classifier (no OpenAI routes).
 """
@@ -409,7 +409,7 @@ def test_infer_cli_streams_the_completion(servers: dict[str, Server]) -> None:
     lm = servers["lm"]
     expected = _v2(lm, PROMPT, max_new_tokens=10)
     done = subprocess.run(
-        [sys.executable, "-m", "sweep.infer", "--url", lm.url, "--model", LM_NAME, "--max-new-tokens", "10",
+        [sys.executable, "-m", "sweep", "infer", "--url", lm.url, "--model", LM_NAME, "--max-new-tokens", "10",
          "--stream", PROMPT],
         capture_output=True, text=True, timeout=60, cwd=REPO,
     )
@@ -417,7 +417,7 @@ def test_infer_cli_streams_the_completion(servers: dict[str, Server]) -> None:
     assert done.stdout == expected["text"] + "\n"
     assert f"[{expected['prompt_tokens']} prompt + 10 completion tokens, finish: length]" in done.stderr
     classifier = subprocess.run(
-        [sys.executable, "-m", "sweep.infer", "--url", servers["classifier"].url, "--stream", "a cat"],
+        [sys.executable, "-m", "sweep", "infer", "--url", servers["classifier"].url, "--stream", "a cat"],
         capture_output=True, text=True, timeout=60, cwd=REPO,
     )
     assert classifier.returncode == 1, classifier.stderr
@@ -425,7 +425,7 @@ def test_infer_cli_streams_the_completion(servers: dict[str, Server]) -> None:
 
 
 def test_sse_lines_parse() -> None:
-    from sweep.serving.infer import sse_events
+    from sweep.serving.client import sse_events
 
     lines = ['data: {"a": 1}', "", ": a comment", 'data: {"b": 2}', "", "data: [DONE]", "", 'data: {"c": 3}']
     assert list(sse_events(iter(lines))) == [{"a": 1}, {"b": 2}]

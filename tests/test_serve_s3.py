@@ -9,8 +9,8 @@ import boto3
 import httpx
 import pytest
 
-from scripts.services import SECRET_KEY
 from sweep.storage.s3 import make_client, upload_tree
+from sweep.testing.services import SECRET_KEY
 from sweep.train.tiny_exports import export_tiny_lm
 from tests.helpers.s3 import s3_env
 from tests.helpers.serving import LM_NAME, start_server, stop_server, wait_ready
@@ -44,7 +44,7 @@ def test_a_model_uploaded_by_a_sweep_is_served_from_s3(moto_server, monkeypatch,
 def test_a_missing_s3_model_is_one_line_and_exit_2(moto_server, monkeypatch, tmp_path):
     s3_env(monkeypatch, moto_server)
     boto3.client("s3").create_bucket(Bucket=BUCKET)
-    r = subprocess.run([sys.executable, "-m", "sweep.serve", f"model=s3://{BUCKET}/nothing/here",
+    r = subprocess.run([sys.executable, "-m", "sweep", "serve", f"model=s3://{BUCKET}/nothing/here",
                         f"cache_dir={tmp_path}"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert f"error: s3://{BUCKET}/nothing/here not found" in r.stderr and "Traceback" not in r.stderr

@@ -14,10 +14,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from sweep.driver.stop import resume_command, stop_signals
 from sweep.errors import SweepStopped
 from sweep.lock import OWNER_FILE, hold_out_dir
 from sweep.results.records import load_records
-from sweep.run.stop import resume_command, stop_signals
 from tests.helpers.sweeps import sweep_cmd
 
 pytestmark = pytest.mark.ray

@@ -1,4 +1,4 @@
-"""python -m sweep.submit: the plain parts without Ray, then a real head (`ray start --head`, token auth on).
+"""python -m sweep submit: the plain parts without Ray, then a real head (`ray start --head`, token auth on).
 
 The slow tests start and stop a Ray head with `ray start` / `ray stop --force`, which end every Ray
 process on the machine: run them under the machine's lock,
@@ -22,8 +22,7 @@ from unittest import mock
 import pytest
 
 from sweep.cli.submit import parse_args
-from sweep.run.local_cluster import free_port
-from sweep.run.submit import (
+from sweep.ray_jobs import (
     WORKING_DIR_EXCLUDES,
     Command,
     SubmitError,
@@ -40,6 +39,7 @@ from sweep.run.submit import (
     server_said,
     short_reason,
 )
+from sweep.testing.local_cluster import free_port
 
 pytestmark = pytest.mark.ray
 
@@ -245,8 +245,8 @@ def test_unreadable_token_path_is_said_before_ray_aborts(tmp_path: Path):
 
 def test_detach_message_says_how_to_follow_and_stop():
     text = detach_message("raysubmit_1", "http://h:8265")
-    assert "python -m sweep.submit logs raysubmit_1 --follow --address http://h:8265" in text
-    assert "python -m sweep.submit stop raysubmit_1 --address http://h:8265" in text
+    assert "python -m sweep submit logs raysubmit_1 --follow --address http://h:8265" in text
+    assert "python -m sweep submit stop raysubmit_1 --address http://h:8265" in text
 
 
 # ---------------------------------------------------------------- the CLI as a process
@@ -261,7 +261,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 def cli(*args: str, env: dict[str, str], timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
     started = time.monotonic()
-    done = subprocess.run([str(BIN / "python"), "-m", "sweep.submit", *args], env=env, cwd=REPO,
+    done = subprocess.run([str(BIN / "python"), "-m", "sweep", "submit", *args], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=timeout)
     return done, time.monotonic() - started
 
@@ -431,7 +431,7 @@ class Lines:
 def test_ctrl_c_detaches_and_stop_ends_the_sweep_and_its_workers(head: Head, tmp_path: Path):
     job_id = f"sweep-long-{uuid.uuid4().hex[:8]}"
     proc = subprocess.Popen(
-        [str(BIN / "python"), "-m", "sweep.submit", "--address", head.url, "--job-id", job_id, "--",
+        [str(BIN / "python"), "-m", "sweep", "submit", "--address", head.url, "--job-id", job_id, "--",
          *SWEEP, "train.epochs=50", f"out_dir={tmp_path / 'out'}"],
         env=head.client_env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = Lines(proc.stdout), Lines(proc.stderr)
@@ -457,8 +457,8 @@ def test_ctrl_c_detaches_and_stop_ends_the_sweep_and_its_workers(head: Head, tmp
             proc.kill()
     time.sleep(0.5)
     assert "detached: job" in err.text() and "Traceback" not in err.text()
-    assert f"python -m sweep.submit logs {job_id} --follow --address {head.url}" in err.text()
-    assert f"python -m sweep.submit stop {job_id} --address {head.url}" in err.text()
+    assert f"python -m sweep submit logs {job_id} --follow --address {head.url}" in err.text()
+    assert f"python -m sweep submit stop {job_id} --address {head.url}" in err.text()
     status, _ = cli("status", job_id, "--address", head.url, env=head.client_env)
     assert status.stdout.strip() == f"job {job_id}: RUNNING"  # Ctrl-C left it running
 

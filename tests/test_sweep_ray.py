@@ -16,9 +16,9 @@ from ray.cluster_utils import Cluster
 from sweep.app import run
 from sweep.config.validate import validate
 from sweep.data.synthetic import write_synthetic_glue
+from sweep.driver.tuner import run_tune
 from sweep.errors import ResourceError
 from sweep.results.records import MADE_BY, load_records, rank_key
-from sweep.run.tuner import run_tune
 from tests.helpers.configs import demo_config
 from tests.helpers.overlap import most_at_once
 from tests.helpers.sweeps import TRAIN_WORKER, actors

@@ -91,7 +91,7 @@ def trial_points(tasks=("RTE", "CoLA"), seeds=(1, 2, 3, 4, 5, 6), samples=2) -> 
 
 
 def searcher(k: int = 1, aggregate: str = "mean", **kwargs):
-    from sweep.run.optuna_search import TaskOptunaSearch
+    from sweep.schedulers.optuna_search import TaskOptunaSearch
 
     return TaskOptunaSearch(trial_points(**kwargs), SEARCH, 0, set(), seeds_per_point=k, aggregate=aggregate)
 
@@ -188,7 +188,7 @@ def test_the_best_model_is_the_best_seed_of_the_best_point_and_the_points_are_ra
 
 
 def test_each_grid_point_of_a_task_has_its_own_study() -> None:
-    from sweep.run.optuna_search import TaskOptunaSearch
+    from sweep.schedulers.optuna_search import TaskOptunaSearch
 
     trials = [{"task": "RTE", "seed": s, "grid": {"batch_size": b}} for b in (8, 16) for s in (1, 2)]
     search = TaskOptunaSearch(trials, SEARCH, 0, set())

@@ -20,8 +20,8 @@ from sweep.config.tasks import load_task
 from sweep.config.validate import compose_settings
 from sweep.results.records import TrialRecord, summarize, write_results
 from sweep.results.report import plot_seed_scores
-from sweep.run.local_cluster import free_port
 from sweep.secrets import scrub, secret_name, secret_values
+from sweep.testing.local_cluster import free_port
 from sweep.tracking import (
     FALLBACK_URI,
     SweepTracker,
@@ -378,7 +378,7 @@ def test_scrubbing_survives_another_thread_changing_the_environment():
 
 
 def test_trial_run_names_read_as_the_table_shows_them_and_stay_unique() -> None:
-    from sweep.run.mlflow_runs import run_name
+    from sweep.hooks.mlflow_runs import run_name
 
     assert run_name("RTE", 42, {}, "a1b2c_00003", sampled=False) == "RTE seed 42"
     assert (run_name("RTE", 42, {"lr": 2e-5, "lora.r": 8}, "a1b2c_00003", sampled=False)

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from scripts.services import ServerProcess as Server
 from sweep.config.tasks import load_task
 from sweep.results.records import TrialRecord, load_records, summarize, write_results
+from sweep.testing.services import ServerProcess as Server
 from sweep.tracking import ORIGINAL_TAG, SweepTracker, TrialLogger
 from sweep.tracking.spool import SPOOL_DIR, UNSENT_FILE, read_records, spool_files
 from tests.helpers.configs import demo_config

@@ -1,4 +1,4 @@
-"""Tune's results -> one record per trial (sweep/run/records.py), Ray-free on Tune's own ``Result`` objects:
+"""Tune's results -> one record per trial (sweep/driver/tune_results.py), Ray-free on Tune's own ``Result`` objects:
 a trial killed before its first report still names its task and seed, so the sweep's end can say that
 every trial of that task failed (exit 3) rather than count it as a trial of no task."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 from ray.tune import Result
 
 from sweep.config.validate import compose_settings
+from sweep.driver.tune_results import records_from_results
 from sweep.results.outcome import EXIT_TASK_FAILED, exit_code
 from sweep.results.records import summarize
-from sweep.run.records import records_from_results
 from sweep.trials import point_of
 
 FOLDER = "train_driver_fn_e2d65b53_2_seed=38,task=RTE_2026-12-04_17-41-50"

@@ -12,6 +12,6 @@ with plain values (nothing here is imported by the packages below).
 - ``ui.py``:        ``sweep ui``: MLflow's UI on a sweep's store (``mlflow server``), the URLs of its runs
 - ``key_values.py``: ``key=value`` arguments (``sweep serve``'s) with one-line errors
 
-``python -m sweep`` is ``sweep``; ``python -m sweep.submit`` / ``serve`` / ``infer`` / ``upload`` (sweep/*.py)
+``python -m sweep`` is ``sweep``; ``python -m sweep submit`` / ``serve`` / ``infer`` / ``upload`` (sweep/*.py)
 are its subcommands, for the manifests, the image and scripts.
 """

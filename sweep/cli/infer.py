@@ -1,10 +1,10 @@
-"""``sweep infer --url http://127.0.0.1:8080 --model NAME "The meaning of life is"`` (also ``python -m sweep.infer``)
+"""``sweep infer --url http://127.0.0.1:8080 --model NAME "The meaning of life is"`` (also ``python -m sweep infer``)
 
 One inference call to a model server (``sweep serve``, or the same server running as a KServe
 InferenceService): prints the completion of a causal LM, or ``label<TAB>score`` of a classifier, one
 line per text. ``--grpc HOST:PORT`` makes the same call over the v2 gRPC protocol; ``--stream`` asks a
 causal LM through the server's OpenAI completions endpoint, printing the tokens as they arrive.
-The client is sweep/serving/infer.py.
+The client is sweep/serving/client.py.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def parse_args(argv: Sequence[str] | None, prog: str = PROG) -> argparse.Namespa
 
 def main(argv: Sequence[str] | None = None, prog: str = PROG) -> None:
     args = parse_args(argv, prog)
-    from sweep.serving.infer import InferError, InferOptions, format_response, infer, infer_grpc, stream_completions
+    from sweep.serving.client import InferError, InferOptions, format_response, infer, infer_grpc, stream_completions
 
     options = InferOptions(pair=tuple(args.pair or ()), max_new_tokens=args.max_new_tokens,
                            temperature=args.temperature, top_p=args.top_p, seed=args.seed,

@@ -33,7 +33,7 @@ def run_sweep(cfg: DictConfig) -> None:
     try:
         summaries = run(cfg, out_dir)
     except SweepFailed as e:  # Tune's own failure after trials ran: one line, how to go on
-        from sweep.run.stop import resume_command
+        from sweep.driver.stop import resume_command
 
         print(f"error: {e}; the finished trials are kept: resume with: "
               f"{resume_command(HydraConfig.get().overrides.task, str(out_dir))}", file=sys.stderr)
@@ -43,7 +43,7 @@ def run_sweep(cfg: DictConfig) -> None:
             remove_if_only_hydra(out_dir)
         user_error(e)
     except SweepStopped as e:  # SIGTERM/SIGINT: trials stopped, state saved; one line says how to finish
-        from sweep.run.stop import stopped_line
+        from sweep.driver.stop import stopped_line
 
         print(stopped_line(e, HydraConfig.get().overrides.task, str(out_dir)), file=sys.stderr)
         sys.exit(e.exit_code)
@@ -90,7 +90,7 @@ def check_files(settings) -> None:
 
     check_local_files(settings)
     if settings.train.method == "qlora":
-        from sweep.train.adapters import check_method_runs_here
+        from sweep.train.lora import check_method_runs_here
 
         check_method_runs_here(settings.train, settings.cluster.address)
 

@@ -1,8 +1,8 @@
 """``sweep serve model=<best-model folder | models:/<name>@champion | s3://bucket/prefix> [port=8080] ...``
 
-(also ``python -m sweep.serve``, what the KServe ServingRuntime and the image run). Its arguments are
-``key=value`` like the sweep's overrides; ``--help`` lists them. The server is sweep/serving/serve.py;
-with ``adapters=`` (``model=`` is then the base) it is sweep/serving/adapters.py: many LoRA adapters, one base.
+(also ``python -m sweep serve``, what the KServe ServingRuntime and the image run). Its arguments are
+``key=value`` like the sweep's overrides; ``--help`` lists them. The server is sweep/serving/server.py;
+with ``adapters=`` (``model=`` is then the base) it is sweep/serving/adapter_pool.py: many LoRA adapters, one base.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from sweep.cli.key_values import (
     positive_int,
     usage,
 )
-from sweep.serving.serve import ServeError, ServeOptions, serve_model
+from sweep.serving.server import ServeError, ServeOptions, serve_model
 
 PROG = "sweep serve"
 
@@ -109,7 +109,7 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> None:
         _fail(e)
     try:
         if options.adapters:
-            from sweep.serving.adapters import serve_adapters
+            from sweep.serving.adapter_pool import serve_adapters
 
             serve_adapters(options)
         else:

@@ -1,9 +1,9 @@
-"""``sweep submit`` (also ``python -m sweep.submit``): the sweep as a Ray Job on a running cluster, and its jobs.
+"""``sweep submit`` (also ``python -m sweep submit``): the sweep as a Ray Job on a running cluster, and its jobs.
 
     sweep submit --address http://HEAD:8265 [--working-dir DIR] [--no-wait] [--job-id ID] -- task=RTE ...
     sweep submit status JOB_ID | logs JOB_ID [--follow] | stop JOB_ID | list     [--address URL]
 
-The command line becomes a ``Command``; what is done with it is sweep/run/submit.py (Ray's Jobs API).
+The command line becomes a ``Command``; what is done with it is sweep/ray_jobs.py (Ray's Jobs API).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from sweep.run.submit import (
+from sweep.ray_jobs import (
     ACTIONS,
     EXIT_DETACHED,
     EXIT_USAGE,

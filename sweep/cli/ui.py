@@ -4,7 +4,7 @@ sweep recorded to, and the URLs of its runs.
 ``out_dir=`` finds the store in the sweep's ``mlflow-parent.json`` (its store's URI, experiment and parent
 run); with neither option it is the sweep's default store, ``mlflow.db`` in this folder. For a store the
 sweep wrote itself (sqlite, or another database) it starts ``mlflow server`` on it (artifacts where the
-sweep put them, and sweep's page for its runs: sweep/tracking/ui.py, ui_app.py), waits until ``/health``
+sweep put them, and sweep's page for its runs: sweep/tracking/ui_urls.py, ui_app.py), waits until ``/health``
 answers and prints one line per URL; it runs until Ctrl-C or SIGTERM, which stop the server with it (exit
 0). An http(s) tracking server has a UI already: its URLs are printed and nothing is started. A mistake (no
 such folder, no store, a port in use) is one line, exit 2, before anything starts.
@@ -190,7 +190,7 @@ def url_lines(server: str, store: Store, landing: bool = False) -> list[str]:
     """The runs table of each sweep experiment (out_dir=: its sweep's), its parent run, the registry.
     ``landing``: the server is ``sweep ui``'s own (``--app-name sweep-ui``), whose page opens the runs table
     with the sweep's parent expanded and "Model training" kept for the browser; else the runs table's URL."""
-    from sweep.tracking.ui import experiments_url, landing_url, models_url, run_url, runs_url, sweep_experiments
+    from sweep.tracking.ui_urls import experiments_url, landing_url, models_url, run_url, runs_url, sweep_experiments
 
     if store.experiment_id:
         experiments = [(store.experiment_id, store.experiment or store.experiment_id)]
@@ -260,7 +260,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def serve(store: Store, host: str, port: int) -> int:
     from sweep.secrets import scrub
-    from sweep.tracking.ui import app_installed, server_command, sqlite_file
+    from sweep.tracking.ui_urls import app_installed, server_command, sqlite_file
 
     db = sqlite_file(store.uri)
     check_store_file(store, db)
@@ -311,7 +311,7 @@ def serve(store: Store, host: str, port: int) -> int:
 
 def show_server(store: Store) -> int:
     """An http(s) tracking server: its UI is there already; print its URLs."""
-    from sweep.tracking.ui import server_address, server_problem
+    from sweep.tracking.ui_urls import server_address, server_problem
 
     server = server_address(store.uri)
     problem = server_problem(store.uri)
@@ -332,7 +332,7 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     try:
         options = parse_key_values(args, OPTIONS)
         store = choose_store(options["out_dir"], options["tracking_uri"])
-        from sweep.tracking.ui import is_server
+        from sweep.tracking.ui_urls import is_server
 
         if is_server(store.uri):
             return show_server(store)

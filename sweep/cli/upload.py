@@ -1,5 +1,5 @@
-"""``sweep upload FOLDER [FOLDER ...] --bucket BUCKET`` (also ``python -m sweep.upload``): pack folders and
-upload them to S3 for ``storage=s3``. The upload is sweep/storage/upload.py."""
+"""``sweep upload FOLDER [FOLDER ...] --bucket BUCKET`` (also ``python -m sweep upload``): pack folders and
+upload them to S3 for ``storage=s3``. The upload is sweep/storage/folder_upload.py."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def _bar(folder: Path, size: int) -> Iterator[Callable[[int], object]]:
 
 def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     args = parse_args(argv, prog)
-    from sweep.storage.upload import upload_folders
+    from sweep.storage.folder_upload import upload_folders
 
     try:
         for folder, source in upload_folders(args.folders, args.bucket, args.key, args.plain, args.endpoint,

@@ -4,7 +4,7 @@ A sequence longer than the model's position table fails inside every trial (an i
 embeddings), so ``train.max_seq_length`` (classification/regression tasks) and ``train.block_size``
 (causal LM tasks), with every value a sweep tries for them, are checked before any Ray resource is
 asked for. The positions come from the model's own config: its ``builder`` params, or the
-``config.json`` of the folder it resolves to (as ``sweep.models.source.resolve_model_dir`` finds it,
+``config.json`` of the folder it resolves to (as ``sweep.models.local_folder.resolve_model_dir`` finds it,
 without importing torch). A model that comes from S3 is checked on each node when it is staged.
 """
 

@@ -1,7 +1,7 @@
 """What an autoscaling Ray cluster can grow to, in plain Python (no Ray import): ``NodeType``,
 ``TrialSize``, ``plan_scale`` (how many trials fit now / at the cluster's maximum, which node types
 must be launched), ``NodeWait`` (the waiting text and ``ScaleTimeoutError``), ``AutoscalerView`` and
-the texts the progress line and the errors use. ``sweep/run/autoscale.py`` fills these from a live
+the texts the progress line and the errors use. ``sweep/cluster/autoscale.py`` fills these from a live
 cluster.
 """
 

@@ -1,5 +1,5 @@
 """sweep.search_alg=optuna: one Optuna study (TPE) per task, asked for each trial's search point and
-told the trial's best score. Plain Python: ``run/optuna_search.py`` is the thin Tune ``Searcher`` over it.
+told the trial's best score. Plain Python: ``schedulers/optuna_search.py`` is the thin Tune ``Searcher`` over it.
 
 Scores of different tasks never meet (each task has its own study, as its own rungs). The state is
 plain data (finished points with their scores, points still running), so a killed driver's search

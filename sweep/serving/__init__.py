@@ -1,12 +1,12 @@
 """The model server (``sweep serve``) and its client (``sweep infer``); their command lines are in sweep/cli/.
 
-- ``serve.py``:       ``ServeOptions`` -> a model source -> a KServe ModelServer (the command: sweep/cli/serve.py)
+- ``server.py``:      ``ServeOptions`` -> a model source -> a KServe ModelServer (the command: sweep/cli/serve.py)
 - ``kserve_model.py``: the kserve.Model subclasses that answer the Open Inference Protocol
 - ``openai_model.py``: the causal LM over KServe's OpenAI endpoints too (completions, chat, streaming)
-- ``adapters.py``:    many LoRA adapters on one base (``adapters=``): each its own model name and micro-batch queue
-- ``infer.py``:       one inference call to a running server (the command: sweep/cli/infer.py)
+- ``adapter_pool.py``: many LoRA adapters on one base (``adapters=``): each its own model name and micro-batch queue
+- ``client.py``:      one inference call to a running server (the command: sweep/cli/infer.py)
 
-- ``source.py``:     where the model comes from (folder, ``models:/name@alias``, ``s3://``) and its name
+- ``model_location.py``: where the model comes from (folder, ``models:/name@alias``, ``s3://``) and its name
 - ``protocol.py``:   Open Inference Protocol v2 requests -> validated, typed requests (or a clear error)
 - ``openai_protocol.py``: OpenAI completion / chat requests -> the same typed settings (or a clear error)
 - ``batcher.py``:    the asyncio micro-batcher that merges concurrent requests into one forward pass

@@ -31,8 +31,8 @@ from sweep.config.model_limits import usable_positions
 from sweep.models.quiet import quiet_transformers
 from sweep.serving.generation import finish_completion, streamable_text
 from sweep.serving.model_kind import CAUSAL_LM, CLASSIFIER, ModelKindError
+from sweep.serving.model_location import task_inputs
 from sweep.serving.protocol import Classification, Completion, GenerationParams
-from sweep.serving.source import task_inputs
 from sweep.train.loading import load_tokenizer, pick_device
 
 # A tokenizer without a real limit reports a huge sentinel as model_max_length.

@@ -1,7 +1,7 @@
 """Import kserve without letting it read our command line.
 
 kserve parses ``sys.argv`` when imported (its ModelServer's flags, prefixes allowed): a
-``key=value`` argument of ``python -m sweep.serve`` or ``--grpc`` of ``python -m sweep.infer``
+``key=value`` argument of ``python -m sweep serve`` or ``--grpc`` of ``python -m sweep infer``
 must not reach it. It also takes seconds to import, so callers import it late.
 """
 

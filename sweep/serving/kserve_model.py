@@ -1,4 +1,4 @@
-"""The KServe side of ``python -m sweep.serve``: the ``kserve.Model`` subclasses and the ModelServer.
+"""The KServe side of ``python -m sweep serve``: the ``kserve.Model`` subclasses and the ModelServer.
 
 Imported only once the command line is valid: kserve takes seconds to import, and it parses
 ``sys.argv`` when imported.

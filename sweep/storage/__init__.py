@@ -5,7 +5,7 @@
 - ``node_cache.py``: a pinned object version downloaded and unpacked at most once per node
 - ``staging.py``:    the sweep's sources: the driver's preflight (pins), a node's ``ensure_local``
 - ``shipping.py``:   the driver's own folders (storage=local) packed for, and unpacked on, nodes that lack them
-- ``upload.py``:     pack and upload folders the way ``storage=s3`` reads them (the command: ``sweep upload``)
+- ``folder_upload.py``: pack and upload folders the way ``storage=s3`` reads them (the command: ``sweep upload``)
 - ``mlflow_upload.py``: after the sweep, a sqlite MLflow store (a consistent copy) and its artifacts to
                     ``<output_prefix>/mlflow/``, openable where it is downloaded
 - ``mlflow_copies.py``: the same while the sweep runs (``StoreCopies``), and taken back by a resumed sweep on

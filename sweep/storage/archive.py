@@ -81,5 +81,5 @@ def extract_archive(archive: Path, target: Path, label: str, max_bytes: int) -> 
             raise  # a real I/O problem on this machine (disk full, permissions): not the archive's fault
         raise StagingError(
             f"{label}: not a readable tar archive ({type(e).__name__}: {e}); "
-            "re-upload it with `python -m sweep.upload`"
+            "re-upload it with `python -m sweep upload`"
         ) from None

@@ -172,7 +172,7 @@ def describe(client, bucket: str, key: str) -> RemoteSource:
     if not objects:
         raise S3Error(
             f"s3://{bucket}/{key} not found: neither an object nor a prefix {key}/ with objects; upload it "
-            f"with `python -m sweep.upload FOLDER --bucket {bucket} --key {key}`"
+            f"with `python -m sweep upload FOLDER --bucket {bucket} --key {key}`"
         )
     objects.sort()
     digest = hashlib.sha256(repr(objects).encode()).hexdigest()[:32]

@@ -6,7 +6,7 @@ The driver packs each such folder once (a plain tar: weights do not compress), R
 carries it to any node that lacks the folder (the original workflow's plasma step), and the node
 unpacks it safely into its cache, where ``ensure_local`` finds it from then on: once per node,
 cached like an S3 source. This module is the plain half (packing, where a copy lives, unpacking);
-``run/stage_nodes.py`` moves the bytes.
+``cluster/stage_nodes.py`` moves the bytes.
 """
 
 from __future__ import annotations

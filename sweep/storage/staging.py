@@ -148,7 +148,7 @@ def model_folder_in(folder: Path, label: str) -> Path:
         return found[0]
     raise StagingError(
         f"{label}: holds no model folder (no config.json at its top or in one sub-folder); upload the "
-        "folder written by save_pretrained with `python -m sweep.upload MODEL_DIR`"
+        "folder written by save_pretrained with `python -m sweep upload MODEL_DIR`"
     )
 
 
@@ -178,7 +178,7 @@ def _stage_s3(settings: Settings, pins: SourcePins, progress: Callable[[str], No
     if "model" in staged:
         model_dir = model_folder_in(staged["model"], pins.model.uri)
     else:  # model.path set: the model is local, only the data comes from S3
-        from sweep.models.source import resolve_model_dir
+        from sweep.models.local_folder import resolve_model_dir
 
         model_dir = resolve_model_dir(asdict(settings.model), cache)
     return LocalSources(model_dir=model_dir, data_dir=staged["data"], downloaded=downloaded)
@@ -200,7 +200,7 @@ def check_local_files(settings: Settings) -> None:
     if settings.storage.kind != "local":
         return
     from sweep.data.task_files import check_corpus, check_task_data
-    from sweep.models.source import resolve_model_dir
+    from sweep.models.local_folder import resolve_model_dir
 
     storage = settings.storage
     staged = Path(os.path.expanduser(storage.model_dir)) if storage.model_dir else None
@@ -233,7 +233,7 @@ def ensure_local(settings: Settings, pins: SourcePins | None = None,
     """
     if settings.storage.kind == "s3":
         return _stage_s3(settings, pins if pins is not None else preflight(settings), progress)
-    from sweep.models.source import resolve_model_dir  # transformers: only where a model is resolved
+    from sweep.models.local_folder import resolve_model_dir  # transformers: only where a model is resolved
     from sweep.storage.shipping import with_copies
 
     cache = cache_root(settings.storage)

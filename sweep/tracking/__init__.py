@@ -22,7 +22,7 @@ what is left is one file for ``sweep replay FILE [--uri URI]`` (sweep/cli/replay
 - ``model_flavor.py``: the best model as an MLflow Model (transformers flavor) on its trial's run; a logged
                     model's files back into one folder for the server
 - ``replaying.py``: ``replay`` kept calls into a store (the command: ``sweep replay``)
-- ``ui.py``:        MLflow's UI on a store: the URLs of a sweep's runs, ``mlflow server``'s command (``sweep ui``)
+- ``ui_urls.py``:   MLflow's UI on a store: the URLs of a sweep's runs, ``mlflow server``'s command (``sweep ui``)
 - ``ui_app.py``:    the ``mlflow.app`` plugin ``sweep ui`` starts the server with: a landing page that opens a
                     sweep's runs in the Model training view with its parent expanded
 

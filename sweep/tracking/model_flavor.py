@@ -4,7 +4,7 @@ best trial's run, so the registry's versions load with ``mlflow.pyfunc.load_mode
 
 Layout of a logged model (MLflow's): ``MLmodel``, ``model/`` (config and weights),
 ``components/tokenizer/``, the environment files, the input example. ``assemble_model_folder``
-turns that back into one ``save_pretrained`` folder for ``python -m sweep.serve``.
+turns that back into one ``save_pretrained`` folder for ``python -m sweep serve``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 from sweep.config.tasks import TaskSpec
 from sweep.results.records import ADAPTER_FOLDER, MADE_BY
 
-# Greedy, the new tokens only: what `python -m sweep.serve` answers at temperature 0 (a caller's
+# Greedy, the new tokens only: what `python -m sweep serve` answers at temperature 0 (a caller's
 # `params` of the same names change them per request).
 GENERATION = {"max_new_tokens": 32, "do_sample": False, "return_full_text": False}
 MODEL_DIR, TOKENIZER_DIR = "model", "components/tokenizer"  # MLflow's names inside a logged transformers model

@@ -199,7 +199,7 @@ def _artifact_location(uri: str) -> str | None:
 
 
 # MLflow 3's experiment kind, what marks a sweep's experiments (sweep ui lists them). MLflow 3.17's UI no
-# longer reads it to choose a page: its GenAI / Model training switch does (sweep/tracking/ui.py).
+# longer reads it to choose a page: its GenAI / Model training switch does (sweep/tracking/ui_urls.py).
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 
 

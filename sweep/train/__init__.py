@@ -2,7 +2,7 @@
 
 - ``loop.py``:         ``finetune``: tokenized data -> a trained model, evaluated at each evaluation point
 - ``evaluate.py``:     one split's metrics from a model (``evaluate``), and the autocast training shares
-- ``adapters.py``:     LoRA / QLoRA through PEFT: adapters on the frozen base, target checks, the merged export
+- ``lora.py``:         LoRA / QLoRA through PEFT: adapters on the frozen base, target checks, the merged export
 - ``loading.py``:      a model folder -> tokenizer and model with the task's head; the device
 - ``metrics.py``:      GLUE metrics, perplexity, the selection score and the trivial (best constant answer) score
 - ``trivial.py``:      each task's trivial score from the eval labels, on the driver (results/chance judges it)

@@ -1,6 +1,6 @@
 """One fine-tuning run: one model, one task, one seed. Plain Python and PyTorch, no Ray.
 
-The sweep runs this loop inside Ray Train workers (``sweep.run.trial``); tests and benchmarks call it
+The sweep runs this loop inside Ray Train workers (``sweep.trial.train_fn``); tests and benchmarks call it
 directly. The seed fixes the new head's initialisation and the data order, so the same seed on
 the same machine gives the same metrics.
 """
@@ -249,7 +249,7 @@ def _load_model(spec: TaskSpec, model_dir: Path, train: TrainConfig, device: tor
         if train.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return tokenizer, model.to(device)
-    from sweep.train.adapters import check_method_runs_here, quantization, with_adapters
+    from sweep.train.lora import check_method_runs_here, quantization, with_adapters
 
     check_method_runs_here(train)  # QLoRA on a worker without a CUDA GPU or bitsandbytes: the driver's line
     extra = quantization(train)

@@ -307,7 +307,7 @@ def manifest_errors(doc: dict[str, Any], crds: dict[tuple[str, str], dict[str, A
 
 KSERVE_CONTAINER = "kserve-container"  # the runtime container KServe merges the predictor's model spec into
 MODEL_MOUNT = "/mnt/models"  # where KServe's storage initializer puts storageUri
-SERVER_COMMAND = ["python", "-m", "sweep.serve"]
+SERVER_COMMAND = ["python", "-m", "sweep", "serve"]
 HEALTH_PATHS = {"readinessProbe": "/v2/health/ready", "livenessProbe": "/v2/health/live"}
 PROMETHEUS_PORT = "prometheus.kserve.io/port"
 PROMETHEUS_PATH = "prometheus.kserve.io/path"
@@ -348,7 +348,7 @@ def kserve_container(runtime: dict[str, Any]) -> tuple[str, dict[str, Any] | Non
 
 def runtime_command_errors(container: dict[str, Any], at: str, isvc_meta: dict[str, Any],
                            extra_args: list[str] = ()) -> tuple[list[str], dict[str, Any] | None]:
-    """The container runs `python -m sweep.serve`, its arguments (then ``extra_args``, as KServe appends
+    """The container runs `python -m sweep serve`, its arguments (then ``extra_args``, as KServe appends
     an InferenceService's model.args) parse with the server's options, and model= is the storage mount."""
     from sweep.cli.key_values import UsageError
 
@@ -359,7 +359,7 @@ def runtime_command_errors(container: dict[str, Any], at: str, isvc_meta: dict[s
     try:
         options = server_options(args)
     except UsageError as e:
-        return [f"{at}.args: python -m sweep.serve refuses them: {e}"], None
+        return [f"{at}.args: python -m sweep serve refuses them: {e}"], None
     if options["model"] != MODEL_MOUNT:
         return [f"{at}.args: model={options['model']} is not {MODEL_MOUNT}, where KServe puts storageUri"], options
     return [], options

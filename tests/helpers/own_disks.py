@@ -1,5 +1,5 @@
 """The ``own_disk_cluster`` fixture: a real two-node Ray cluster whose GPU worker node has its own disk
-(``sweep.run.local_cluster.OwnDiskCluster``: the head on the driver's disk with no GPU, the worker
+(``sweep.testing.local_cluster.OwnDiskCluster``: the head on the driver's disk with no GPU, the worker
 inside ``unshare -m`` with a tmpfs over the driver's folder), every node reaching one ``moto_server``
 with the fake keys, and ``sweep()``: ``python -m sweep`` on the head's side, as a user runs it there.
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts.services import s3_environment, start_moto
-from sweep.run.local_cluster import OwnDiskCluster, namespace_refused
+from sweep.testing.local_cluster import OwnDiskCluster, namespace_refused
+from sweep.testing.services import s3_environment, start_moto
 
 
 class OwnDiskSweeps(OwnDiskCluster):

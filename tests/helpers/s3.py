@@ -1,4 +1,4 @@
-"""S3 in the tests: the ``moto_server`` fixture (a real endpoint over HTTP, ``scripts.services``), the
+"""S3 in the tests: the ``moto_server`` fixture (a real endpoint over HTTP, ``sweep.testing.services``), the
 environment that points this process at it, and staging run in a spawned process."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.services import MotoServer, s3_environment, start_moto
+from sweep.testing.services import MotoServer, s3_environment, start_moto
 from tests.helpers.configs import demo_settings
 
 

@@ -1,4 +1,4 @@
-"""The serving tests' shared parts: real ``python -m sweep.serve`` processes (start on a free port,
+"""The serving tests' shared parts: real ``python -m sweep serve`` processes (start on a free port,
 wait, stop), the names they serve, the v2 protocol's request and response helpers, and a stand-in
 forward pass for the batcher."""
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from sweep.run.local_cluster import free_port
+from sweep.testing.local_cluster import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SERVER_START_TIMEOUT = 120.0
@@ -71,7 +71,7 @@ def start_server(name: str, model_dir: Path, log: Path, cache: Path, *args: str)
     while grpc_port == port:
         grpc_port = free_port()
     env = {**os.environ, "SWEEP_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-m", "sweep.serve", f"model={model_dir}", f"port={port}", f"grpc_port={grpc_port}",
+    command = [sys.executable, "-m", "sweep", "serve", f"model={model_dir}", f"port={port}", f"grpc_port={grpc_port}",
                "max_latency_ms=10", "threads=1", *args]
     with log.open("wb") as sink:  # a file, not a pipe: a full pipe would block the server
         proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=REPO)

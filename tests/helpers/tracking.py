@@ -1,5 +1,5 @@
 """MLflow in the tests: the ``mlflow_server`` fixture (one real ``mlflow server`` for the session,
-``scripts.services.ServerProcess``) and a trial's tracking body for spawned processes."""
+``sweep.testing.services.ServerProcess``) and a trial's tracking body for spawned processes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from scripts.services import ServerProcess
+from sweep.testing.services import ServerProcess
 
 
 @dataclass(frozen=True)

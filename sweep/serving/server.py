@@ -1,6 +1,6 @@
 """Serve one fine-tuned model: a KServe ``ModelServer`` (the runtime KServe runs for custom predictors).
 
-The command is ``sweep serve model=... [port=8080] ...`` (``python -m sweep.serve``; its ``key=value``
+The command is ``sweep serve model=... [port=8080] ...`` (``python -m sweep serve``; its ``key=value``
 arguments are read in sweep/cli/serve.py into a ``ServeOptions``). It speaks the Open Inference Protocol
 v2 REST API: ``/v2/health/live``, ``/v2/health/ready``, ``/v2/models/{name}``, ``/v2/models/{name}/ready``,
 ``/v2/models/{name}/infer`` (and ``GET /v1/models``), the same v2 service over gRPC on ``grpc_port``
@@ -32,7 +32,7 @@ class ServeOptions:
 
     model: str  # a folder exported by a sweep, models:/<name>@<alias>, or s3://bucket/prefix
     name: str | None = None  # None: the registered name <model>-<task>
-    adapters: str | None = None  # LoRA adapters on the base model= (sweep/serving/adapters.py serves them)
+    adapters: str | None = None  # LoRA adapters on the base model= (sweep/serving/adapter_pool.py serves them)
     port: int = DEFAULT_PORT
     grpc_port: int = DEFAULT_GRPC_PORT
     grpc: bool = True
@@ -120,7 +120,7 @@ def serve_model(options: ServeOptions) -> None:
     if options.grpc and options.grpc_port == options.port:
         raise ServeError(f"grpc_port: must differ from port (both {options.port}); or grpc=false")
     from sweep.errors import StagingError
-    from sweep.serving.source import ModelSourceError, published_name, resolve_model_source
+    from sweep.serving.model_location import ModelSourceError, published_name, resolve_model_source
 
     try:
         cache_dir = Path(options.cache_dir).expanduser() if options.cache_dir else _default_cache_dir()

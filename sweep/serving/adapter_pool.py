@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from sweep.results.records import ADAPTER_FOLDER, MADE_BY, registry_name
+from sweep.serving.model_location import made_by, task_inputs
 from sweep.serving.protocol import TaskInputs
-from sweep.serving.serve import ServeError, ServeOptions, _default_cache_dir, _port_taken
-from sweep.serving.source import made_by, task_inputs
+from sweep.serving.server import ServeError, ServeOptions, _default_cache_dir, _port_taken
 
 ADAPTER_CONFIG = "adapter_config.json"  # PEFT's; a folder holding it is an adapter, not a model
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
@@ -183,7 +183,7 @@ def resolve_base(options: ServeOptions) -> Path:
     """``model=`` as a local folder: a folder or URI (as a plain server resolves it), or a model config's name
     (``minilm``: as the sweep resolves it). An adapter there is the first mistake."""
     from sweep.errors import ModelSourceError, StagingError
-    from sweep.serving.source import resolve_model_config, resolve_model_source
+    from sweep.serving.model_location import resolve_model_config, resolve_model_source
 
     local = Path(options.model).expanduser()
     if "://" not in options.model and (local / ADAPTER_CONFIG).is_file():

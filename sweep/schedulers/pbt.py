@@ -7,7 +7,7 @@ and a view of the controller that shows it only those (PBT asks the controller f
 pick the next to run and to decide whether to pause for a pending one).
 
 An exploit pauses the trial and restarts it from the donor's latest checkpoint with mutated
-``hparams``: the trial's own resume path (``run/trial.py``), which reads from the checkpoint's marker
+``hparams``: the trial's own resume path (``trial/train_fn.py``), which reads from the checkpoint's marker
 whose trial wrote it and records the donor in the trial's history.
 """
 
@@ -125,7 +125,7 @@ def keep_reported_checkpoint(trial, result: dict | None) -> None:
 def make_pbt(pbt: PbtConfig) -> PopulationBasedTraining:
     """One task's PBT: every ``interval`` evaluations (Tune's training iterations) the bottom
     ``quantile`` clones the top one's checkpoint and mutates ``hparams``."""
-    from sweep.run.search_space import search_domain
+    from sweep.schedulers.search_space import search_domain
 
     return TaskPopulation(
         time_attr="training_iteration", metric=METRIC, mode=MODE,
@@ -151,7 +151,7 @@ class _TaskView:
     """The controller as one population's PBT should see it: only that population's trials."""
 
     # Tune's PBT refuses any search algorithm (it would fight the exploits over the configs); the
-    # sweep's only hands out its trial points in order and draws the first population (run/gate.py)
+    # sweep's only hands out its trial points in order and draws the first population (schedulers/gate.py)
     search_alg = None
 
     def __init__(self, controller, population: str):

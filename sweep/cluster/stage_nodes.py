@@ -26,8 +26,8 @@ from ray.exceptions import RayTaskError
 from ray.tune import Callback
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from sweep.cluster.connect import alive_nodes, beside_the_driver
 from sweep.config.settings import Settings
-from sweep.run.connect import alive_nodes, beside_the_driver
 from sweep.storage.staging import LocalSources, SourcePins
 
 RELAY_EVERY_S = 2.0  # how often the driver prints the nodes' progress lines while it waits

@@ -9,15 +9,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from sweep.cluster.connect import beside_the_driver, connect, quiet_ray
 from sweep.config.settings import PAUSING, Settings
+from sweep.driver.sweep_plan import SweepPlan, plan_sweep
 from sweep.plan.costs import grid_points
 from sweep.plan.makespan import TrialWork
 from sweep.plan.scale import TrialSize
 from sweep.plan.sizes import EXPERIMENT
 from sweep.results.outcome import SavedTrial, resuming_line
 from sweep.results.records import TrialRecord
-from sweep.run.connect import beside_the_driver, connect, quiet_ray
-from sweep.run.sweep_plan import SweepPlan, plan_sweep
 from sweep.storage.staging import DriverSources, check_sources
 from sweep.trials import CHECKPOINT_RANK, point_of, trial_of
 
@@ -34,7 +34,7 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None,
     if sources is None:
         sources = check_sources(settings)
     quiet_ray()
-    from sweep.run.stop import stop_signals
+    from sweep.driver.stop import stop_signals
 
     started_ray = connect(settings)
     # After ray.init (which installs its own exit-at-once SIGTERM handler): a signal stops the sweep
@@ -52,8 +52,8 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None,
 
 def _run_tune(settings: Settings, sources: DriverSources, out_dir: Path, tracking,
               stop) -> tuple[list[TrialRecord], list[Path | str]]:
-    from sweep.run.cluster_request import request_trial_resources
-    from sweep.run.records import TrialConfigs, checkpoint_folders, records_from_results, reported_ids
+    from sweep.cluster.request import request_trial_resources
+    from sweep.driver.tune_results import TrialConfigs, checkpoint_folders, records_from_results, reported_ids
 
     plan = plan_sweep(settings, sources, out_dir)
     launch_id = uuid.uuid4().hex[:8]
@@ -91,8 +91,8 @@ def fit_sweep(tuner):
     raises is one SweepFailed line."""
     from sweep.errors import USER_ERRORS, SweepFailed
     from sweep.failures import error_line
-    from sweep.run.disk_stop import fit_until_disk_full
-    from sweep.run.lost_trials import one_line_trial_failures, treat_lost_processes_as_trial_failures
+    from sweep.hooks.disk_stop import fit_until_disk_full
+    from sweep.hooks.lost_trials import one_line_trial_failures, treat_lost_processes_as_trial_failures
 
     treat_lost_processes_as_trial_failures()
     one_line_trial_failures()
@@ -107,12 +107,12 @@ def fit_sweep(tuner):
 def sweep_callbacks(settings: Settings, plan: SweepPlan, tracking, launch_id: str, board_handle):
     """Tune's callbacks on the driver; also the progress line and the MLflow runs' callback (None
     without tracking), which the caller closes."""
+    from sweep.cluster.stage_nodes import StagingLines
+    from sweep.hooks.disk_stop import StopOnDiskFull
+    from sweep.hooks.ended_trials import ForgetEndedTrialMetrics
+    from sweep.hooks.mlflow_runs import TrialRuns
+    from sweep.hooks.progress import SweepProgress, WaitForNodes
     from sweep.plan.scale import NodeWait
-    from sweep.run.disk_stop import StopOnDiskFull
-    from sweep.run.ended_trials import ForgetEndedTrialMetrics
-    from sweep.run.mlflow_runs import TrialRuns
-    from sweep.run.progress import SweepProgress, WaitForNodes
-    from sweep.run.stage_nodes import StagingLines
 
     progress = SweepProgress(settings, plan.total, plan.forecast)
     # a full disk ends the sweep with its one line; late nodes' staging lines reach this terminal
@@ -130,7 +130,7 @@ def sweep_callbacks(settings: Settings, plan: SweepPlan, tracking, launch_id: st
 
 
 def record_copies(settings: Settings, tracking_uri: str, out_dir: Path):
-    from sweep.run.store_copies import CopyTheRecords
+    from sweep.hooks.store_copies import CopyTheRecords
     from sweep.storage.mlflow_copies import StoreCopies
 
     storage = settings.storage
@@ -142,7 +142,7 @@ def make_tuner(settings: Settings, plan: SweepPlan, callbacks: list, launch_id: 
     """One Tuner over every trial, or the sweep's saved one restored (``resume=true``)."""
     from ray import tune
 
-    from sweep.run.trial import train_driver_fn
+    from sweep.trial.train_fn import train_driver_fn
 
     trainable = tune.with_parameters(
         train_driver_fn, settings=settings, sizes=plan.sizes, storage=plan.storage, launch_id=launch_id,
@@ -190,11 +190,11 @@ def make_search(settings: Settings, order: Sequence[TrialWork], ddp_tasks: set[s
     """Tune's searcher over every trial of the sweep, and their number (Tune asks it once per trial):
     one per (task, seed, grid point) in the dispatch order, ``num_samples`` rounds of them, each with
     its ``hparams`` drawn at random (run/gate.RandomSearch) or asked of its task's TPE study
-    (run/optuna_search.py). Tune starts trials in the order it gets them: the dispatch order holds."""
+    (schedulers/optuna_search.py). Tune starts trials in the order it gets them: the dispatch order holds."""
     from ray.tune.search import ConcurrencyLimiter
 
-    from sweep.run.gate import RandomSearch
-    from sweep.run.optuna_search import TaskOptunaSearch
+    from sweep.schedulers.gate import RandomSearch
+    from sweep.schedulers.optuna_search import TaskOptunaSearch
 
     points = grid_points(settings)
     trials = [point_of(t.task, t.seed, points[t.point]) for t in order] * settings.sweep.num_samples
@@ -286,11 +286,11 @@ def _tune_scheduler(settings: Settings, rungs_board: str | None) -> dict[str, An
     """Seed halving pauses trials that reach the rung before their task is decided (Tune's side);
     PBT (one population per task) pauses a trial to clone another's checkpoint."""
     if settings.sweep.scheduler == "pbt":
-        from sweep.run.pbt_scheduler import TaskPbt
+        from sweep.schedulers.pbt import TaskPbt
 
         return {"scheduler": TaskPbt(settings.sweep.pbt)}
     if settings.sweep.scheduler != "seed_halving":
         return {}
-    from sweep.run.halving_scheduler import SeedHalvingScheduler
+    from sweep.schedulers.seed_halving import SeedHalvingScheduler
 
     return {"scheduler": SeedHalvingScheduler(rungs_board, settings.sweep.halving.at)}

@@ -155,12 +155,12 @@ def model_config_names() -> list[str]:
 
 
 def resolve_model_config(name: str, cache_dir: Path) -> Path:
-    """The folder of the model config ``name``, found as the sweep finds it (sweep/models/source.py): its
+    """The folder of the model config ``name``, found as the sweep finds it (sweep/models/local_folder.py): its
     package's folder, its tiny build in ``cache_dir`` (the sweep's default cache), or its ``path``."""
     from omegaconf import OmegaConf
 
     from sweep.config.tasks import CONF_DIR
-    from sweep.models.source import resolve_model_dir
+    from sweep.models.local_folder import resolve_model_dir
 
     if name not in model_config_names():
         raise ModelSourceError(f"model={name}: no such folder, and no model config of that name; give the base's "

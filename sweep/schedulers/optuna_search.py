@@ -16,7 +16,7 @@ from typing import Any
 
 from sweep.plan.task_studies import TaskStudies
 from sweep.results.records import AGGREGATES
-from sweep.run.gate import OrderedTrials
+from sweep.schedulers.gate import OrderedTrials
 
 
 def group_key(point: dict[str, Any]) -> str:

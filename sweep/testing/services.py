@@ -2,9 +2,8 @@
 its request log, for counting GETs), a proxy in front of it that fails GETs on demand, and an
 ``mlflow server`` that can be killed and started again on the same port and store.
 
-Dev tooling, not the package: used by scripts/chaos.py (as ``services``: a script's own folder is
-first on its sys.path) and by the tests (as ``scripts.services``: the repository root is on theirs).
-Ray clusters on one machine are in ``sweep.run.local_cluster``, whose ``free_port`` this uses too.
+Dev tooling, not the public API: used by scripts/chaos.py and by the tests.
+Ray clusters on one machine are in ``sweep.testing.local_cluster``, whose ``free_port`` this uses too.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from sweep.run.local_cluster import free_port
+from sweep.testing.local_cluster import free_port
 
 ACCESS_KEY = "AKIAMOTOTESTKEY01"
 SECRET_KEY = "moto-test-secret-value-0123456789"  # searched for in logs and errors: must never appear
@@ -74,14 +73,14 @@ def start_moto(log: Path) -> tuple[subprocess.Popen, MotoServer]:
 
 def upload(bucket: str, *folders: tuple[Path, str]) -> None:
     """Create ``bucket`` (the environment points at the server) and upload each (folder, key) with
-    ``python -m sweep.upload``, as a user would."""
+    ``python -m sweep upload``, as a user would."""
     import boto3
 
     client = boto3.client("s3")
     if bucket not in {b["Name"] for b in client.list_buckets().get("Buckets", [])}:
         client.create_bucket(Bucket=bucket)
     for folder, key in folders:
-        subprocess.run([sys.executable, "-m", "sweep.upload", str(folder), "--bucket", bucket, "--key", key],
+        subprocess.run([sys.executable, "-m", "sweep", "upload", str(folder), "--bucket", bucket, "--key", key],
                        check=True, capture_output=True, timeout=120)
 
 

@@ -3,7 +3,7 @@
 Each folder becomes one ``.tgz`` object keyed by the folder's name (``roberta-base``, ``glue_data``: the
 original layout), or with ``plain`` a prefix of plain objects. Credentials from the AWS chain; the
 endpoint from ``endpoint``, ``AWS_ENDPOINT_URL`` or ``ENDPOINT_URL``. The command is ``sweep upload``
-(sweep/cli/upload.py, also ``python -m sweep.upload``).
+(sweep/cli/upload.py, also ``python -m sweep upload``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """One inference call to a model server (``sweep serve``, or the same server running as a KServe
-InferenceService); the command is ``sweep infer`` (sweep/cli/infer.py, also ``python -m sweep.infer``).
+InferenceService); the command is ``sweep infer`` (sweep/cli/infer.py, also ``python -m sweep infer``).
 
 What kind of model it is comes from ``GET /v2/models/NAME``: a causal LM answers completions, a
 classifier ``label<TAB>score`` (``format_response``). ``infer_grpc`` makes the same call over the v2
@@ -112,7 +112,7 @@ def _http_errors(url: str, timeout: float) -> Iterator[None]:
         yield
     except httpx.ConnectError as e:
         raise InferError(
-            f"cannot reach the model server at {url} ({e}); is `python -m sweep.serve` running there?") from None
+            f"cannot reach the model server at {url} ({e}); is `python -m sweep serve` running there?") from None
     except httpx.TimeoutException:
         raise InferError(f"no answer from {url} within {timeout:g} s (--timeout)") from None
     except httpx.HTTPError as e:
@@ -225,7 +225,7 @@ def infer_grpc(address: str, model: str | None, texts: Sequence[str],
         code, details = e.code(), " ".join(str(e.details() or "").split())
         if code == grpc.StatusCode.UNAVAILABLE:
             raise InferError(f"cannot reach the gRPC server at {address} ({details}); "
-                             "is `python -m sweep.serve` serving gRPC there?") from None
+                             "is `python -m sweep serve` serving gRPC there?") from None
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
             raise InferError(f"no answer from {address} within {options.timeout:g} s (--timeout)") from None
         raise InferError(f"the server answered {code.name}: {details}") from None

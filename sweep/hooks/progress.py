@@ -127,7 +127,7 @@ class WaitForNodes(Callback):
         if self.wait is None or time.monotonic() < self.next_poll:
             return
         self.next_poll = time.monotonic() + self.poll_s
-        from sweep.run.autoscale import check_wait
+        from sweep.cluster.autoscale import check_wait
 
         text = check_wait(self.wait)  # raises ScaleTimeoutError past the timeout with no node up
         if text is None:  # every node asked for is up: stop asking

@@ -1,6 +1,6 @@
 """Submit the sweep to a running Ray cluster as a Ray Job, and follow it (the second of the three
 places in docs/architecture.md §6). The command is ``sweep submit`` (sweep/cli/submit.py, also
-``python -m sweep.submit``):
+``python -m sweep submit``):
 
     sweep submit --address http://HEAD:8265 [--working-dir DIR] [--no-wait] [--job-id ID] -- task=RTE ...
     sweep submit status JOB_ID | logs JOB_ID [--follow] | stop JOB_ID | list     [--address URL]
@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
 
-PROG = "python -m sweep.submit"  # in the commands printed to follow, check or stop a job
+PROG = "python -m sweep submit"  # in the commands printed to follow, check or stop a job
 # Left out of a --working-dir upload: environments, run outputs, stores and caches (Ray caps a
 # working_dir at 100 MiB, and none of these belong on the cluster). gitignore syntax, any depth.
 WORKING_DIR_EXCLUDES = (".venv", "outputs", "multirun", "mlflow.db", "mlruns", "mlartifacts", ".git",

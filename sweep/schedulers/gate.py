@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from ray.tune.search import Searcher
 
-from sweep.run.search_space import search_domain
+from sweep.schedulers.search_space import search_domain
 
 
 class OrderedTrials(Searcher):

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from sweep.cluster.connect import alive_node_resources, beside_the_driver
+from sweep.cluster.stage_nodes import ProgressRelay, Staging, ship_sources, stage_all_nodes
 from sweep.config.settings import AUTO, Settings
 from sweep.config.validate import check_halving_trials
 from sweep.failures import first_line
@@ -18,8 +20,6 @@ from sweep.plan.eta import Forecast
 from sweep.plan.probe import Probe, cpu_note, probe_step_cost, probe_task, why_no_probe
 from sweep.plan.scale import AutoscalerView, TrialSize
 from sweep.plan.sizes import SweepStorage, TaskPlan, many_nodes, plan_trials, storage_path, sweep_storage, trial_count
-from sweep.run.connect import alive_node_resources, beside_the_driver
-from sweep.run.stage_nodes import ProgressRelay, Staging, ship_sources, stage_all_nodes
 from sweep.storage.staging import DriverSources, cache_root
 from sweep.trials import point_of, trial_key
 
@@ -92,7 +92,7 @@ def plan_sweep(settings: Settings, sources: DriverSources, out_dir: Path) -> Swe
 
 def _autoscaler(settings: Settings) -> AutoscalerView | None:
     """Only a cluster the sweep joined can have an autoscaler; the local Ray it starts itself has none."""
-    from sweep.run.autoscale import declared_view, read_autoscaler
+    from sweep.cluster.autoscale import declared_view, read_autoscaler
 
     if not settings.cluster.address:
         return None

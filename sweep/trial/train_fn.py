@@ -109,7 +109,7 @@ class EvaluationReporter:
     """What a worker does after each evaluation, in order: report (rank 0 with the checkpoint),
     record it in the trial's own history, and ask the rungs (ASHA, seed halving) whether to go on.
 
-    The trial never talks to MLflow: the driver logs its run from these reports (run/mlflow_runs.py),
+    The trial never talks to MLflow: the driver logs its run from these reports (hooks/mlflow_runs.py),
     so a node needs no route to the tracking store and writes nothing the driver must read but
     through Tune and the sweep's storage."""
 
@@ -275,7 +275,7 @@ def _checkpoints_in(storage: Path) -> set[Path]:
 def train_fn_per_worker(config: dict[str, Any]) -> None:
     """Runs in each Ray Train worker: stage (no-op when staged), fine-tune, report every epoch."""
     # Imported here, not at the top: the trial's driver process never needs torch/transformers.
-    from sweep.run.stage_nodes import stage_for_trial
+    from sweep.cluster.stage_nodes import stage_for_trial
     from sweep.storage.staging import cache_root
     from sweep.train.loop import Distributed, finetune
 

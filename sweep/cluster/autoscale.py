@@ -42,8 +42,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
+from sweep.cluster.connect import alive_node_resources
 from sweep.plan.scale import AutoscalerView, NodeType, NodeWait, counts_by_shape, node_types_from_config
-from sweep.run.connect import alive_node_resources
 
 
 def _gcs_address(gcs_address: str | None) -> str:

@@ -19,7 +19,7 @@ from ray.exceptions import RayActorError, RayError, RayTaskError
 
 from sweep.disk import disk_full_line
 from sweep.failures import trial_failure_line
-from sweep.run.disk_stop import TRACEBACK_LOGGERS
+from sweep.hooks.disk_stop import TRACEBACK_LOGGERS
 
 
 class TrialProcessLost(RayActorError):

@@ -3,7 +3,7 @@
 The base model is frozen and LoRA adapters train on its attention projections; the task head
 (``classifier`` / ``score``) trains in full, as PEFT's sequence-classification task does. A
 checkpoint holds only what trains (``adapter_model.safetensors``, ``adapter_config.json``, a few MB);
-the export merges it into the base (``merge_and_unload``) so the server, KServe and ``sweep.infer``
+the export merges it into the base (``merge_and_unload``) so the server, KServe and ``sweep infer``
 load a plain ``save_pretrained`` folder, with the adapter beside it for one-base-many-adapters users.
 """
 

@@ -1,0 +1,9 @@
+"""Tune callbacks and hooks on the driver: what the sweep does as trials report, end or fail.
+
+- ``progress.py``:    the one-line-per-change progress callback; the node wait
+- ``mlflow_runs.py``: every trial's nested MLflow run, logged by the driver from the trials' reports
+- ``ended_trials.py``: an ended trial's per-metric analysis (Tune's, never read) leaves the driver's memory
+- ``lost_trials.py``: a trial whose process Ray ended (its memory monitor) is a failed trial, not a crashed Tune run
+- ``disk_stop.py``:   a trial's full disk ends the sweep with its one line (resume=true finishes it)
+- ``store_copies.py``: the MLflow records copied to storage.output_prefix while the sweep runs
+"""

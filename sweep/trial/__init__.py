@@ -1,0 +1,5 @@
+"""What runs in a trial's process (a Tune trial actor on any node).
+
+- ``train_fn.py``:    one trial: the Tune function (``train_driver_fn``) running a TorchTrainer whose
+                      workers run ``train_fn_per_worker`` with a typed ``TrialContext``
+"""
