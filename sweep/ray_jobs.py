@@ -168,7 +168,7 @@ _PY_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b"
 _NOISE = ("Set the environment variable HYDRA_FULL_ERROR=1",)  # Hydra's hint after a traceback
 
 
-def error_line(log: str) -> str | None:
+def job_error_line(log: str) -> str | None:
     """The line of a job's log that says why it failed: the sweep's last ``error:`` line, else the last
     Python exception line, else the last non-empty line."""
     lines = [line.strip() for line in log.splitlines()]
@@ -242,7 +242,7 @@ def end_message(job_id: str, status: str, log: str, job_message: str | None) -> 
         return f"job {job_id}: SUCCEEDED"
     said = (job_message or "").strip().splitlines()[:1]
     # A stopped job's log just ends; Ray's own message ("Job was intentionally stopped") says more.
-    why = said[0] if status == "STOPPED" and said else error_line(log) or (said[0] if said else None)
+    why = said[0] if status == "STOPPED" and said else job_error_line(log) or (said[0] if said else None)
     return f"job {job_id}: {status}" + (f" -- {why}" if why else "")
 
 

@@ -7,7 +7,7 @@ import pytest
 from sweep.config.tasks import load_task
 from sweep.data.glue import load_task_data
 from sweep.data.synthetic import write_synthetic_glue
-from sweep.plan.costs import TaskSize, grid_points, model_params, sweep_trials, task_size, trained_rows, trial_seconds
+from sweep.plan.costs import DataVolume, grid_points, model_params, sweep_trials, task_size, trained_rows, trial_seconds
 from sweep.plan.makespan import CostModel
 from sweep.train.loading import load_tokenizer
 from tests.helpers.configs import demo_settings
@@ -51,7 +51,7 @@ def test_every_trial_is_costed_and_grid_points_change_the_cost():
     """rows x tokens x epochs x params x c; a grid over epochs doubles a point's cost; max_train_samples caps rows."""
     settings = demo_settings("task=[WNLI,RTE]", "sweep.seeds=[1,2]", "train.max_train_samples=500",
                              "+sweep.grid.epochs=[1,2]")
-    sizes = {"WNLI": TaskSize("WNLI", 635, 40.0), "RTE": TaskSize("RTE", 2490, 60.0)}
+    sizes = {"WNLI": DataVolume("WNLI", 635, 40.0), "RTE": DataVolume("RTE", 2490, 60.0)}
     cost = CostModel(seconds_per_token_param=1e-9)
     trials = sweep_trials(settings, sizes, params=1_000_000, cost=cost)
     assert grid_points(settings) == [{"epochs": 1}, {"epochs": 2}]
@@ -79,20 +79,20 @@ def test_a_task_whose_data_does_not_read_is_costed_as_the_others_mean(tiny_rober
 
 
 def test_rows_and_evaluations_follow_the_loops_own_rules(tiny_roberta_dir):
-    """The plan counts what the loop trains: max_train_samples as _subsample applies it (the user's
+    """The plan counts what the loop trains: max_train_samples as subsample_rows applies it (the user's
     500 of RTE's 2,490 rows), and as many evaluations as eval_points gives over the epochs."""
     from dataclasses import replace
 
     from datasets import Dataset
 
     from sweep.plan.costs import capped, evaluations
-    from sweep.train.loop import _subsample, eval_points
+    from sweep.train.loop import eval_points, subsample_rows
 
     rows = Dataset.from_dict({"x": list(range(2490))})
     for limit in (None, 1, 500, 2490, 5000):
-        assert capped(2490, limit) == len(_subsample(rows, limit))
+        assert capped(2490, limit) == len(subsample_rows(rows, limit))
     quick = demo_settings("train.max_train_samples=500").train
-    assert trained_rows(TaskSize("RTE", 2490, 52.0), quick) == 500
+    assert trained_rows(DataVolume("RTE", 2490, 52.0), quick) == 500
     base = demo_settings().train
     for n_rows in (1, 15, 16, 17, 200, 500):
         for values in ({}, {"evals_per_epoch": 3}, {"evals_per_epoch": 40}, {"eval_every": 5}, {"eval_every": 7},
@@ -110,7 +110,7 @@ def test_epochs_method_and_evaluations_change_the_cost():
 
     from sweep.plan.costs import METHOD_STEP_RATIO, StepCost
 
-    size = TaskSize("MNLI", 1000, 50.0, eval_rows=(300, 200))
+    size = DataVolume("MNLI", 1000, 50.0, eval_rows=(300, 200))
     train = replace(demo_settings().train, batch_size=10, epochs=2, evals_per_epoch=1, max_train_samples=None,
                     max_eval_samples=250)
     step = StepCost(train=1e-3, eval=2e-4, method="full", measured=True)

@@ -15,7 +15,7 @@ from sweep.config.validate import compose_settings
 from sweep.data.synthetic import write_synthetic_wikitext
 from sweep.errors import ConfigError
 from sweep.models.tiny import build_tiny_model
-from sweep.plan.costs import METHOD_STEP_RATIO, TaskSize, trial_seconds
+from sweep.plan.costs import METHOD_STEP_RATIO, DataVolume, trial_seconds
 from sweep.plan.makespan import CostModel
 from sweep.results.records import TrialRecord, copy_model, export_best
 from sweep.train.loading import load_for_task
@@ -204,7 +204,7 @@ def test_a_grid_over_lora_rank_is_one_point_per_value():
 
 
 def test_the_plan_costs_a_lora_trial_at_the_measured_step_ratio():
-    size, cost = TaskSize("RTE", 1000, 50.0), CostModel()
+    size, cost = DataVolume("RTE", 1000, 50.0), CostModel()
     full = trial_seconds(size, train_config(), 10**6, cost)
     lora = trial_seconds(size, train_config(method="lora"), 10**6, cost)
     assert lora == pytest.approx(full * METHOD_STEP_RATIO["lora"]) and lora < full

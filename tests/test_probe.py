@@ -6,7 +6,7 @@ import random
 
 from sweep.config.tasks import load_task
 from sweep.data.synthetic import write_synthetic_glue
-from sweep.plan.costs import TaskSize
+from sweep.plan.costs import DataVolume
 from sweep.plan.probe import cpu_note, probe_step_cost, probe_task, why_no_probe
 from tests.helpers.configs import demo_settings
 
@@ -43,7 +43,7 @@ def test_the_probe_runs_only_where_every_trial_runs_on_this_machines_cpu():
 
 
 def test_the_probe_times_the_task_with_the_most_tokens_to_train():
-    sizes = {"RTE": TaskSize("RTE", 2490, 60.0), "SST-2": TaskSize("SST-2", 67_349, 13.0),
-             "QQP": TaskSize("QQP", 9, 9.0, error="unread")}
+    sizes = {"RTE": DataVolume("RTE", 2490, 60.0), "SST-2": DataVolume("SST-2", 67_349, 13.0),
+             "QQP": DataVolume("QQP", 9, 9.0, error="unread")}
     assert probe_task(sizes, demo_settings("train.max_train_samples=null").train) == "SST-2"
     assert probe_task(sizes, demo_settings("train.max_train_samples=500").train) == "RTE"

@@ -236,8 +236,8 @@ def test_preflight_names_what_is_wrong_quickly_and_never_the_secret(s3, tmp_path
 def test_upload_helper_refuses_what_it_cannot_upload(s3, tmp_path):
     r = upload(tmp_path / "missing", check=False)
     assert r.returncode == 2 and "is not a folder" in r.stderr and "Traceback" not in r.stderr
-    r = subprocess.run([sys.executable, "-m", "sweep", "upload", str(tmp_path / "src" / "glue_data"), "--bucket", "nope"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-m", "sweep", "upload", str(tmp_path / "src" / "glue_data"),
+                        "--bucket", "nope"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "bucket 'nope' does not exist" in r.stderr
     assert SECRET_KEY not in r.stderr + r.stdout
 

@@ -267,7 +267,8 @@ def test_serve_cli_bad_arguments_exit_2_with_one_line(tmp_path: Path) -> None:
         ([f"model={tmp_path}"], "has no config.json"),
         ([f"model={encoder_only}"], "is neither a sequence classifier nor a causal LM"),
     ]:
-        done = subprocess.run([sys.executable, "-m", "sweep", "serve", *argv], capture_output=True, text=True, timeout=60)
+        done = subprocess.run([sys.executable, "-m", "sweep", "serve", *argv], capture_output=True, text=True,
+                              timeout=60)
         assert done.returncode == 2, done.stderr
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and message in lines[0], done.stderr

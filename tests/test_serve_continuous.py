@@ -90,7 +90,8 @@ def test_bad_options_exit_2_with_one_line() -> None:
         (["model=x", "max_queued=-1"], "error: max_queued: must be >= 0, got -1"),
         (["model=x", "unstreamed=later"], "error: unstreamed: expected continuous or batched, got 'later'"),
     ]:
-        done = subprocess.run([sys.executable, "-m", "sweep", "serve", *argv], capture_output=True, text=True, timeout=60)
+        done = subprocess.run([sys.executable, "-m", "sweep", "serve", *argv], capture_output=True, text=True,
+                              timeout=60)
         assert done.returncode == 2, done.stderr
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and message in lines[0], done.stderr

@@ -60,7 +60,8 @@ def test_serve_cli_bad_grpc_arguments_exit_2_with_one_line() -> None:
         (["model=x", "port=9000", "grpc_port=9000"], "error: grpc_port: must differ from port (both 9000)"),
         (["model=x", "grpc=maybe"], "error: grpc: expected true or false"),
     ]:
-        done = subprocess.run([sys.executable, "-m", "sweep", "serve", *argv], capture_output=True, text=True, timeout=60)
+        done = subprocess.run([sys.executable, "-m", "sweep", "serve", *argv], capture_output=True, text=True,
+                              timeout=60)
         assert done.returncode == 2, done.stderr
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and message in lines[0], done.stderr

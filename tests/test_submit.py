@@ -32,7 +32,7 @@ from sweep.ray_jobs import (
     detach_message,
     end_message,
     entrypoint,
-    error_line,
+    job_error_line,
     output_locations,
     override_value,
     runtime_env,
@@ -192,18 +192,18 @@ def test_outputs_half_set_note_the_other_half():
     assert "cluster.storage_path=" in only_prefix[1]
 
 
-def test_error_line_prefers_the_sweeps_error_line():
+def test_job_error_line_prefers_the_sweeps_error_line():
     log = ("sweep: 2 trials\nerror: train.lr: must be > 0, got -1.0\n"
            "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.\n")
-    assert error_line(log) == "error: train.lr: must be > 0, got -1.0"
+    assert job_error_line(log) == "error: train.lr: must be > 0, got -1.0"
 
 
-def test_error_line_falls_back_to_the_exception_then_the_last_line():
+def test_job_error_line_falls_back_to_the_exception_then_the_last_line():
     traceback = ("Traceback (most recent call last):\n  File \"x.py\", line 1\n"
                  "ray.exceptions.RayTaskError: boom\nSet the environment variable HYDRA_FULL_ERROR=1 ...\n\n")
-    assert error_line(traceback) == "ray.exceptions.RayTaskError: boom"
-    assert error_line("starting\nKilled\n\n") == "Killed"
-    assert error_line("  \n") is None
+    assert job_error_line(traceback) == "ray.exceptions.RayTaskError: boom"
+    assert job_error_line("starting\nKilled\n\n") == "Killed"
+    assert job_error_line("  \n") is None
 
 
 def test_end_message():

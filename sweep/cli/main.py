@@ -34,7 +34,8 @@ def usage(prog: str = PROG) -> str:
              f"       {prog} COMMAND [ARG ...]      {prog} COMMAND --help: its options", "", "commands:"]
     lines += [f"  {name:<{width}}{summary}" for name, (_, summary) in COMMANDS.items()]
     lines += ["", f"`{prog} <overrides>` is `{prog} run <overrides>`. `sweep` and `python -m sweep` are the same",
-              "command (python -m sweep serve ... is sweep serve ...).", "", f"{prog} run --help, the sweep's config groups and options:", ""]
+              "command (python -m sweep serve ... is sweep serve ...).", "",
+              f"{prog} run --help, the sweep's config groups and options:", ""]
     return "\n".join(lines)
 
 

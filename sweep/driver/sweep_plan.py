@@ -14,7 +14,7 @@ from sweep.cluster.stage_nodes import ProgressRelay, Staging, ship_sources, stag
 from sweep.config.settings import AUTO, Settings
 from sweep.config.validate import check_halving_trials
 from sweep.failures import first_line
-from sweep.plan.costs import TaskSize, grid_points, measure_sizes, sweep_trials
+from sweep.plan.costs import DataVolume, grid_points, measure_sizes, sweep_trials
 from sweep.plan.dispatch import ClusterGPUs, Dispatch, OnCpu, cluster_gpus, dispatch
 from sweep.plan.eta import Forecast
 from sweep.plan.probe import Probe, cpu_note, probe_step_cost, probe_task, why_no_probe
@@ -117,7 +117,7 @@ def _staged_sizes(settings: Settings, sources: DriverSources, staged):
                    .remote(settings, first.sources))
 
 
-def _probe(settings: Settings, sources: DriverSources, sizes: dict[str, TaskSize], on_cpu: bool,
+def _probe(settings: Settings, sources: DriverSources, sizes: dict[str, DataVolume], on_cpu: bool,
            nodes: int) -> tuple[Probe | None, str]:
     """A few real training steps on this machine, where every trial runs on CPU here; else why not."""
     why = why_no_probe(on_cpu, bool(settings.cluster.address), nodes, sources.local is not None)

@@ -32,7 +32,9 @@ SAMPLE_ROWS = 512  # enough for a mean within a few percent; tokenizing all of M
 
 
 @dataclass(frozen=True)
-class TaskSize:
+class DataVolume:
+    """How much one task trains and evaluates on: its rows and tokens per row (the plan's costs read it)."""
+
     task: str
     rows: int  # training rows of the split, before train.max_train_samples (trained_rows applies it)
     mean_tokens: float  # tokens per row, after truncation to max_seq_length (LM: block_size)
@@ -42,15 +44,15 @@ class TaskSize:
 
 
 def capped(rows: int, limit: int | None) -> int:
-    """The rows a split keeps under a max_*_samples limit: sweep.train.loop._subsample's rule (None: all)."""
+    """The rows a split keeps under a max_*_samples limit: sweep.train.loop.subsample_rows's rule (None: all)."""
     return rows if limit is None or rows <= limit else limit
 
 
-def trained_rows(size: TaskSize, train: TrainConfig) -> int:
+def trained_rows(size: DataVolume, train: TrainConfig) -> int:
     return capped(size.rows, train.max_train_samples)
 
 
-def evaluated_rows(size: TaskSize, train: TrainConfig) -> int:
+def evaluated_rows(size: DataVolume, train: TrainConfig) -> int:
     """Rows one evaluation reads: every eval split, each capped by max_eval_samples."""
     return sum(capped(rows, train.max_eval_samples) for rows in size.eval_rows)
 
@@ -88,7 +90,7 @@ def model_params(model_dir: Path) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def task_size(spec: TaskSpec, data_dir: Path, tokenizer, train: TrainConfig) -> TaskSize:
+def task_size(spec: TaskSpec, data_dir: Path, tokenizer, train: TrainConfig) -> DataVolume:
     """Rows and mean tokens of the task's training split, measured on a sample of its rows; the rows
     of each eval split."""
     rng = random.Random(0)
@@ -102,11 +104,11 @@ def task_size(spec: TaskSpec, data_dir: Path, tokenizer, train: TrainConfig) -> 
     columns = ["text_a", "text_b"] if "text_b" in picked.column_names else ["text_a"]
     encoded = tokenizer(*(list(picked[c]) for c in columns), truncation=True, max_length=train.max_seq_length)
     lengths = [len(ids) for ids in encoded["input_ids"]]
-    return TaskSize(spec.name, len(rows), sum(lengths) / max(1, len(lengths)),
+    return DataVolume(spec.name, len(rows), sum(lengths) / max(1, len(lengths)),
                     eval_rows=tuple(len(data[split]) for split in spec.eval_files))
 
 
-def _corpus_size(spec: TaskSpec, data_dir: Path, tokenizer, train: TrainConfig, rng: random.Random) -> TaskSize:
+def _corpus_size(spec: TaskSpec, data_dir: Path, tokenizer, train: TrainConfig, rng: random.Random) -> DataVolume:
     """A causal-LM corpus in blocks: tokens per character from a sample of lines x the characters."""
     from sweep.data.lm import read_split, split_files
 
@@ -124,7 +126,7 @@ def _corpus_size(spec: TaskSpec, data_dir: Path, tokenizer, train: TrainConfig, 
             eval_rows.append(math.ceil(tokens_per_char * chars / train.block_size))
         else:  # the corpus' tail, held out
             eval_rows.append(max(1, math.ceil(held_out)))
-    return TaskSize(spec.name, max(1, math.ceil(corpus - held_out)), float(train.block_size), True,
+    return DataVolume(spec.name, max(1, math.ceil(corpus - held_out)), float(train.block_size), True,
                     eval_rows=tuple(eval_rows))
 
 
@@ -165,7 +167,7 @@ def prior_step_cost(train: TrainConfig, params: int, cost: CostModel | None = No
     return StepCost(per_token * METHOD_STEP_RATIO[train.method], per_token * FORWARD_SHARE, train.method)
 
 
-def trial_seconds(size: TaskSize, train: TrainConfig, params: int, cost: CostModel | None = None,
+def trial_seconds(size: DataVolume, train: TrainConfig, params: int, cost: CostModel | None = None,
                   step: StepCost | None = None) -> float:
     """One trial's predicted seconds in its training loop: on one whole GPU (the prior ``cost``), or on
     one CPU trial slot when ``step`` was measured there. Start-up is not in it (sweep.plan.eta)."""
@@ -178,7 +180,7 @@ def trial_seconds(size: TaskSize, train: TrainConfig, params: int, cost: CostMod
     return tokens * (rows * train.epochs * step.train + evaluated * step.eval)
 
 
-def sweep_trials(settings: Settings, sizes: Mapping[str, TaskSize], params: int,
+def sweep_trials(settings: Settings, sizes: Mapping[str, DataVolume], params: int,
                  cost: CostModel | None = None, step: StepCost | None = None) -> list[TrialWork]:
     """Every trial of the sweep (task x seed x grid point) with its predicted seconds (``trial_seconds``).
 
@@ -193,7 +195,7 @@ def sweep_trials(settings: Settings, sizes: Mapping[str, TaskSize], params: int,
     return trials
 
 
-def measure_sizes(settings: Settings, sources) -> tuple[dict[str, TaskSize], int]:
+def measure_sizes(settings: Settings, sources) -> tuple[dict[str, DataVolume], int]:
     """Each task's size and the model's parameter count, read from the staged sources (``LocalSources``)."""
     from sweep.train.loading import load_tokenizer
 
@@ -210,7 +212,7 @@ def measure_sizes(settings: Settings, sources) -> tuple[dict[str, TaskSize], int
     tokens = sum(s.mean_tokens for s in known) / len(known) if known else 1.0
     evals = (round(sum(sum(s.eval_rows) for s in known) / len(known)),) if known else ()
     for name, error in failed.items():
-        sizes[name] = TaskSize(name, rows, tokens, error=error, eval_rows=evals)
+        sizes[name] = DataVolume(name, rows, tokens, error=error, eval_rows=evals)
     return {spec.name: sizes[spec.name] for spec in settings.tasks}, model_params(model_dir)
 
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from sweep.config.settings import AUTO, Settings, TrainConfig
-from sweep.plan.costs import TaskSize, evaluated_rows, evaluations, trained_rows
+from sweep.plan.costs import DataVolume, evaluated_rows, evaluations, trained_rows
 from sweep.plan.makespan import MakespanPlan, TrialWork, auto_shares, format_duration, make_plan, order_longest_first
 from sweep.plan.scale import AutoscalerView
 
@@ -55,7 +55,7 @@ class Dispatch:
     plan: MakespanPlan | None  # the predicted makespan (None: see why_no_plan)
     why_no_plan: str = ""
 
-    def describe(self, sizes: Mapping[str, TaskSize] | None = None, params: int | None = None,
+    def describe(self, sizes: Mapping[str, DataVolume] | None = None, params: int | None = None,
                  train: TrainConfig | None = None, cpu: OnCpu | None = None) -> list[str]:
         """What to print before trials start: what the trials train, the plan per task and the predicted
         makespan; ``cpu``: every trial runs on CPU (never a GPU figure then)."""
@@ -94,10 +94,10 @@ class Dispatch:
         return lines + [f"predicted makespan {format_duration(cpu.makespan)} ({cpu.note})"]
 
 
-def cost_line(sizes: Mapping[str, TaskSize], params: int | None, train: TrainConfig | None) -> str:
+def cost_line(sizes: Mapping[str, DataVolume], params: int | None, train: TrainConfig | None) -> str:
     """'RTE 500 of 2,490 rows x 52 tokens, 4 evals x 128 rows, …; 4 epoch(s), full; model 22.7M parameters':
     what one trial trains and evaluates (the sweep's own train config; a grid may change it per point)."""
-    def one(s: TaskSize) -> str:
+    def one(s: DataVolume) -> str:
         if s.error:
             return f"{s.task} unread ({s.error}), costed as the others' mean"
         if train is None:

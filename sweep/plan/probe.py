@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sweep.config.settings import TrainConfig
 from sweep.config.tasks import TaskSpec
-from sweep.plan.costs import StepCost, TaskSize, trained_rows
+from sweep.plan.costs import StepCost, DataVolume, trained_rows
 from sweep.plan.eta import COLD_START_S
 
 BUDGET_S = 2.0  # timed training steps stop once past this (at least one, at most STEPS)
@@ -62,16 +62,16 @@ def probe_step_cost(spec: TaskSpec, model_dir: Path, data_dir: Path, train: Trai
 def _time_training(run) -> tuple[float, int, int]:
     """Seconds and real tokens of up to STEPS training steps, after an untimed tiny one."""
     from sweep.data.collate import count_tokens
-    from sweep.train.loop import _Segment, _train_step  # the loop's own step: forward, backward, clip, update
+    from sweep.train.loop import Segment, train_step  # the loop's own step: forward, backward, clip, update
 
     batches = list(run.train_loader)
     run.model.train()
     warmup = {k: v[:WARMUP_ROWS] for k, v in batches[0].items()}
-    _train_step(run, warmup, _Segment())
+    train_step(run, warmup, Segment())
     seconds, tokens, steps = 0.0, 0, 0
     for batch in batches[:STEPS]:
         t = time.perf_counter()
-        _train_step(run, batch, _Segment())
+        train_step(run, batch, Segment())
         seconds += time.perf_counter() - t
         tokens += count_tokens(batch).real
         steps += 1
@@ -122,7 +122,7 @@ def why_no_probe(on_cpu: bool, joined: bool, nodes: int, local_sources: bool) ->
     return ""
 
 
-def probe_task(sizes: Mapping[str, TaskSize], train: TrainConfig) -> str:
+def probe_task(sizes: Mapping[str, DataVolume], train: TrainConfig) -> str:
     """The task to time: the one with the most tokens to train (its data read)."""
     readable = [s for s in sizes.values() if not s.error] or list(sizes.values())
     return max(readable, key=lambda s: trained_rows(s, train) * s.mean_tokens).task

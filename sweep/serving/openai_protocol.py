@@ -19,9 +19,9 @@ from sweep.serving.protocol import (
     MAX_STOP_SEQUENCES,
     GenerationParams,
     RequestError,
-    _float,
-    _int,
     check_context,
+    float_param,
+    int_param,
 )
 
 OPENAI_TEMPERATURE = 1.0  # the OpenAI API samples unless told otherwise; temperature=0 is greedy
@@ -167,13 +167,13 @@ def openai_job(
     """Validate a request's settings against the model; ``max_tokens`` None: what the context leaves."""
     refuse_unsupported(request)
     given = {k: v for k in ("n", "temperature", "top_p", "seed") if (v := getattr(request, k, None)) is not None}
-    n = _int(given, "n", 1, 1, MAX_CHOICES)
-    temperature = _float(given, "temperature", OPENAI_TEMPERATURE, 0.0, 2.0)
-    top_p = _float(given, "top_p", 1.0, 0.0, 1.0, low_open=True)
-    seed = _int(given, "seed", None, 0, MAX_SEED)
+    n = int_param(given, "n", 1, 1, MAX_CHOICES)
+    temperature = float_param(given, "temperature", OPENAI_TEMPERATURE, 0.0, 2.0)
+    top_p = float_param(given, "top_p", 1.0, 0.0, 1.0, low_open=True)
+    seed = int_param(given, "seed", None, 0, MAX_SEED)
     stops = _stops(getattr(request, "stop", None))
     if max_tokens is not None:
-        max_tokens = _int({max_tokens_field: max_tokens}, max_tokens_field, None, 1, context_length - 1)
+        max_tokens = int_param({max_tokens_field: max_tokens}, max_tokens_field, None, 1, context_length - 1)
     prompt_tokens = count_tokens(prompts)
     if max_tokens is None:
         i, longest = max(enumerate(prompt_tokens), key=lambda p: p[1])
@@ -191,7 +191,7 @@ def openai_job(
         prompts=tuple(prompts),
         prompt_tokens=tuple(prompt_tokens),
         params=params,
-        n=n,  # type: ignore[arg-type]  # _int with a default never gives None
+        n=n,  # type: ignore[arg-type]  # int_param with a default never gives None
         stream=stream,
         include_usage=bool(stream and options is not None and getattr(options, "include_usage", False)),
     )

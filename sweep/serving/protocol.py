@@ -212,7 +212,7 @@ def parse_classify(inputs: Sequence[Tensor], parameters: Mapping[str, Any] | Non
     return ClassifyRequest(tuple(texts), tuple(pairs) if pairs is not None else None)
 
 
-def _int(params: Mapping[str, Any], key: str, default: int | None, low: int, high: int) -> int | None:
+def int_param(params: Mapping[str, Any], key: str, default: int | None, low: int, high: int) -> int | None:
     value = params.get(key, default)
     if value is None:
         return None
@@ -223,8 +223,8 @@ def _int(params: Mapping[str, Any], key: str, default: int | None, low: int, hig
     return value
 
 
-def _float(params: Mapping[str, Any], key: str, default: float, low: float, high: float,
-           low_open: bool = False) -> float:
+def float_param(params: Mapping[str, Any], key: str, default: float, low: float, high: float,
+                low_open: bool = False) -> float:
     value = params.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise RequestError(f"parameter {key}: must be a number, got {value!r}")
@@ -252,12 +252,12 @@ def parse_generate(
     if len(stops) > MAX_STOP_SEQUENCES:
         raise RequestError(f"at most {MAX_STOP_SEQUENCES} stop sequences, got {len(stops)}")
     generation = GenerationParams(
-        max_new_tokens=_int(params, "max_new_tokens", min(DEFAULT_MAX_NEW_TOKENS, context_length - 1),
-                            1, context_length - 1),
-        temperature=_float(params, "temperature", 0.0, 0.0, 100.0),
-        top_p=_float(params, "top_p", 1.0, 0.0, 1.0, low_open=True),
+        max_new_tokens=int_param(params, "max_new_tokens", min(DEFAULT_MAX_NEW_TOKENS, context_length - 1),
+                                 1, context_length - 1),
+        temperature=float_param(params, "temperature", 0.0, 0.0, 100.0),
+        top_p=float_param(params, "top_p", 1.0, 0.0, 1.0, low_open=True),
         stop=tuple(dict.fromkeys(stops)),
-        seed=_int(params, "seed", None, 0, 2**63 - 1),
+        seed=int_param(params, "seed", None, 0, 2**63 - 1),
     )
     return GenerateRequest(tuple(prompts), generation)
 

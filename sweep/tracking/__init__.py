@@ -15,7 +15,7 @@ what is left is one file for ``sweep replay FILE [--uri URI]`` (sweep/cli/replay
 - ``store.py``:     the client, retries on a busy store, keys / flattened and scrubbed params and tags,
                     ``check_reachable`` (a server that answers, else the local fallback), ``ensure_experiment``
 - ``spool.py``:     calls the store did not answer, kept on disk one file per run (``unreachable`` says which)
-- ``sender.py``:    ``_Sender`` makes a kept or fresh call in a store (finding its run), ``_Tracked`` sends or keeps
+- ``sender.py``:    ``Sender`` makes a kept or fresh call in a store (finding its run), ``Tracked`` sends or keeps
 - ``parent.py``:    the driver's ``SweepTracker`` (the parent run), ``TrialTracking``, ``saved_parent``, summary metrics
 - ``trial_run.py``: a trial's ``TrialLogger`` (its nested run, tagged with node and device)
 - ``registry.py``:  ``register_best``: a new model version, alias champion only when it beats the champion

@@ -23,17 +23,17 @@ from sweep.failures import first_line
 from sweep.files import write_json
 from sweep.results.records import TaskSummary, TrialRecord
 from sweep.secrets import scrub
-from sweep.tracking.sender import _Tracked
+from sweep.tracking.sender import Tracked
 from sweep.tracking.spool import UNSENT_FILE, Record, Spool, merge, read_records, spool_files, unreachable
 from sweep.tracking.store import (
-    _clean_tags,
-    _flatten,
-    _key,
-    _log_params,
-    _redact,
-    _retry,
-    _set_tags,
+    clean_key,
+    clean_tags,
     ensure_experiment,
+    flatten_config,
+    log_params,
+    redact,
+    set_tags,
+    with_retries,
 )
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ def saved_parent(out_dir: Path, uri: str, experiment: str) -> str | None:
     return saved.get("run_id") if same else None
 
 
-class SweepTracker(_Tracked):
+class SweepTracker(Tracked):
     """The driver's side: one parent run for the whole sweep, its config, its results and summary.
 
     With ``spool_dir`` the calls after ``start`` never stop the sweep: what the store does not take
@@ -115,9 +115,9 @@ class SweepTracker(_Tracked):
         """Create the parent run (or reopen run ``reopen``: a resumed sweep), log the config as
         params and ``config.yaml``; return the run id. The store must answer here."""
         self.experiment_id = ensure_experiment(self.client, self.experiment_name, self.uri)
-        config = _redact(settings)
+        config = redact(settings)
         command = " ".join(sys.argv)
-        run_tags = _clean_tags({
+        run_tags = clean_tags({
             **_sweep_tags(config),
             "mlflow.source.git.commit": _git_commit(),
             "sweep.command": command,
@@ -128,16 +128,16 @@ class SweepTracker(_Tracked):
         run = self.sender._lookup(self.client.get_run, reopen) if reopen else None
         self.reopened = run is not None and run.info.experiment_id == self.experiment_id
         if self.reopened:
-            _retry(self.client.update_run, run.info.run_id, status="RUNNING")
-            _set_tags(self.client, run.info.run_id, run_tags)
+            with_retries(self.client.update_run, run.info.run_id, status="RUNNING")
+            set_tags(self.client, run.info.run_id, run_tags)
             logged: Mapping[str, str] = run.data.params  # params are write-once: the first launch's stay
         else:
-            run = _retry(self.client.create_run, self.experiment_id, run_name=run_name or sweep_run_name(run_tags),
-                         tags=run_tags)
+            run = with_retries(self.client.create_run, self.experiment_id,
+                               run_name=run_name or sweep_run_name(run_tags), tags=run_tags)
             logged = {}
         self.run_id, self.run_name = run.info.run_id, run.info.run_name
-        _log_params(self.client, self.run_id, {k: v for k, v in _flatten(config).items() if k not in logged})
-        _retry(self.client.log_text, self.run_id, yaml.safe_dump(config, sort_keys=False), "config.yaml")
+        log_params(self.client, self.run_id, {k: v for k, v in flatten_config(config).items() if k not in logged})
+        with_retries(self.client.log_text, self.run_id, yaml.safe_dump(config, sort_keys=False), "config.yaml")
         self._use_spool(f"parent-{self.run_id}")
         return self.run_id
 
@@ -242,5 +242,5 @@ def _summary_metrics(records: list[TrialRecord], summaries: list[TaskSummary]) -
                             ("steps", s.steps), ("steps_full", s.steps_full), ("trivial", s.trivial_score),
                             ("learned", learned)):
             if value is not None and math.isfinite(value):  # a task with no finished trial has no stats
-                metrics[_key(f"{s.task}.{name}")] = float(value)
+                metrics[clean_key(f"{s.task}.{name}")] = float(value)
     return metrics

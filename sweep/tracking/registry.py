@@ -14,7 +14,7 @@ from mlflow.exceptions import MlflowException
 from sweep.config.tasks import TaskSpec
 from sweep.results.records import registry_name
 from sweep.tracking.model_flavor import log_best_model, tracking_at
-from sweep.tracking.store import _client, _retry
+from sweep.tracking.store import client_for, with_retries
 
 CHAMPION = "champion"
 
@@ -36,7 +36,7 @@ def _better(score: float, than: float, mode: str) -> bool:
 
 def _ensure_registered_model(client: MlflowClient, name: str) -> None:
     try:
-        _retry(client.create_registered_model, name)
+        with_retries(client.create_registered_model, name)
     except MlflowException as e:
         if e.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
@@ -44,10 +44,10 @@ def _ensure_registered_model(client: MlflowClient, name: str) -> None:
 
 def _champion_score(client: MlflowClient, name: str) -> float | None:
     """The ``score`` tag of the version holding alias champion (None: no champion, or no score)."""
-    version = _retry(client.get_registered_model, name).aliases.get(CHAMPION)
+    version = with_retries(client.get_registered_model, name).aliases.get(CHAMPION)
     if version is None:
         return None
-    score = _retry(client.get_model_version, name, str(version)).tags.get("score")
+    score = with_retries(client.get_model_version, name, str(version)).tags.get("score")
     return float(score) if score is not None else None
 
 
@@ -70,18 +70,18 @@ def register_best(
         raise ValueError(f"mode: got {mode!r}, allowed: max, min")
     if not Path(model_dir).is_dir():
         raise FileNotFoundError(f"model folder {model_dir} does not exist")
-    client = _client(uri)
+    client = client_for(uri)
     name = registry_name(model_name, spec.name)
-    logged = _retry(log_best_model, uri, run_id, Path(model_dir), spec)
+    logged = with_retries(log_best_model, uri, run_id, Path(model_dir), spec)
     _ensure_registered_model(client, name)
     tags = {"score": repr(float(score)), "metric": spec.metric, "mode": mode}
     if not learned:  # the registry UI and a later sweep see why this version never became champion
         tags["learned"] = "false"
     with tracking_at(uri):  # a sqlite registry finds the logged model through MLflow's global URI (its own TODO)
-        version = _retry(client.create_model_version, name, source=logged.model_uri, run_id=run_id, tags=tags,
-                         model_id=logged.model_id)
+        version = with_retries(client.create_model_version, name, source=logged.model_uri, run_id=run_id, tags=tags,
+                               model_id=logged.model_id)
     previous = _champion_score(client, name)
     promoted = learned and (previous is None or _better(score, previous, mode))
     if promoted:
-        _retry(client.set_registered_model_alias, name, CHAMPION, version.version)
+        with_retries(client.set_registered_model_alias, name, CHAMPION, version.version)
     return RegistrationResult(name, str(version.version), promoted, previous)

@@ -11,7 +11,7 @@ from pathlib import Path
 from sweep.errors import TrackingError
 from sweep.failures import first_line
 from sweep.secrets import scrub
-from sweep.tracking.sender import _Sender
+from sweep.tracking.sender import Sender
 from sweep.tracking.spool import Spool, read_records, spool_files, unreachable
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ def replay(where: Path, uri: str | None = None) -> Replayed:
         if len(recorded) != 1:
             raise TrackingError(f"replay: {where} holds calls for {len(recorded)} stores; name one with --uri URI")
         uri = str(recorded.pop())
-    sender = _Sender(uri)
+    sender = Sender(uri)
     sent = 0
     for path in files:
         pending, refused = read_records(path), []

@@ -1,5 +1,5 @@
-"""How one run's calls reach the store: ``_Sender`` makes each call (finding the run it belongs to
-there), ``_Tracked`` sends a run's calls now or, while the store does not answer, keeps them in the
+"""How one run's calls reach the store: ``Sender`` makes each call (finding the run it belongs to
+there), ``Tracked`` sends a run's calls now or, while the store does not answer, keeps them in the
 run's spool file and sends them later, in order. The base of ``SweepTracker`` and ``TrialLogger``.
 """
 
@@ -18,7 +18,7 @@ from mlflow.exceptions import MlflowException
 from sweep.failures import first_line
 from sweep.secrets import scrub
 from sweep.tracking.spool import Record, Spool, spool_for, unreachable
-from sweep.tracking.store import _client, _log_params, _quote, _retry, _set_tags, ensure_experiment
+from sweep.tracking.store import client_for, ensure_experiment, log_params, quote_filter, set_tags, with_retries
 
 log = logging.getLogger(__name__)
 
@@ -31,23 +31,23 @@ T = TypeVar("T")
 
 def child_query(parent_run_id: str, run_name: str) -> str:
     """The search filter for the parent's nested run named ``run_name``."""
-    return f"tags.mlflow.parentRunId = '{parent_run_id}' and attributes.run_name = {_quote(run_name)}"
+    return f"tags.mlflow.parentRunId = '{parent_run_id}' and attributes.run_name = {quote_filter(run_name)}"
 
 
 def find_child_run(uri: str, experiment_id: str, parent_run_id: str, run_name: str) -> str | None:
     """The id of the parent's nested run named ``run_name`` in the store at ``uri``, else None."""
-    runs = _retry(_client(uri).search_runs, [experiment_id], filter_string=child_query(parent_run_id, run_name),
-                  max_results=1)
+    runs = with_retries(client_for(uri).search_runs, [experiment_id],
+                        filter_string=child_query(parent_run_id, run_name), max_results=1)
     return runs[0].info.run_id if runs else None
 
 
-class _Sender:
+class Sender:
     """Applies call records to one store, finding each record's run there (by id, else by its
     parent and name, else creating it) once per run."""
 
     def __init__(self, uri: str) -> None:
         self.uri = uri
-        self.client = _client(uri)
+        self.client = client_for(uri)
         self.experiments: dict[tuple[str, str | None], str] = {}
         self.runs: dict[str, str] = {}  # a record's run key -> the run's id in this store
 
@@ -60,18 +60,18 @@ class _Sender:
         elif op == "metrics":
             metrics = [Metric(k, float(v), int(ts), int(step)) for k, v, ts, step in record["metrics"]]
             for i in range(0, len(metrics), 1000):  # MLflow's most metrics per log_batch
-                _retry(self.client.log_batch, run_id, metrics=metrics[i : i + 1000])
+                with_retries(self.client.log_batch, run_id, metrics=metrics[i : i + 1000])
         elif op == "end":
             if record.get("error"):
-                _retry(self.client.set_tag, run_id, "error", record["error"])
+                with_retries(self.client.set_tag, run_id, "error", record["error"])
             if record.get("tags"):  # why a trial ended early (sweep.stopped), set as it ends
-                _set_tags(self.client, run_id, record["tags"])
-            _retry(self.client.set_terminated, run_id, record["status"], end_time=record["time"])
+                set_tags(self.client, run_id, record["tags"])
+            with_retries(self.client.set_terminated, run_id, record["status"], end_time=record["time"])
         elif op == "text":
-            _retry(self.client.log_text, run_id, record["text"], record["artifact_file"])
+            with_retries(self.client.log_text, run_id, record["text"], record["artifact_file"])
         elif op == "artifact":
             if Path(record["path"]).is_file():
-                _retry(self.client.log_artifact, run_id, record["path"])
+                with_retries(self.client.log_artifact, run_id, record["path"])
             else:
                 log.warning("tracking: %s is gone; not logged to run %s", record["path"], run_id)
         else:
@@ -81,13 +81,13 @@ class _Sender:
     def _start(self, run_id: str, record: Record, fresh: bool) -> None:
         logged: Mapping[str, str] = {}
         if not fresh:
-            run = _retry(self.client.get_run, run_id)
+            run = with_retries(self.client.get_run, run_id)
             if run.info.status != "RUNNING":
-                _retry(self.client.update_run, run_id, status="RUNNING")
-            _set_tags(self.client, run_id, self._tags(record))
+                with_retries(self.client.update_run, run_id, status="RUNNING")
+            set_tags(self.client, run_id, self._tags(record))
             logged = run.data.params
         # Params are write-once in MLflow: a resumed run logs only those it lacks.
-        _log_params(self.client, run_id, {k: v for k, v in record["params"].items() if k not in logged})
+        log_params(self.client, run_id, {k: v for k, v in record["params"].items() if k not in logged})
 
     def _tags(self, record: Record) -> dict[str, str]:
         tags = dict(record.get("tags") or {})
@@ -108,7 +108,7 @@ class _Sender:
     def _lookup(self, call: Callable[..., T], *args: Any) -> T | None:
         """``call(*args)``, None when the store says there is no such thing (not when it does not answer)."""
         try:
-            return _retry(call, *args)
+            return with_retries(call, *args)
         except MlflowException as e:
             if unreachable(e):
                 raise
@@ -119,7 +119,7 @@ class _Sender:
         return run.info.run_id if run is not None and run.info.experiment_id == experiment_id else None
 
     def _search(self, experiment_id: str, query: str) -> str | None:
-        runs = _retry(self.client.search_runs, [experiment_id], filter_string=query, max_results=1)
+        runs = with_retries(self.client.search_runs, [experiment_id], filter_string=query, max_results=1)
         return runs[0].info.run_id if runs else None
 
     def _parent(self, parent_id: str, name: str | None, experiment_id: str) -> tuple[str, bool]:
@@ -129,8 +129,8 @@ class _Sender:
             found = self._existing(parent_id, experiment_id) or self._search(
                 experiment_id, f"tags.{ORIGINAL_TAG} = '{parent_id}'")
             if found is None:  # a store that never saw the sweep: a stand-in parent, found again by its tag
-                run = _retry(self.client.create_run, experiment_id, run_name=name or f"sweep-{parent_id[:8]}",
-                             tags={ORIGINAL_TAG: parent_id})
+                run = with_retries(self.client.create_run, experiment_id, run_name=name or f"sweep-{parent_id[:8]}",
+                                   tags={ORIGINAL_TAG: parent_id})
                 found, fresh = run.info.run_id, True
             self.runs[key] = found
         return self.runs[key], fresh
@@ -149,18 +149,19 @@ class _Sender:
         fresh = found is None
         if fresh:
             tags = {**self._tags(record), **({ORIGINAL_TAG: record["run_id"]} if record.get("run_id") else {})}
-            found = _retry(self.client.create_run, experiment_id, run_name=record["run_name"], tags=tags).info.run_id
+            found = with_retries(self.client.create_run, experiment_id, run_name=record["run_name"],
+                                 tags=tags).info.run_id
         self.runs[key] = found
         return found, fresh
 
 
-class _Tracked:
+class Tracked:
     """One run's calls: sent now, or, while the store does not answer, kept in the run's spool file
     (and training goes on); later calls first send what waits, in order."""
 
     def __init__(self, uri: str, spool_dir: str | Path | None) -> None:
         self.uri = uri
-        self.sender = _Sender(uri)
+        self.sender = Sender(uri)
         self.spool_dir = Path(spool_dir) if spool_dir is not None else None
         self.spool: Spool | None = None
         self._backlog = False

@@ -47,12 +47,12 @@ T = TypeVar("T")
 # --- secrets -------------------------------------------------------------------------------------
 
 
-def _redact(value: Any) -> Any:
+def redact(value: Any) -> Any:
     """A plain YAML-safe copy of a config: secret-named keys dropped, every string scrubbed."""
     if isinstance(value, Mapping):
-        return {str(k): _redact(v) for k, v in value.items() if not secret_name(str(k))}
+        return {str(k): redact(v) for k, v in value.items() if not secret_name(str(k))}
     if isinstance(value, (list, tuple, set)):
-        return [_redact(v) for v in value]
+        return [redact(v) for v in value]
     if value is None or isinstance(value, (bool, int, float)):
         return value
     return scrub(str(value))
@@ -67,7 +67,7 @@ def _transient(error: BaseException) -> bool:
     return bool(TRANSIENT.search(str(error)))
 
 
-def _retry(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+def with_retries(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """``call(*args, **kwargs)``, retried with jittered exponential backoff on transient store errors."""
     attempt = 1
     while True:
@@ -81,60 +81,58 @@ def _retry(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
             attempt += 1
 
 
-def _key(key: str) -> str:
+def clean_key(key: str) -> str:
     """A key MLflow accepts: letters, digits and ``_-. /`` only, at most 250 characters."""
     return re.sub(r"[^\w\-. /]", "_", key)[:250]
 
 
-def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     """Nested mappings as ``a.b.c`` -> str(value), truncated to MLflow's param limit."""
     flat: dict[str, str] = {}
     for k, v in config.items():
         key = f"{prefix}{k}"
         if isinstance(v, Mapping) and v:
-            flat.update(_flatten(v, f"{key}."))
+            flat.update(flatten_config(v, f"{key}."))
         else:
-            flat[_key(key)] = str(v)[:PARAM_LIMIT]
+            flat[clean_key(key)] = str(v)[:PARAM_LIMIT]
     return flat
 
 
-def _clean_params(params: Mapping[str, Any]) -> dict[str, str]:
-    return _flatten(_redact(params))
+def clean_params(params: Mapping[str, Any]) -> dict[str, str]:
+    return flatten_config(redact(params))
 
 
-def _clean_tags(tags: Mapping[str, Any]) -> dict[str, str]:
-    return {_key(str(k)): scrub(str(v))[:TAG_LIMIT] for k, v in tags.items() if v is not None}
+def clean_tags(tags: Mapping[str, Any]) -> dict[str, str]:
+    return {clean_key(str(k)): scrub(str(v))[:TAG_LIMIT] for k, v in tags.items() if v is not None}
 
 
-def _log_params(client: MlflowClient, run_id: str, params: Mapping[str, str]) -> None:
+def log_params(client: MlflowClient, run_id: str, params: Mapping[str, str]) -> None:
     items = [Param(k, v) for k, v in params.items()]
     for i in range(0, len(items), BATCH):
-        _retry(client.log_batch, run_id, params=items[i : i + BATCH])
+        with_retries(client.log_batch, run_id, params=items[i : i + BATCH])
 
 
-def _set_tags(client: MlflowClient, run_id: str, tags: Mapping[str, str]) -> None:
+def set_tags(client: MlflowClient, run_id: str, tags: Mapping[str, str]) -> None:
     items = [RunTag(k, v) for k, v in tags.items()]
     for i in range(0, len(items), BATCH):
-        _retry(client.log_batch, run_id, tags=items[i : i + BATCH])
+        with_retries(client.log_batch, run_id, tags=items[i : i + BATCH])
 
 
-def client_for(uri: str) -> MlflowClient:
-    """The client the sweep's own calls use for ``uri`` (MLflow's HTTP timeouts and retries set)."""
-    return _client(uri)
 
 
 def metric_key(key: str) -> str:
     """A metric's key as the trial's run logs it."""
-    return _key(key)
+    return clean_key(key)
 
 
-def _client(uri: str) -> MlflowClient:
+def client_for(uri: str) -> MlflowClient:
+    """The client the sweep's own calls use for ``uri`` (MLflow's HTTP timeouts and retries set)."""
     for name, value in HTTP_DEFAULTS.items():  # read by MLflow at each request; Ray workers inherit them
         os.environ.setdefault(name, value)
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
-def _quote(text: str) -> str:
+def quote_filter(text: str) -> str:
     # MLflow's filter grammar takes either quote; our run names never hold both.
     return f'"{text}"' if "'" in text else f"'{text}'"
 
@@ -142,7 +140,7 @@ def _quote(text: str) -> str:
 # --- reachability --------------------------------------------------------------------------------
 
 
-def _http_problem(uri: str, timeout: float = 3.0) -> str | None:
+def http_problem(uri: str, timeout: float = 3.0) -> str | None:
     """None when an MLflow server answers at ``uri``, else why not (one line)."""
     base = uri.rstrip("/")
     try:
@@ -162,7 +160,7 @@ def _http_problem(uri: str, timeout: float = 3.0) -> str | None:
         return str(getattr(e, "reason", e))
 
 
-def _sqlite_path(uri: str) -> Path | None:
+def sqlite_path(uri: str) -> Path | None:
     """The database file of a ``sqlite:///`` URI (relative or absolute), None for other URIs."""
     if not uri.startswith("sqlite:///") or uri == "sqlite:///:memory:":
         return None
@@ -172,7 +170,7 @@ def _sqlite_path(uri: str) -> Path | None:
 def check_reachable(uri: str, required: bool) -> str:
     """The tracking URI to use: ``uri`` if its server answers; else an error (required) or the local fallback."""
     if urlparse(uri).scheme in ("http", "https"):
-        problem = _http_problem(uri)
+        problem = http_problem(uri)
         if problem is None:
             return uri
         shown = scrub(uri)
@@ -183,7 +181,7 @@ def check_reachable(uri: str, required: bool) -> str:
             )
         log.warning("tracking.uri: cannot reach %s (%s); logging to %s instead", shown, scrub(problem), FALLBACK_URI)
         uri = FALLBACK_URI
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     if db is not None:
         db.parent.mkdir(parents=True, exist_ok=True)  # sqlite creates the file, not its folder
     return uri
@@ -192,9 +190,9 @@ def check_reachable(uri: str, required: bool) -> str:
 # --- experiments ---------------------------------------------------------------------------------
 
 
-def _artifact_location(uri: str) -> str | None:
+def default_artifact_location(uri: str) -> str | None:
     """Artifacts of a sqlite store beside its file (MLflow would pick ./mlruns of whatever cwd)."""
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     return (db.resolve().parent / "mlartifacts").as_uri() if db is not None else None
 
 
@@ -206,15 +204,15 @@ EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 def ensure_experiment(client: MlflowClient, name: str, uri: str) -> str:
     """The id of experiment ``name``, created if missing (safe against a concurrent creator), tagged
     as model development."""
-    experiment = _retry(client.get_experiment_by_name, name)
+    experiment = with_retries(client.get_experiment_by_name, name)
     if experiment is None:
         try:
-            return _retry(client.create_experiment, name, artifact_location=_artifact_location(uri),
-                          tags=EXPERIMENT_KIND)
+            return with_retries(client.create_experiment, name, artifact_location=default_artifact_location(uri),
+                                tags=EXPERIMENT_KIND)
         except MlflowException as e:
             if e.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
-            experiment = _retry(client.get_experiment_by_name, name)
+            experiment = with_retries(client.get_experiment_by_name, name)
     if experiment.lifecycle_stage == "deleted":
         raise TrackingError(
             f"tracking.experiment: experiment {name!r} (id {experiment.experiment_id}) is deleted; restore it with "
@@ -222,6 +220,6 @@ def ensure_experiment(client: MlflowClient, name: str, uri: str) -> str:
         )
     for key, value in EXPERIMENT_KIND.items():  # an experiment made before the tag, or by someone else
         if key not in experiment.tags:
-            _retry(client.set_experiment_tag, experiment.experiment_id, key, value)
+            with_retries(client.set_experiment_tag, experiment.experiment_id, key, value)
     return experiment.experiment_id
 

@@ -13,9 +13,9 @@ from typing import Any
 
 from sweep.errors import TrackingError
 from sweep.secrets import scrub
-from sweep.tracking.sender import _Tracked
+from sweep.tracking.sender import Tracked
 from sweep.tracking.spool import Record
-from sweep.tracking.store import TAG_LIMIT, _clean_params, _clean_tags, _key
+from sweep.tracking.store import TAG_LIMIT, clean_key, clean_params, clean_tags
 
 # --- one trial's nested run ----------------------------------------------------------------------
 
@@ -36,7 +36,7 @@ def _device_tag() -> str:
     return "cpu" if torch is not None else "unknown"
 
 
-class TrialLogger(_Tracked):
+class TrialLogger(Tracked):
     """A trial's side, built from plain data in whatever process runs the trial: one nested run.
 
     ``start`` resumes ``run_id`` if given, else the parent's child of the same run name if one
@@ -60,14 +60,14 @@ class TrialLogger(_Tracked):
         self.experiment_id = experiment_id
         self.experiment_name = experiment_name
         self.parent_run_id = parent_run_id
-        self.run_name = run_name.replace('"', "_")  # so _quote can always quote it for the lookup
+        self.run_name = run_name.replace('"', "_")  # so quote_filter can always quote it for the lookup
         self.params = dict(params)
         self.tags = dict(tags or {})
         self.run_id = run_id
         self._began = False
 
     def _run_tags(self) -> dict[str, str]:
-        return _clean_tags(
+        return clean_tags(
             {
                 "mlflow.parentRunId": self.parent_run_id,
                 "sweep.task": self.params.get("task"),
@@ -97,14 +97,14 @@ class TrialLogger(_Tracked):
         (None while the store does not answer: the run is made once it does)."""
         self._use_spool(self.run_name)
         self._began = True
-        self._emit(self._record("start", tags=self._run_tags(), params=_clean_params(self.params)))
+        self._emit(self._record("start", tags=self._run_tags(), params=clean_params(self.params)))
         return self.run_id
 
     def log_evaluation(self, step: int, metrics: Mapping[str, float]) -> None:
         """Each metric at ``step`` (the epoch, or the training step when evaluating within epochs)."""
         self._started()
         now = int(time.time() * 1000)
-        self._emit(self._record("metrics", metrics=[[_key(k), float(v), now, step] for k, v in metrics.items()]))
+        self._emit(self._record("metrics", metrics=[[clean_key(k), float(v), now, step] for k, v in metrics.items()]))
 
     def end(self, status: str = "FINISHED", error: str | None = None, tags: Mapping[str, Any] | None = None) -> None:
         """Terminate the run; a failure keeps the (scrubbed) tail of its error as tag ``error``;
@@ -112,7 +112,7 @@ class TrialLogger(_Tracked):
         self._started()
         # The tail of a traceback says what went wrong; keep that end when truncating.
         self._emit(self._record("end", status=status, error=scrub(error)[-TAG_LIMIT:] if error else None,
-                                tags=_clean_tags(tags) if tags else None), last=True)
+                                tags=clean_tags(tags) if tags else None), last=True)
 
     def _started(self) -> None:
         if not self._began:

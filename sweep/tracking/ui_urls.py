@@ -35,7 +35,14 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from sweep.secrets import scrub
-from sweep.tracking.store import EXPERIMENT_KIND, _artifact_location, _client, _http_problem, _retry, _sqlite_path
+from sweep.tracking.store import (
+    EXPERIMENT_KIND,
+    client_for,
+    default_artifact_location,
+    http_problem,
+    sqlite_path,
+    with_retries,
+)
 from sweep.tracking.ui_app import APP_NAME, OPEN_PATH, check_ids, open_query
 
 MODEL_TRAINING = "workflowType=machine_learning"  # the UI's "Model training" view (its other one: genai)
@@ -90,23 +97,23 @@ def experiments_url(server: str) -> str:
 
 def server_problem(uri: str) -> str | None:
     """None when an MLflow server answers at ``uri``, else why not (one line)."""
-    return _http_problem(uri)
+    return http_problem(uri)
 
 
 def sqlite_file(uri: str) -> Path | None:
     """The database file of a ``sqlite:///`` store (None for another store)."""
-    return _sqlite_path(uri)
+    return sqlite_path(uri)
 
 
 def artifact_root(uri: str) -> str | None:
     """Where the sweep puts the artifacts of a sqlite store's experiments (``mlartifacts`` beside the file)."""
-    return _artifact_location(uri)
+    return default_artifact_location(uri)
 
 
 def sweep_experiments(uri: str) -> list[tuple[str, str]]:
     """(id, name) of the store's active experiments that sweeps made (tagged model development), by name."""
     key, value = next(iter(EXPERIMENT_KIND.items()))
-    found = _retry(_client(uri).search_experiments, filter_string=f"tags.`{key}` = '{value}'")
+    found = with_retries(client_for(uri).search_experiments, filter_string=f"tags.`{key}` = '{value}'")
     return sorted(((e.experiment_id, e.name) for e in found), key=lambda pair: pair[1])
 
 

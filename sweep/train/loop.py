@@ -101,7 +101,7 @@ def quiet_progress_bars() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
-def _subsample(ds, limit: int | None):
+def subsample_rows(ds, limit: int | None):
     # A fixed shuffle (seed 0), independent of the trial seed: every seed sees the same subset.
     if limit is None or len(ds) <= limit:
         return ds
@@ -141,9 +141,9 @@ def prepare_data(spec: TaskSpec, tokenizer, data_dir: Path, train: TrainConfig, 
 
 
 def _subsample_splits(data, spec: TaskSpec, train: TrainConfig):
-    data["train"] = _subsample(data["train"], train.max_train_samples)
+    data["train"] = subsample_rows(data["train"], train.max_train_samples)
     for split in spec.eval_files:
-        data[split] = _subsample(data[split], train.max_eval_samples)
+        data[split] = subsample_rows(data[split], train.max_eval_samples)
     return data
 
 
@@ -349,7 +349,7 @@ def _epoch_batches(run: Run, resume: Resume | None) -> Iterator[dict[str, torch.
 
 
 @dataclass
-class _Segment:
+class Segment:
     """The training since the previous evaluation: what the next Evaluation reports."""
 
     loss_sum: float = 0.0
@@ -359,7 +359,7 @@ class _Segment:
     started: float = field(default_factory=time.perf_counter)
 
 
-def _train_step(run: Run, batch: dict[str, torch.Tensor], segment: _Segment) -> None:
+def train_step(run: Run, batch: dict[str, torch.Tensor], segment: Segment) -> None:
     tokens = count_tokens(batch)
     segment.real_tokens += tokens.real
     segment.padded_tokens += tokens.padded
@@ -377,7 +377,7 @@ def _train_step(run: Run, batch: dict[str, torch.Tensor], segment: _Segment) -> 
     segment.batches += 1
 
 
-def _evaluation(run: Run, epoch: int, batch_index: int, segment: _Segment) -> Evaluation:
+def _evaluation(run: Run, epoch: int, batch_index: int, segment: Segment) -> Evaluation:
     """Every eval split after ``batch_index`` (1-based) of ``epoch``, with the segment's training figures."""
     train_seconds = time.perf_counter() - segment.started
     t1 = time.perf_counter()
@@ -411,13 +411,13 @@ def train_one_epoch(run: Run, epoch: int, resume: Resume | None = None) -> Itera
     points = eval_points(len(run.train_loader), run.train, epoch)
     batches = _epoch_batches(run, resume)
     run.model.train()
-    segment = _Segment()
+    segment = Segment()
     for index, batch in enumerate(batches, start=(resume.batches_done if resume else 0) + 1):
-        _train_step(run, batch, segment)
+        train_step(run, batch, segment)
         if index in points:
             yield _evaluation(run, epoch, index, segment)
             run.model.train()  # evaluate() switched dropout off
-            segment = _Segment()  # started after the caller's callback: its time is not training
+            segment = Segment()  # started after the caller's callback: its time is not training
 
 
 def _record(run: Run, evaluation: Evaluation, out_dir: Path | None, on_evaluation: EvaluationCallback | None) -> None:

@@ -1,7 +1,7 @@
 """Each task's trivial score, read on the driver from the eval labels the trials were scored on.
 
 The same rows as the trials: the primary eval split, cut to ``train.max_eval_samples`` by the loop's
-own rule (``loop._subsample``), scored by the metric's own code (``metrics.trivial_metrics``). Plain
+own rule (``loop.subsample_rows``), scored by the metric's own code (``metrics.trivial_metrics``). Plain
 Python: no Ray, no model, no tokenizer.
 """
 
@@ -21,13 +21,13 @@ from sweep.failures import error_line
 from sweep.results.chance import TrivialScore
 from sweep.storage.node_cache import is_staged
 from sweep.storage.staging import DriverSources, cache_root, local_data_dir, staged_target
-from sweep.train.loop import _subsample
+from sweep.train.loop import subsample_rows
 from sweep.train.metrics import trivial_metrics
 
 
 def eval_labels(spec: TaskSpec, data_dir: Path, max_eval_samples: int | None) -> np.ndarray:
     """The labels of the rows the trials were scored on (a GLUE-style task)."""
-    split = _subsample(load_task_data(spec, data_dir)[spec.primary_eval], max_eval_samples)
+    split = subsample_rows(load_task_data(spec, data_dir)[spec.primary_eval], max_eval_samples)
     return np.asarray(split["label"])
 
 
