@@ -72,7 +72,8 @@ def test_a_cpu_plan_says_cpu_and_how_many_at_once_and_never_a_gpu_figure():
     """The first user's plan said 'RTE 2 trials ~3s each on one GPU' on a machine without one, trials
     taking 111 s, and counted 2,490 rows with max_train_samples=500."""
     chosen = dispatch(settings(), ab_trials(), ClusterGPUs(0, 0))  # gpus_per_trial=1 on a CPU cluster
-    sizes = {"RTE": DataVolume("RTE", 2490, 52.0, eval_rows=(277,)), "WNLI": DataVolume("WNLI", 635, 30.0, eval_rows=(71,))}
+    sizes = {"RTE": DataVolume("RTE", 2490, 52.0, eval_rows=(277,)),
+             "WNLI": DataVolume("WNLI", 635, 30.0, eval_rows=(71,))}
     train = settings("train.max_train_samples=500").train  # train=quick: 4 epochs, batch 16, eval 128 rows
     far = chosen.describe(sizes, 22_700_000, train, OnCpu(2, 1.0, None, "the trials run on the cluster's nodes"))
     text = "\n".join(far)

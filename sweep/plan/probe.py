@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sweep.config.settings import TrainConfig
 from sweep.config.tasks import TaskSpec
-from sweep.plan.costs import StepCost, DataVolume, trained_rows
+from sweep.plan.costs import DataVolume, StepCost, trained_rows
 from sweep.plan.eta import COLD_START_S
 
 BUDGET_S = 2.0  # timed training steps stop once past this (at least one, at most STEPS)
