@@ -17,7 +17,7 @@ RAY_ROOMS = ("sweep.cluster", "sweep.schedulers", "sweep.hooks", "sweep.trial", 
              "sweep.ray_jobs", "sweep.testing")
 
 # Lowest first: a module may import its own layer and those below, never one above (docs/architecture.md §1).
-BASE = ("errors", "secrets", "disk", "files", "lock", "remote_files", "trials", "failures")
+BASE = ("errors", "secrets", "disk", "files", "lock", "remote_files", "trials", "failures", "export_layout")
 LAYERS = (
     tuple(f"sweep.{m}" for m in BASE),
     ("sweep.config",), ("sweep.data",), ("sweep.models",), ("sweep.results",), ("sweep.tracking",),
@@ -106,6 +106,48 @@ def torch_at_module_level(path: Path) -> bool:
     names |= {n.module for n in top if isinstance(n, ast.ImportFrom) and n.module}
     return any(m.split(".")[0] in ("torch", "transformers") for m in names)
 
+
+
+def private_imports(package: Path = PACKAGE) -> list[str]:
+    """'a -> b._name' for every private name one module imports from another: a name two modules share
+    is part of the one's interface and says so by its spelling."""
+    found = []
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == package.name:
+                found += [f"{module_name(path, package)} -> {node.module}.{alias.name}" for alias in node.names
+                          if alias.name.startswith("_") and not alias.name.startswith("__")]
+    return sorted(found)
+
+
+def module_names_twice(package: Path = PACKAGE) -> list[str]:
+    """Module file names used in two places (``__init__``/``__main__`` aside): ``serve.py`` in three
+    packages is three things a reader must tell apart by their folder."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted(package.rglob("*.py")):
+        if path.stem not in ("__init__", "__main__") and "conf" not in path.relative_to(package).parts:
+            seen.setdefault(path.name, []).append(module_name(path, package))
+    return sorted(f"{name}: {', '.join(modules)}" for name, modules in seen.items() if len(modules) > 1)
+
+
+def test_no_private_name_is_imported_from_another_module() -> None:
+    assert private_imports() == []
+
+
+def test_no_module_name_is_used_twice() -> None:
+    assert module_names_twice() == []
+
+
+def test_the_name_checks_can_fail(tmp_path: Path) -> None:
+    pkg = tmp_path / "sweep"
+    for folder in ("serving", "cli"):
+        (pkg / folder).mkdir(parents=True)
+        (pkg / folder / "__init__.py").write_text("")
+        (pkg / folder / "serve.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    from sweep.serving.serve import _port, PORT, __all__\n")
+    assert private_imports(pkg) == ["sweep.a -> sweep.serving.serve._port"]
+    assert module_names_twice(pkg) == ["serve.py: sweep.cli.serve, sweep.serving.serve"]
 
 def test_the_package_has_no_import_cycle() -> None:
     assert find_cycle(import_graph()) is None

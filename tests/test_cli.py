@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from sweep.config.tasks import load_task
-from sweep.results.records import MADE_BY, load_records
+from sweep.export_layout import MADE_BY
+from sweep.results.records import load_records
 from sweep.trials import TRAINING_STATE
 from tests.helpers.sweeps import sweep_cmd, sweep_killed_after
 

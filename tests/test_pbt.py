@@ -13,7 +13,8 @@ import json
 
 import pytest
 
-from sweep.results.records import MADE_BY, load_records
+from sweep.export_layout import MADE_BY
+from sweep.results.records import load_records
 from sweep.trials import CHECKPOINT_MARKER, Report
 from tests.helpers.sweeps import sweep_cmd
 

@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 
 from sweep.config.tasks import load_task
-from sweep.results.records import MADE_BY, rank_key
+from sweep.export_layout import MADE_BY
+from sweep.results.records import rank_key
 from sweep.trials import TRAINING_STATE
 from tests.helpers.doc_blocks import Block, bash_blocks, commands, with_overrides
 

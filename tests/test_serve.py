@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from sweep.cli.key_values import UsageError, parse_key_values
-from sweep.results.records import MADE_BY
+from sweep.export_layout import MADE_BY
 from sweep.serving.batcher import MicroBatcher
 from sweep.serving.generation import finish_completion
 from sweep.serving.model_location import ModelSourceError, published_name, resolve_model_source

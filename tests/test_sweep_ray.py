@@ -18,7 +18,8 @@ from sweep.config.validate import validate
 from sweep.data.synthetic import write_synthetic_glue
 from sweep.driver.tuner import run_tune
 from sweep.errors import ResourceError
-from sweep.results.records import MADE_BY, load_records, rank_key
+from sweep.export_layout import MADE_BY
+from sweep.results.records import load_records, rank_key
 from tests.helpers.configs import demo_config
 from tests.helpers.overlap import most_at_once
 from tests.helpers.sweeps import TRAIN_WORKER, actors

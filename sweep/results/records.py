@@ -10,7 +10,6 @@ import csv
 import io
 import json
 import math
-import re
 import shutil
 import statistics
 import tempfile
@@ -22,19 +21,11 @@ from typing import Any
 from sweep.config.settings import TrainConfig
 from sweep.config.tasks import TaskSpec
 from sweep.disk import folder_size, writing
+from sweep.export_layout import MADE_BY
 from sweep.files import atomic_folder, write_json, write_text
 from sweep.remote_files import fetch_folder, is_remote
 from sweep.results.chance import TrivialScore, learned, noise_margin
 from sweep.trials import TRAINING_STATE
-
-MADE_BY = "sweep_made_by.json"  # written beside an exported model: how it was made
-ADAPTER_FOLDER = "adapter"  # best/<TASK>/adapter/: a LoRA export's adapter and head beside the merged model
-
-
-def registry_name(*parts: str) -> str:
-    """The registered model's name, ``<model>-<task>``: a hub id's "/" (or any other character the
-    registry refuses) becomes "-". The server publishes a model under the same name."""
-    return re.sub(r"[^\w\-.]", "-", "-".join(parts))
 
 
 @dataclass

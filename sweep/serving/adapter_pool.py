@@ -39,10 +39,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sweep.results.records import ADAPTER_FOLDER, MADE_BY, registry_name
+from sweep.config.settings import default_cache_dir
+from sweep.export_layout import ADAPTER_FOLDER, MADE_BY, registry_name
 from sweep.serving.model_location import made_by, task_inputs
 from sweep.serving.protocol import TaskInputs
-from sweep.serving.server import ServeError, ServeOptions, _default_cache_dir, _port_taken
+from sweep.serving.server import ServeError, ServeOptions, port_taken
 
 ADAPTER_CONFIG = "adapter_config.json"  # PEFT's; a folder holding it is an adapter, not a model
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
@@ -190,7 +191,7 @@ def resolve_base(options: ServeOptions) -> Path:
         raise ServeError(f"model={options.model}: is an adapter, not a base model; give the base it was trained "
                          f"on ({_base_hint(local)}) and the adapter in adapters=")
     try:
-        cache_dir = Path(options.cache_dir).expanduser() if options.cache_dir else _default_cache_dir()
+        cache_dir = Path(options.cache_dir).expanduser() if options.cache_dir else Path(default_cache_dir())
         if "://" in options.model or local.exists():  # a folder of that name wins over a config's
             return resolve_model_source(options.model, cache_dir, options.tracking_uri)
         return resolve_model_config(options.model, cache_dir)
@@ -464,7 +465,7 @@ def serve_adapters(options: ServeOptions) -> None:
     model_dir = resolve_base(options)
     num_labels = check_base(model_dir, options.model, adapters)
     grpc_port = options.grpc_port if options.grpc else None
-    if grpc_port and _port_taken(grpc_port):
+    if grpc_port and port_taken(grpc_port):
         raise ServeError(f"grpc_port: port {grpc_port} is in use (another server?); "
                          "choose another grpc_port= or grpc=false")
     try:

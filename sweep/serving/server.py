@@ -11,11 +11,12 @@ scores for texts or text pairs; a causal LM answers completions with token count
 from __future__ import annotations
 
 import logging
-import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from sweep.config.settings import default_cache_dir
 
 DEFAULT_PORT = 8080
 DEFAULT_GRPC_PORT = 8081
@@ -51,11 +52,7 @@ class ServeOptions:
     unstreamed: str = "continuous"  # continuous | batched: unstreamed requests' generation beside the batch
 
 
-def _default_cache_dir() -> Path:
-    return Path(os.environ.get("SWEEP_CACHE_DIR") or Path.home() / ".cache" / "sweep")
-
-
-def _port_taken(port: int) -> bool:
+def port_taken(port: int) -> bool:
     """Whether something listens on ``port``. gRPC binds with SO_REUSEPORT, so a second server on a
     taken gRPC port would start and silently share its calls with the first: ask before."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -123,7 +120,7 @@ def serve_model(options: ServeOptions) -> None:
     from sweep.serving.model_location import ModelSourceError, published_name, resolve_model_source
 
     try:
-        cache_dir = Path(options.cache_dir).expanduser() if options.cache_dir else _default_cache_dir()
+        cache_dir = Path(options.cache_dir).expanduser() if options.cache_dir else Path(default_cache_dir())
         model_dir = resolve_model_source(options.model, cache_dir, options.tracking_uri)
         name = options.name or published_name(model_dir, options.model)
     except (ModelSourceError, StagingError) as e:  # StagingError: an s3:// source (credentials, key, archive)
@@ -146,7 +143,7 @@ def serve_model(options: ServeOptions) -> None:
         unstreamed = "; unstreamed requests: the micro-batcher" if options.unstreamed == "batched" else ""
         batching = f"{continuous.describe()}{unstreamed}; {batching}"
     grpc_port = options.grpc_port if options.grpc else None
-    if grpc_port and _port_taken(grpc_port):
+    if grpc_port and port_taken(grpc_port):
         raise ServeError(f"grpc_port: port {grpc_port} is in use (another server?); "
                          "choose another grpc_port= or grpc=false")
     grpc = f"gRPC v2 on port {grpc_port}" if grpc_port else "gRPC off"

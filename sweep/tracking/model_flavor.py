@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sweep.config.tasks import TaskSpec
-from sweep.results.records import ADAPTER_FOLDER, MADE_BY
+from sweep.export_layout import ADAPTER_FOLDER, MADE_BY
 
 # Greedy, the new tokens only: what `python -m sweep serve` answers at temperature 0 (a caller's
 # `params` of the same names change them per request).

@@ -1,0 +1,15 @@
+"""The layout of an exported model folder (``out_dir/best/<TASK>/``), shared by the export, the server and
+the registry: what the sweep writes beside the weights and the name it publishes the model under."""
+
+from __future__ import annotations
+
+import re
+
+MADE_BY = "sweep_made_by.json"  # written beside an exported model: how it was made
+ADAPTER_FOLDER = "adapter"  # best/<TASK>/adapter/: a LoRA export's adapter and head beside the merged model
+
+
+def registry_name(*parts: str) -> str:
+    """The registered model's name, ``<model>-<task>``: a hub id's "/" (or any other character the
+    registry refuses) becomes "-". The server publishes a model under the same name."""
+    return re.sub(r"[^\w\-.]", "-", "-".join(parts))
