@@ -1,17 +1,25 @@
-"""A sweep from a composed config: validate, preflight, run the trials, keep the best, report."""
+"""One sweep from validated ``Settings``: preflight, run the trials, keep the best, report.
+
+``run`` is the public entry point (``sweep.run``); ``sweep run`` (sweep/cli/run.py) calls it too.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
+import time
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from sweep.config.paths import absolute_store
 from sweep.config.settings import Settings
 from sweep.config.validate import validate
 from sweep.results.outcome import failed_tasks, failure_lines
 from sweep.results.records import (
+    TaskSummary,
     TrialRecord,
     best_per_task,
     copy_model,
@@ -36,7 +44,15 @@ def default_experiment(settings: Settings) -> str:
     return f"{'lm' if kinds == {'causal_lm'} else 'glue'}-{settings.model.name}"
 
 
-def start_tracking(settings: Settings, cfg: DictConfig, out_dir: Path | None = None):
+def tracked_config(settings: Settings) -> dict[str, Any]:
+    """What the parent run logs as params and config.yaml: the config as composed (as the user wrote it);
+    settings made or changed by hand (no composed config) as they are."""
+    if settings.composed:
+        return settings.composed
+    return {k: v for k, v in asdict(settings).items() if k != "composed"}
+
+
+def start_tracking(settings: Settings, out_dir: Path | None = None):
     """The parent MLflow run (or None with tracking=none); an unreachable store fails here, first.
 
     With ``out_dir``, calls the store does not answer later wait in ``out_dir/mlflow-unsent/`` and
@@ -54,7 +70,7 @@ def start_tracking(settings: Settings, cfg: DictConfig, out_dir: Path | None = N
     spool_dir = Path(out_dir) / SPOOL_DIR if out_dir is not None else None
     tracker = SweepTracker(uri, experiment, spool_dir)
     reopen = saved_parent(Path(out_dir), uri, experiment) if out_dir is not None and settings.resume else None
-    parent = tracker.start(OmegaConf.to_container(cfg, resolve=True), reopen=reopen)
+    parent = tracker.start(tracked_config(settings), reopen=reopen)
     if out_dir is not None:
         tracker.save(Path(out_dir))
     verb = "continuing MLflow run" if tracker.reopened else "MLflow run"
@@ -286,35 +302,58 @@ def upload_outputs(settings: Settings, out_dir: Path) -> None:
                           settings.storage.region, out_dir=out_dir)
 
 
-def run(cfg: DictConfig, out_dir: Path) -> list:
-    settings = validate(cfg)  # every config error before any data is read
+RUN_FOLDER = "outputs/%Y-%m-%d/%H-%M-%S"  # no out_dir: a new folder here, as Hydra's run folder for the command
+
+
+def run_folder(settings: Settings, out_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Where the sweep writes: ``out_dir``, else ``settings.out_dir``, else ``outputs/<date>/<time>``."""
+    chosen = out_dir if out_dir is not None else settings.out_dir
+    return Path(os.path.abspath(os.path.expanduser(chosen if chosen is not None else time.strftime(RUN_FOLDER))))
+
+
+def run(settings: Settings | DictConfig, out_dir: str | os.PathLike[str] | None = None) -> list[TaskSummary]:
+    """One sweep, as ``sweep run`` runs it: the out_dir lock, the sources and method checks, the MLflow
+    parent, ONE Tune run, the best models, results and registry, the uploads. Returns each task's summary.
+
+    ``settings``: ``sweep.load_settings(...)``'s (a composed config is validated first). ``out_dir``:
+    where the results go (default: ``settings.out_dir``, else ``outputs/<date>/<time>`` here). A mistake
+    found before any trial raises one of ``sweep.errors.USER_ERRORS``; trials that failed are in the
+    summaries (``sweep.results.outcome.exit_code`` says what the command would exit with)."""
+    if not isinstance(settings, Settings):  # a composed DictConfig: every config error before any data is read
+        settings = validate(settings)
+    out = run_folder(settings, out_dir)
     from sweep.lock import hold_out_dir
 
-    with hold_out_dir(Path(out_dir)):  # one sweep per out_dir (OutDirInUseError), before anything is written
+    with hold_out_dir(out):  # one sweep per out_dir (OutDirInUseError), before anything is written
         sources = check_sources(settings)
-        if settings.train.method != "full":  # a target module the model lacks, or QLoRA without a GPU
-            from sweep.train.lora import check_method_runs_here, check_targets
-
-            check_method_runs_here(settings.train, settings.cluster.address)
-            if sources.local is not None:
-                check_targets(sources.local.model_dir, settings.train, settings.model.name)
-        if settings.sweep.predict_test and sources.local is not None:  # a malformed test file before any trial
-            from sweep.serving.glue_submission import check_test_files
-
-            check_test_files(settings.tasks, sources.local.data_dir)
-        tracker, tracking = start_tracking(settings, cfg, Path(out_dir))  # an unreachable store before any trial
+        check_method_and_tests(settings, sources)
+        tracker, tracking = start_tracking(settings, out)  # an unreachable store before any trial
         from sweep.driver.tuner import run_tune
 
         try:
-            records, checkpoint_folders = run_tune(settings, Path(out_dir), tracking, sources)
-            summaries = finish(settings, records, Path(out_dir), checkpoint_folders, tracker, sources)
+            records, checkpoint_folders = run_tune(settings, out, tracking, sources)
+            summaries = finish(settings, records, out, checkpoint_folders, tracker, sources)
             if settings.storage.output_prefix:
-                upload_outputs(settings, Path(out_dir))
+                upload_outputs(settings, out)
             return summaries
         except BaseException as e:
             if tracker is not None and tracker.run_id is not None:
                 # stopped by a signal (SweepStopped): KILLED, for resume=true to finish
                 tracker.fail("KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")  # never masks e
             if isinstance(e, KeyboardInterrupt) and tracker is not None and settings.storage.output_prefix:
-                keep_records(settings, tracker.uri, Path(out_dir))  # a suspended RayJob's head goes next
+                keep_records(settings, tracker.uri, out)  # a suspended RayJob's head goes next
             raise
+
+
+def check_method_and_tests(settings: Settings, sources) -> None:
+    """Before any trial: a LoRA target module the model lacks, QLoRA without a GPU, a malformed test file."""
+    if settings.train.method != "full":
+        from sweep.train.lora import check_method_runs_here, check_targets
+
+        check_method_runs_here(settings.train, settings.cluster.address)
+        if sources.local is not None:
+            check_targets(sources.local.model_dir, settings.train, settings.model.name)
+    if settings.sweep.predict_test and sources.local is not None:
+        from sweep.serving.glue_submission import check_test_files
+
+        check_test_files(settings.tasks, sources.local.data_dir)

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from sweep.config.defaults import TRACKING_URI
+
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
 
@@ -42,7 +44,7 @@ PROG = "python -m sweep submit"  # in the commands printed to follow, check or s
 # working_dir at 100 MiB, and none of these belong on the cluster). gitignore syntax, any depth.
 WORKING_DIR_EXCLUDES = (".venv", "outputs", "multirun", "mlflow.db", "mlruns", "mlartifacts", ".git",
                         "__pycache__", ".pytest_cache", ".cache", "*.egg-info", "bench_results")
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"  # conf/tracking/mlflow.yaml
+DEFAULT_TRACKING_URI = TRACKING_URI  # conf/tracking/mlflow.yaml's, from its one home in code
 PROBE_TIMEOUT_S = 5.0  # Ray's client sets no timeout: an address that never answers would hang it
 STOP_TIMEOUT_S = 30.0
 EXIT_FAILED, EXIT_USAGE, EXIT_DETACHED = 1, 2, 130

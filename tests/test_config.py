@@ -121,41 +121,101 @@ SCHEMAS = {"train": "TrainConfig", "sweep": "SweepConfig", "resources": "Resourc
            "storage": "StorageConfig", "tracking": "TrackingConfig", "cluster": "ClusterConfig"}
 
 
-@pytest.mark.parametrize("group", sorted(SCHEMAS))
-def test_the_schema_defaults_agree_with_the_default_yaml(group, monkeypatch):
-    """Every field the default config sets has the same value as the dataclass default (which only
-    fills keys an option leaves out), so a reader of conf/ sees the defaults that run."""
+def _schema_defaults(schema: type) -> dict:
+    """A dataclass's defaults as the YAML writes them (a nested dataclass, e.g. sweep.halving, as a mapping)."""
     import dataclasses
 
+    made = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            for f in dataclasses.fields(schema)}
+    return {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in made.items()}
+
+
+def _yaml_homes(group: str) -> dict:
+    """Each key of ``group`` -> its value in the YAML that is its home: the default option (config.yaml's
+    defaults list), else the first other option that sets it (storage=s3's keys)."""
     from omegaconf import OmegaConf
 
+    default = OmegaConf.to_container(_compose()[group], resolve=True)
+    others = [OmegaConf.to_container(_compose(f"{group}={o}")[group], resolve=True) for o in _options(group)]
+    homes: dict = {}
+    for values in (default, *others):
+        homes |= {k: v for k, v in values.items() if k not in homes}
+    return homes
+
+
+def _disagreements(schema: type, homes: dict) -> dict:
+    defaults = _schema_defaults(schema)
+    return {k: (defaults.get(k, "<no such field>"), homes.get(k, "<set in no YAML>"))
+            for k in set(defaults) | set(homes) if defaults.get(k) != homes.get(k) or k not in homes}
+
+
+@pytest.mark.parametrize("group", sorted(SCHEMAS))
+def test_the_schema_defaults_agree_with_the_default_yaml(group, monkeypatch):
+    """Every field of the schema has its default in conf/ (the default option, else another option of the
+    group) and the dataclass default is that value (it only fills keys an option leaves out), so a reader of
+    conf/ sees the defaults that run: each default has one home, the YAML, checked here field by field."""
     import sweep.config.settings as config
 
     monkeypatch.setenv("SWEEP_CACHE_DIR", "/somewhere/cache")
-    yaml_values = OmegaConf.to_container(_compose()[group], resolve=True)
-    schema = getattr(config, SCHEMAS[group])
-    defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-                for f in dataclasses.fields(schema)}
-    # sweep.halving is a dataclass of its own
-    defaults = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in defaults.items()}
-    differ = {k: (defaults[k], v) for k, v in yaml_values.items() if k in defaults and defaults[k] != v}
+    differ = _disagreements(getattr(config, SCHEMAS[group]), _yaml_homes(group))
     assert differ == {}, f"{SCHEMAS[group]} default vs conf/{group}: {differ}"
-    assert set(yaml_values) <= set(defaults)
 
 
-def test_a_disagreeing_default_is_caught(monkeypatch):
-    """The check above can fail: a changed dataclass default shows up as a difference."""
+def test_every_model_option_sets_every_model_key():
+    """model has no default option of its own: each option sets every key (the dataclass default never
+    applies), and a builder's defaults are the tiny RoBERTa's; the top-level keys agree with config.yaml."""
     import dataclasses
 
     from omegaconf import OmegaConf
 
-    from sweep.config.settings import TrainConfig
+    from sweep.config.settings import BuilderConfig, ModelConfig, Settings
 
-    yaml_values = OmegaConf.to_container(_compose()["train"], resolve=True)
-    defaults = {f.name: dataclasses.asdict(f.default_factory()) if f.default_factory is not dataclasses.MISSING
-                else f.default for f in dataclasses.fields(TrainConfig)}
-    changed = defaults | {"lr": 1e-3}
-    assert {k for k, v in yaml_values.items() if changed[k] != v} == {"lr"}
+    builder_keys = set(_schema_defaults(BuilderConfig))
+    for option in _options("model"):
+        values = OmegaConf.to_container(_compose(f"model={option}").model, resolve=True)
+        assert set(values) == set(_schema_defaults(ModelConfig)), option
+        assert values["builder"] is None or set(values["builder"]) == builder_keys, option
+    tiny = OmegaConf.to_container(_compose("model=tiny-roberta").model.builder)
+    assert _disagreements(BuilderConfig, tiny) == {}
+    top = _compose()
+    fields = {f.name: f.default for f in dataclasses.fields(Settings)}
+    assert (top.out_dir, top.resume) == (fields["out_dir"], fields["resume"])
+
+
+def test_a_disagreeing_default_is_caught(monkeypatch):
+    """The check above can fail: a changed dataclass default, or a field no YAML sets, shows up."""
+    import dataclasses
+
+    from sweep.config.settings import StorageConfig, TrainConfig
+
+    homes = _yaml_homes("train")
+    changed = dataclasses.make_dataclass("TrainConfig", [("lr", float, dataclasses.field(default=1e-3))],
+                                         bases=(TrainConfig,))
+    assert set(_disagreements(changed, homes)) == {"lr"}
+    extra = dataclasses.make_dataclass("StorageConfig", [("new_key", int, dataclasses.field(default=1))],
+                                       bases=(StorageConfig,))
+    assert _disagreements(extra, _yaml_homes("storage")) == {"new_key": (1, "<set in no YAML>")}
+
+
+@pytest.mark.parametrize("home", [None, "/elsewhere/cache"])
+def test_the_cache_folder_and_store_defaults_have_one_home_in_code(home, monkeypatch):
+    """conf/'s cache_dir (every storage option) and tracking.uri resolve to sweep.config.defaults' values,
+    which the schema, the Jobs client, the tracking fallback and the server import."""
+    import sweep.ray_jobs as ray_jobs
+    import sweep.tracking.store as store
+    from sweep.config.defaults import CACHE_DIR_ENV, TRACKING_URI, default_cache_dir
+    from sweep.config.settings import StorageConfig, TrackingConfig
+
+    if home is None:
+        monkeypatch.delenv(CACHE_DIR_ENV, raising=False)
+    else:
+        monkeypatch.setenv(CACHE_DIR_ENV, home)
+    expected = home or f"{Path.home()}/.cache/sweep"
+    assert default_cache_dir() == expected == StorageConfig().cache_dir
+    for option in _options("storage"):
+        assert _compose(f"storage={option}").storage.cache_dir == expected, option
+    assert _compose().tracking.uri == TRACKING_URI == TrackingConfig().uri
+    assert ray_jobs.DEFAULT_TRACKING_URI == store.FALLBACK_URI == TRACKING_URI
 
 
 def test_plus_experiment_still_means_the_preset():

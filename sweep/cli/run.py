@@ -22,16 +22,20 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from sweep.config.load import plain_experiment, quoted
+
 
 def run_sweep(cfg: DictConfig) -> None:
-    """The composed config -> one sweep (sweep.app.run), its mistakes and its stop as one line each."""
+    """The composed config -> validated Settings -> one sweep through the public ``sweep.run`` (sweep/app.py),
+    its mistakes and its stop as one line each."""
     from sweep.app import run
+    from sweep.config.validate import validate
     from sweep.errors import USER_ERRORS, SweepFailed, SweepStopped
     from sweep.results.outcome import exit_code, verdict_line
 
     out_dir = Path(cfg.out_dir or HydraConfig.get().runtime.output_dir).resolve()
     try:
-        summaries = run(cfg, out_dir)
+        summaries = run(validate(cfg), out_dir)  # every config error before any data is read
     except SweepFailed as e:  # Tune's own failure after trials ran: one line, how to go on
         from sweep.driver.stop import resume_command
 
@@ -116,14 +120,7 @@ def run_folder_overrides(out_dir: str) -> list[str]:
             MADE_HERE.add(folder.resolve())
     except OSError as e:
         user_error(ConfigError(f"out_dir={out_dir}: cannot be made ({e.strerror}); choose a folder you can write"))
-    quoted = "'" + out_dir.replace("\\", "\\\\").replace("'", "\\'") + "'"  # Hydra's grammar: spaces, = or , in a path
-    return [f"hydra.run.dir={quoted}", "hydra.output_subdir=null"]
-
-
-def plain_experiment(argv: Sequence[str]) -> list[str]:
-    """``experiment`` is in the defaults list (null), so Hydra takes ``experiment=demo``; the older
-    ``+experiment=demo`` (an append, which Hydra now refuses as a second value) means the same."""
-    return [a[1:] if a.startswith("+experiment=") else a for a in argv]
+    return [f"hydra.run.dir={quoted(out_dir)}", "hydra.output_subdir=null"]  # quoted: spaces, = or , in a path
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -5,4 +5,5 @@
 - ``request.py``:     one standing autoscaler request per cluster, the sum of every sweep's
 - ``stage_nodes.py``: staging on every node before the first trial (and on nodes that join later),
                       the driver's folders shipped through Ray, the nodes' progress lines
+- ``ray_internals.py``: the trial's and hooks' uses of Ray's private modules, each with why (none is public)
 """

@@ -2,6 +2,8 @@
 
 - ``settings.py``:     the typed schema (``Settings`` and its groups): configuration only, no run-time state
 - ``validate.py``:     the composed config -> ``Settings``, every range / choice / combination checked once
+- ``load.py``:         ``sweep.load_settings``: the command line's overrides -> ``Settings``, from Python
+- ``defaults.py``:     the defaults several places need (cache folder, MLflow store), one home each
 - ``paths.py``:        every path option made absolute once, on the driver, against the working folder
 - ``tasks.py``:        the task specs (``conf/task/*.yaml``) as ``TaskSpec``
 - ``model_limits.py``: the positions a model can take (``max_positions``, offsets) and their checks

@@ -4,26 +4,39 @@ OmegaConf checks types and unknown keys against the dataclasses below; ``validat
 range and choice checks that types cannot say.
 
 The defaults a user reads and changes are the YAML files in conf/; a dataclass default below only
-fills a key that a group's option leaves out (tests/test_config.py proves the two agree).
+fills a key that a group's option leaves out (tests/test_config.py proves the two agree, field by field).
+
+A choice is a ``Literal`` below, the one home of its values: ``validate.CHOICES`` reads them with
+``typing.get_args``. OmegaConf cannot hold a Literal, so it checks those fields as ``str`` (a schema
+``validate`` derives) and ``validate`` checks the value.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Literal, Optional, get_args
 
+from sweep.config.defaults import TRACKING_URI, default_cache_dir
 from sweep.config.tasks import TaskSpec
 
-
-def default_cache_dir() -> str:
-    """As conf/storage/*.yaml: $SWEEP_CACHE_DIR, else ~/.cache/sweep."""
-    return os.environ.get("SWEEP_CACHE_DIR") or f"{os.environ.get('HOME', '~')}/.cache/sweep"
+# The choices (validate.CHOICES reads their values; the messages list them in this order).
+Method = Literal["full", "lora", "qlora"]  # qlora: a 4-bit base, a CUDA GPU only
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
+Padding = Literal["dynamic", "max_length"]
+Arch = Literal["roberta", "bert", "gpt2"]  # model.builder.arch: the tiny models built offline
+SearchAlg = Literal["random", "optuna"]
+Aggregate = Literal["mean", "median"]
+Scheduler = Literal["fifo", "asha", "seed_halving", "pbt"]
+KeepCheckpoints = Literal["best", "all"]
+SearchDist = Literal["loguniform", "uniform", "choice"]  # a sweep.search (or pbt.mutations) dimension
+StorageKind = Literal["local", "s3"]
+TrackingKind = Literal["none", "mlflow"]
+Resume = Literal[False, True, "auto"]  # the config's resume; auto (the RayJob's) means true
 
 
 @dataclass
 class BuilderConfig:
-    arch: str = "roberta"
+    arch: Arch = "roberta"
     vocab_size: int = 2000
     hidden_size: int = 32
     num_layers: int = 2
@@ -50,16 +63,16 @@ class LoraConfig:
     target_modules: Optional[list[str]] = None  # null: PEFT's own choice for the architecture (query,value; c_attn)
 
 
-METHODS = ("full", "lora", "qlora")
+METHODS: tuple[Method, ...] = get_args(Method)
 # train.lr=null: the method's own default. Full fine-tuning keeps the original workflow's 2e-5; LoRA
 # takes the LoRA paper's roberta-base learning rate (5e-4 for MNLI/SST-2/QQP/RTE, 4e-4 for the rest).
-DEFAULT_LR = {"full": 2e-5, "lora": 5e-4, "qlora": 5e-4}
+DEFAULT_LR: dict[Method, float] = {"full": 2e-5, "lora": 5e-4, "qlora": 5e-4}
 
 
 @dataclass
 class TrainConfig:
     lr: Optional[float] = None  # null: DEFAULT_LR of the method (validate fills it in)
-    method: str = "full"  # full | lora | qlora (4-bit base, a CUDA GPU only)
+    method: Method = "full"  # full | lora | qlora (4-bit base, a CUDA GPU only)
     lora: LoraConfig = field(default_factory=LoraConfig)
     gradient_checkpointing: bool = False  # transformers' own: less activation memory, ~30% more compute
     batch_size: int = 32
@@ -70,8 +83,8 @@ class TrainConfig:
     warmup_ratio: float = 0.06
     weight_decay: float = 0.01
     max_grad_norm: float = 1.0
-    precision: str = "auto"
-    padding: str = "dynamic"
+    precision: Precision = "auto"
+    padding: Padding = "dynamic"
     group_by_length: bool = False
     max_train_samples: Optional[int] = None
     max_eval_samples: Optional[int] = None
@@ -101,7 +114,6 @@ class HalvingConfig:
 # fix the run's shape (batch size, epochs, sequence length, the adapters' rank) would not match the
 # donor's checkpoint and schedule.
 PBT_MUTABLE = ("lr", "weight_decay", "warmup_ratio", "max_grad_norm")
-PAUSING = ("seed_halving", "pbt")  # schedulers that pause trials (resumed later from their checkpoint)
 
 
 @dataclass
@@ -120,15 +132,15 @@ class SweepConfig:
     grid: dict[str, Any] = field(default_factory=dict)  # train key -> values; lora.r nests until validate flattens it
     search: dict[str, Any] = field(default_factory=dict)  # train key -> {dist, low, high | values}
     num_samples: int = 1
-    search_alg: str = "random"  # random (Tune's sampling) | optuna (a TPE study per task that learns from the scores)
+    search_alg: SearchAlg = "random"  # random (Tune's sampling) | optuna (a TPE study per task, learning from scores)
     search_seed: Optional[int] = None  # the search's seed (random or optuna): the same points again
     seeds_per_point: int = 1  # search_alg=optuna: each point runs on this many seeds, scored by their aggregate
-    aggregate: str = "mean"  # mean | median: what the study is told of a point's seeds
-    scheduler: str = "fifo"
+    aggregate: Aggregate = "mean"  # mean | median: what the study is told of a point's seeds
+    scheduler: Scheduler = "fifo"
     halving: HalvingConfig = field(default_factory=HalvingConfig)
     pbt: PbtConfig = field(default_factory=PbtConfig)
     max_failures: int = 2
-    keep_checkpoints: str = "best"  # best: prune all but the exported best model; all: keep every trial's
+    keep_checkpoints: KeepCheckpoints = "best"  # best: prune all but the exported best model; all: keep every trial's
     predict_test: bool = False  # the best model per task predicts its test split: out_dir/glue_submission.zip
 
 
@@ -161,10 +173,10 @@ class ResourcesConfig:
 
 @dataclass
 class StorageConfig:
-    kind: str = "local"
+    kind: StorageKind = "local"
     data_dir: Optional[str] = None
     model_dir: Optional[str] = None
-    cache_dir: str = field(default_factory=lambda: default_cache_dir())
+    cache_dir: str = field(default_factory=default_cache_dir)  # $SWEEP_CACHE_DIR as the StorageConfig is made
     # storage=s3 (credentials only from the AWS chain: never fields here)
     bucket: Optional[str] = None
     endpoint: Optional[str] = None  # null: AWS_ENDPOINT_URL / ENDPOINT_URL, else AWS
@@ -179,8 +191,8 @@ class StorageConfig:
 
 @dataclass
 class TrackingConfig:
-    kind: str = "mlflow"
-    uri: Optional[str] = "sqlite:///mlflow.db"
+    kind: TrackingKind = "mlflow"
+    uri: Optional[str] = TRACKING_URI
     experiment: Optional[str] = None
     required: bool = True
     copy_every_s: float = 300.0  # with storage.output_prefix: the records copied there at least this often
@@ -200,7 +212,10 @@ class ClusterConfig:
 
 @dataclass
 class Settings:
-    """The validated config of one sweep (everything but the task specs is a typed dataclass)."""
+    """The validated config of one sweep (everything but the task specs is a typed dataclass).
+
+    Made once (``sweep.load_settings``, or the command's Hydra run, through ``validate``) and never
+    rewritten: what a run finds (pins, folders staged or shipped) travels in values of its own."""
 
     tasks: list[TaskSpec]
     model: ModelConfig
@@ -211,7 +226,8 @@ class Settings:
     tracking: TrackingConfig
     cluster: ClusterConfig
     out_dir: Optional[str] = None
-    resume: bool = False
-
-
-
+    resume: bool = False  # the config's true | false | auto (Resume), as what it means
+    # The composed config as written (relative paths, lr null, ...), set by validate: what MLflow logs
+    # as the parent's params and config.yaml. Not a setting (equal Settings may be written differently);
+    # dataclasses.replace leaves it out, so a changed copy is logged from its own values.
+    composed: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)

@@ -7,9 +7,12 @@ the key and what is allowed, raised before any data is read or any Ray resource 
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import typing
 from collections.abc import Mapping
-from dataclasses import replace
-from typing import Any
+from dataclasses import asdict, replace
+from typing import Any, Literal, get_args
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -19,17 +22,27 @@ from sweep.config.settings import (
     AUTO,
     DEFAULT_LR,
     METHODS,
-    PAUSING,
     PBT_MUTABLE,
+    Aggregate,
+    Arch,
     ClusterConfig,
     HalvingConfig,
+    KeepCheckpoints,
     LoraConfig,
     ModelConfig,
+    Padding,
+    Precision,
     ResourcesConfig,
+    Resume,
+    Scheduler,
+    SearchAlg,
+    SearchDist,
     Settings,
     StorageConfig,
+    StorageKind,
     SweepConfig,
     TrackingConfig,
+    TrackingKind,
     TrainConfig,
 )
 from sweep.config.tasks import CONF_DIR, TaskConfigError, tasks_from_config
@@ -37,26 +50,78 @@ from sweep.errors import ConfigError
 from sweep.failures import first_line
 from sweep.secrets import secret_name
 
-CHOICES = {
-    "train.precision": ("auto", "fp32", "bf16", "fp16"),
-    "train.padding": ("dynamic", "max_length"),
+# Each choice's values come from its Literal in settings.py (their one home).
+CHOICES: dict[str, tuple[str, ...]] = {
+    "train.precision": get_args(Precision),
+    "train.padding": get_args(Padding),
     "train.method": METHODS,
-    "sweep.keep_checkpoints": ("best", "all"),
-    "sweep.scheduler": ("fifo", "asha", "seed_halving", "pbt"),
-    "sweep.search_alg": ("random", "optuna"),
-    "sweep.aggregate": ("mean", "median"),
-    "sweep.search.dist": ("loguniform", "uniform", "choice"),
-    "storage.kind": ("local", "s3"),
-    "tracking.kind": ("none", "mlflow"),
-    "model.builder.arch": ("roberta", "bert", "gpt2"),
+    "sweep.keep_checkpoints": get_args(KeepCheckpoints),
+    "sweep.scheduler": get_args(Scheduler),
+    "sweep.search_alg": get_args(SearchAlg),
+    "sweep.aggregate": get_args(Aggregate),
+    "sweep.search.dist": get_args(SearchDist),
+    "storage.kind": get_args(StorageKind),
+    "tracking.kind": get_args(TrackingKind),
+    "model.builder.arch": get_args(Arch),
 }
+# What the checks below must know of a scheduler or searcher by its name. All else is its policy's
+# (sweep/schedulers/policies.py), a layer above config that validation cannot ask; a test holds these
+# to the policies' answers (tests/test_scheduler_policies.py).
+PAUSING: tuple[Scheduler, ...] = ("seed_halving", "pbt")  # pause trials (resumed later from their checkpoint)
+MUTATING: tuple[Scheduler, ...] = ("pbt",)  # change a trial's values mid-run: sweep.pbt is checked
+LEARNING: tuple[SearchAlg, ...] = ("optuna",)  # learn from the scores: a space, a point over several seeds
+_REAL: dict[type, type] = {}  # omegaconf_schema's copies -> the settings classes they stand for
+
+
+def _has_literal(hint: Any) -> bool:
+    if typing.get_origin(hint) is Literal:
+        return True
+    if dataclasses.is_dataclass(hint):
+        return any(_has_literal(h) for h in typing.get_type_hints(hint).values())
+    return any(_has_literal(a) for a in typing.get_args(hint))
+
+
+def _plain(hint: Any) -> Any:
+    """``hint`` as OmegaConf can check it: a Literal is a str (its value is checked against CHOICES)."""
+    if not _has_literal(hint):
+        return hint
+    if typing.get_origin(hint) is Literal:
+        return str
+    if dataclasses.is_dataclass(hint):
+        return omegaconf_schema(hint)
+    return typing.get_origin(hint)[tuple(_plain(a) for a in typing.get_args(hint))]  # Optional[X], list[X]
+
+
+@functools.cache
+def omegaconf_schema(cls: type) -> type:
+    """A settings dataclass as OmegaConf's schema: the same name, fields and defaults, Literals as str."""
+    if not _has_literal(cls):
+        return cls
+    hints = typing.get_type_hints(cls)
+    fields = [(f.name, _plain(hints[f.name]), dataclasses.field(default=f.default, default_factory=f.default_factory))
+              for f in dataclasses.fields(cls)]
+    schema = dataclasses.make_dataclass(cls.__name__, fields)
+    _REAL[schema] = cls
+    return schema
+
+
+def _from_schema(value: Any) -> Any:
+    """OmegaConf's object of an ``omegaconf_schema`` copy as the settings class it stands for."""
+    if isinstance(value, list):
+        return [_from_schema(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _from_schema(v) for k, v in value.items()}
+    real = _REAL.get(type(value))
+    if real is None:
+        return value
+    return real(**{f.name: _from_schema(getattr(value, f.name)) for f in dataclasses.fields(value)})
 
 
 def _typed(group: str, schema: type, node: Any) -> Any:
     """Merge a config node onto its dataclass schema: OmegaConf rejects wrong types and unknown keys."""
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(schema), node)
-        return OmegaConf.to_object(merged)
+        merged = OmegaConf.merge(OmegaConf.structured(omegaconf_schema(schema)), node)
+        return _from_schema(OmegaConf.to_object(merged))
     except OmegaConfBaseException as e:
         key = f"{group}.{e.full_key}" if getattr(e, "full_key", None) else group
         # OmegaConf's first line says what was wrong; keep it, drop its multi-line trailer.
@@ -85,14 +150,14 @@ def _check_seeds_per_point(sweep) -> None:
     _check_choice("sweep.aggregate", sweep.aggregate)
     if k == 1:
         return
-    _check(sweep.search_alg == "optuna", "sweep.seeds_per_point",
+    _check(sweep.search_alg in LEARNING, "sweep.seeds_per_point",
            f"{k} needs sweep.search_alg=optuna (random search draws a new point for every trial)")
     _check(n % k == 0, "sweep.seeds_per_point",
            f"{k} must divide the number of seeds ({n}): each point runs on {k} consecutive seeds; "
            f"give {n - n % k or k} or {n - n % k + k} seeds")
 
 
-RESUME_CHOICES = {False: False, True: True, "auto": True}  # auto: the RayJob's; the same as true
+RESUME_CHOICES = {value: value is not False for value in get_args(Resume)}  # auto: the RayJob's; the same as true
 
 
 def _resume(value: Any) -> bool:
@@ -137,7 +202,7 @@ def _check_ranges(s: Settings) -> None:
     _check_halving(s.sweep.halving)
     _check(s.sweep.num_samples >= 1, "sweep.num_samples", f"must be >= 1, got {s.sweep.num_samples}")
     _check_choice("sweep.search_alg", s.sweep.search_alg)
-    _check(s.sweep.search_alg != "optuna" or bool(s.sweep.search), "sweep.search_alg",
+    _check(s.sweep.search_alg not in LEARNING or bool(s.sweep.search), "sweep.search_alg",
            "optuna needs a search space to learn over, e.g. '+sweep.search.lr={dist: loguniform, low: 1e-5, "
            "high: 1e-3}' sweep.num_samples=20")
     _check_seeds_per_point(s.sweep)
@@ -288,7 +353,7 @@ def _check_dist(where: str, spec: Any) -> None:
 
 def _check_pbt(s: Settings) -> None:
     """sweep.scheduler=pbt: what to mutate, how often, and a population to clone from, per task."""
-    if s.sweep.scheduler != "pbt":
+    if s.sweep.scheduler not in MUTATING:
         return
     pbt, sweep, t = s.sweep.pbt, s.sweep, s.train
     _check(bool(pbt.mutations), "sweep.pbt.mutations",
@@ -310,7 +375,7 @@ def _check_pbt(s: Settings) -> None:
     _check(0 < pbt.quantile <= 0.5, "sweep.pbt.quantile", f"must be in (0, 0.5], got {pbt.quantile}")
     _check(0 <= pbt.resample_probability <= 1, "sweep.pbt.resample_probability",
            f"must be in [0, 1], got {pbt.resample_probability}")
-    _check(sweep.search_alg == "random", "sweep.search_alg",
+    _check(sweep.search_alg not in LEARNING, "sweep.search_alg",
            f"{sweep.search_alg} cannot drive sweep.scheduler=pbt: PBT searches by itself (exploit and mutate); "
            "use sweep.search_alg=random for its first population")
     population = len(sweep.seeds) * sweep.num_samples  # each grid point is a population of its own
@@ -349,10 +414,10 @@ def _check_cpus(key: str, value: float) -> None:
 
 def _check_ranges_of(s: Settings, key: str, value: Any, where: str) -> None:
     try:
-        node = OmegaConf.structured(s.train)
+        node = OmegaConf.merge(OmegaConf.structured(omegaconf_schema(TrainConfig)), asdict(s.train))
         OmegaConf.update(node, key, value, merge=True)  # lora.r: the nested key
         train = _typed("train", TrainConfig, node)
-        _check_ranges(Settings(**{**s.__dict__, "train": train, "sweep": SweepConfig(seeds=s.sweep.seeds)}))
+        _check_ranges(replace(s, train=train, sweep=SweepConfig(seeds=s.sweep.seeds)))
     except ConfigError as e:
         raise ConfigError(f"{where}: value {value!r}: {e}") from None
 
@@ -387,11 +452,14 @@ def validate(cfg: DictConfig) -> Settings:
         resume=_resume(cfg.get("resume", False)),
     )
     _check_ranges(settings)
-    return absolute_paths(settings)  # trials run in Ray's own folders: a path means the user's folder
+    settings = absolute_paths(settings)  # trials run in Ray's own folders: a path means the user's folder
+    settings.composed = OmegaConf.to_container(cfg, resolve=True)  # as written: the parent run's params
+    return settings
 
 
 def compose(*overrides: str) -> DictConfig:
-    """The config that ``python -m sweep <overrides>`` runs with (for scripts, notebooks and tests)."""
+    """The config that ``python -m sweep <overrides>`` runs with (for scripts and tests; Hydra's errors
+    as they are: ``sweep.load_settings`` is the public way, each mistake one line)."""
     from hydra import compose as hydra_compose, initialize_config_dir
 
     from sweep.config.tasks import CONF_DIR
@@ -401,6 +469,5 @@ def compose(*overrides: str) -> DictConfig:
 
 
 def compose_settings(*overrides: str) -> Settings:
+    """``validate(compose(*overrides))``: the tests' settings (``sweep.load_settings`` adds the length checks)."""
     return validate(compose(*overrides))
-
-

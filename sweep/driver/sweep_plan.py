@@ -18,8 +18,16 @@ from sweep.plan.costs import DataVolume, grid_points, measure_sizes, sweep_trial
 from sweep.plan.dispatch import ClusterGPUs, Dispatch, OnCpu, cluster_gpus, dispatch
 from sweep.plan.eta import Forecast
 from sweep.plan.probe import Probe, cpu_note, probe_step_cost, probe_task, why_no_probe
-from sweep.plan.scale import AutoscalerView, TrialSize
-from sweep.plan.sizes import SweepStorage, TaskPlan, many_nodes, plan_trials, storage_path, sweep_storage, trial_count
+from sweep.plan.scale import AutoscalerView, TrialResources
+from sweep.plan.sizes import (
+    SweepStorage,
+    TaskPlacement,
+    many_nodes,
+    plan_trials,
+    storage_path,
+    sweep_storage,
+    trial_count,
+)
 from sweep.storage.staging import DriverSources, cache_root
 from sweep.trials import point_of, trial_key
 
@@ -30,18 +38,18 @@ class SweepPlan:
     nodes: list[dict[str, float]]  # the alive nodes' resources when the sweep started
     autoscaler: AutoscalerView | None  # None: a local Ray, or no autoscaler the driver can read
     storage: SweepStorage  # where the trials write what the driver reads back
-    tasks: dict[str, TaskPlan]  # each task's trials on this cluster
+    tasks: dict[str, TaskPlacement]  # each task's trials on this cluster
     dispatch: Dispatch  # each task's GPUs per trial and the order Tune gets the trials in
     concurrency: int  # trials at once
     forecast: Forecast  # the progress line's ETA
     staging: Staging  # what a trial on a node that joined later needs to stage there
 
     @property
-    def sizes(self) -> dict[str, TrialSize]:
+    def sizes(self) -> dict[str, TrialResources]:
         return {task: p.size for task, p in self.tasks.items()}
 
     @property
-    def first(self) -> TaskPlan:
+    def first(self) -> TaskPlacement:
         """The plan of the first trials Tune starts: their size drives the wait for launched nodes."""
         return self.tasks[self.dispatch.order[0].task]
 
@@ -157,9 +165,9 @@ def print_plan(settings: Settings, plan: SweepPlan, describe: list[str]) -> None
           f"{grows}; " + _describe_sizes(plan.tasks))
 
 
-def _describe_sizes(plans: dict[str, TaskPlan]) -> str:
+def _describe_sizes(plans: dict[str, TaskPlacement]) -> str:
     """'1 worker(s) x (1 CPU, 0 GPU) each', or per task when the tasks differ."""
-    def size(p: TaskPlan) -> str:
+    def size(p: TaskPlacement) -> str:
         return f"{p.size.workers} worker(s) x ({p.size.cpus_per_worker:g} CPU, {p.size.gpus_per_worker:g} GPU)"
 
     sizes = {task: size(p) for task, p in plans.items()}

@@ -13,13 +13,13 @@ from ray.tune import Callback
 
 from sweep.config.settings import Settings
 from sweep.failures import trial_failure_line
-from sweep.plan.sizes import TaskPlan
+from sweep.plan.sizes import TaskPlacement
 from sweep.results.records import TrialRecord
 from sweep.trials import CHECKPOINT_MARKER, Report, TrialHistories, pbt_schedule, steps_trained, trial_of
 
 
-def records_from_results(grid, settings: Settings, plans: dict[str, TaskPlan], histories: TrialHistories | None = None,
-                         train_dir: Path | None = None, run_id_of=None,
+def records_from_results(grid, settings: Settings, plans: dict[str, TaskPlacement],
+                         histories: TrialHistories | None = None, train_dir: Path | None = None, run_id_of=None,
                          configs: dict[str, dict] | None = None) -> list[TrialRecord]:
     """One TrialRecord per Tune trial (``plans``: each task's), with the best evaluation's metrics and checkpoint.
 

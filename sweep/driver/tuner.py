@@ -10,14 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from sweep.cluster.connect import beside_the_driver, connect, quiet_ray
-from sweep.config.settings import PAUSING, Settings
+from sweep.config.settings import Settings
 from sweep.driver.sweep_plan import SweepPlan, plan_sweep
 from sweep.plan.costs import grid_points
 from sweep.plan.makespan import TrialWork
-from sweep.plan.scale import TrialSize
+from sweep.plan.scale import TrialResources
 from sweep.plan.sizes import EXPERIMENT
 from sweep.results.outcome import SavedTrial, resuming_line
 from sweep.results.records import TrialRecord
+from sweep.schedulers.policies import SchedulerPolicy, SweepPolicies, policies_for
 from sweep.storage.staging import DriverSources, check_sources
 from sweep.trials import CHECKPOINT_RANK, point_of, trial_of
 
@@ -56,15 +57,17 @@ def _run_tune(settings: Settings, sources: DriverSources, out_dir: Path, trackin
     from sweep.driver.tune_results import TrialConfigs, checkpoint_folders, records_from_results, reported_ids
 
     plan = plan_sweep(settings, sources, out_dir)
+    policies = policies_for(settings.sweep)  # the scheduler and searcher, asked from here on
     launch_id = uuid.uuid4().hex[:8]
     # the handle keeps the board alive for the sweep's duration
-    rungs_board, board_handle = start_rungs_board(settings, plan.storage.experiment, plan.total, plan.storage.histories)
+    rungs_board, board_handle = start_rungs_board(settings, policies.scheduler, plan.storage.experiment, plan.total,
+                                                  plan.storage.histories)
     callbacks, progress, trial_runs = sweep_callbacks(settings, plan, tracking, launch_id, board_handle)
     configs = TrialConfigs()  # a trial killed before its first report still has a task and seed
     callbacks.append(configs)
     if tracking is not None and settings.storage.output_prefix:  # records that outlive the head's disk
         callbacks.append(record_copies(settings, tracking.uri, out_dir))
-    tuner = make_tuner(settings, plan, callbacks, launch_id, rungs_board)
+    tuner = make_tuner(settings, policies, plan, callbacks, launch_id, rungs_board)
     try:
         # the autoscaler is asked for every concurrent trial up front (added to other sweeps' requests),
         # and the request withdrawn when the sweep ends, however it ends
@@ -138,7 +141,8 @@ def record_copies(settings: Settings, tracking_uri: str, out_dir: Path):
                                       storage.region, settings.tracking.copy_every_s))
 
 
-def make_tuner(settings: Settings, plan: SweepPlan, callbacks: list, launch_id: str, rungs_board: str | None):
+def make_tuner(settings: Settings, policies: SweepPolicies, plan: SweepPlan, callbacks: list, launch_id: str,
+               rungs_board: str | None):
     """One Tuner over every trial, or the sweep's saved one restored (``resume=true``)."""
     from ray import tune
 
@@ -162,8 +166,8 @@ def make_tuner(settings: Settings, plan: SweepPlan, callbacks: list, launch_id: 
     ddp_tasks = {t for t, s in plan.sizes.items() if not s.in_trial_process}
     # a trial paused (at the seed-halving rung, or by PBT to share slots) still counts as live for the
     # generator's limit: it must hand out every trial (the resources limit)
-    concurrency = 0 if settings.sweep.scheduler in PAUSING else plan.concurrency
-    search, samples = make_search(settings, plan.dispatch.order, ddp_tasks, concurrency)
+    concurrency = 0 if policies.scheduler.pauses_trials else plan.concurrency
+    search, samples = make_search(settings, policies, plan.dispatch.order, ddp_tasks, concurrency)
     return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
@@ -171,11 +175,11 @@ def make_tuner(settings: Settings, plan: SweepPlan, callbacks: list, launch_id: 
             search_alg=search,
             # A trial's driver process serves the next trial: no new process, no re-import.
             reuse_actors=True,
-            **_tune_scheduler(settings, rungs_board),
+            **_tune_scheduler(policies.scheduler, rungs_board),
         ),
         run_config=tune.RunConfig(
             name=EXPERIMENT, storage_path=plan.storage.root, verbose=0,
-            callbacks=callbacks, **retries_and_checkpoints(settings, plan.sizes),
+            callbacks=callbacks, **retries_and_checkpoints(settings, policies.scheduler, plan.sizes),
         ),
     )
 
@@ -186,26 +190,18 @@ def saved_trial_state(result) -> SavedTrial:
                       checkpointed=result.checkpoint is not None)
 
 
-def make_search(settings: Settings, order: Sequence[TrialWork], ddp_tasks: set[str], concurrency: int):
+def make_search(settings: Settings, policies: SweepPolicies, order: Sequence[TrialWork], ddp_tasks: set[str],
+                concurrency: int):
     """Tune's searcher over every trial of the sweep, and their number (Tune asks it once per trial):
     one per (task, seed, grid point) in the dispatch order, ``num_samples`` rounds of them, each with
-    its ``hparams`` drawn at random (run/gate.RandomSearch) or asked of its task's TPE study
-    (schedulers/optuna_search.py). Tune starts trials in the order it gets them: the dispatch order holds."""
+    its ``hparams`` as the searcher policy gives them (drawn at random: schedulers/gate.RandomSearch, or
+    asked of its task's TPE study: schedulers/optuna_search.py). Tune starts trials in the order it gets
+    them: the dispatch order holds."""
     from ray.tune.search import ConcurrencyLimiter
-
-    from sweep.schedulers.gate import RandomSearch
-    from sweep.schedulers.optuna_search import TaskOptunaSearch
 
     points = grid_points(settings)
     trials = [point_of(t.task, t.seed, points[t.point]) for t in order] * settings.sweep.num_samples
-    sweep = settings.sweep
-    if sweep.search_alg == "optuna":
-        searcher = TaskOptunaSearch(trials, sweep.search, sweep.search_seed, ddp_tasks, sweep.seeds_per_point,
-                                    sweep.aggregate)
-    else:
-        # PBT's first population draws each mutated key from its mutation range, unless the search has it
-        space = {**(sweep.pbt.mutations if sweep.scheduler == "pbt" else {}), **sweep.search}
-        searcher = RandomSearch(trials, ddp_tasks, space, sweep.search_seed)
+    searcher = policies.searcher.tune_searcher(trials, ddp_tasks, policies.scheduler)
     limited = ConcurrencyLimiter(searcher, max_concurrent=concurrency) if concurrency > 0 else searcher
     return limited, len(trials)
 
@@ -213,7 +209,7 @@ def make_search(settings: Settings, order: Sequence[TrialWork], ddp_tasks: set[s
 class ResourcesByTask:
     """``tune.with_resources``' per-trial request: the trial's task decides (each task has its size)."""
 
-    def __init__(self, sizes: dict[str, TrialSize]):
+    def __init__(self, sizes: dict[str, TrialResources]):
         self.requests = {task: size.process_resources for task, size in sizes.items()}
 
     def __call__(self, config: dict[str, Any]):
@@ -222,7 +218,8 @@ class ResourcesByTask:
         return resource_dict_to_pg_factory(self.requests[trial_of(config)[0]])
 
 
-def retries_and_checkpoints(settings: Settings, sizes: dict[str, TrialSize]) -> dict[str, Any]:
+def retries_and_checkpoints(settings: Settings, scheduler: SchedulerPolicy,
+                            sizes: dict[str, TrialResources]) -> dict[str, Any]:
     """Tune retries every failed trial from its latest checkpoint (the trainable has already ended
     the trials that failed on their own data, config or model without raising: those are not
     retried). Tune keeps the checkpoints of a trial running in its own process; Train (per trial,
@@ -232,9 +229,9 @@ def retries_and_checkpoints(settings: Settings, sizes: dict[str, TrialSize]) -> 
     retries = {"failure_config": tune.FailureConfig(max_failures=settings.sweep.max_failures)}
     if not any(s.in_trial_process for s in sizes.values()):
         return retries
-    if settings.sweep.scheduler == "pbt":
-        # An exploit clones a top trial's checkpoint of its last perturbation, which may no longer be
-        # its best or latest: PBT keeps every checkpoint until the sweep ends (keep_checkpoints prunes then).
+    if scheduler.keeps_every_checkpoint:
+        # PBT: an exploit clones a top trial's checkpoint of its last perturbation, which may no longer be
+        # its best or latest: every checkpoint is kept until the sweep ends (keep_checkpoints prunes then).
         return {**retries, "checkpoint_config": tune.CheckpointConfig(num_to_keep=None)}
     return {
         **retries,
@@ -244,17 +241,20 @@ def retries_and_checkpoints(settings: Settings, sizes: dict[str, TrialSize]) -> 
     }
 
 
-def start_rungs_board(settings: Settings, experiment: str, total: int, histories):
-    """The named actor that holds the rungs of sweep.scheduler (asha, seed_halving); trials ask it
-    after each evaluation. A resumed sweep's board learns again what the trials' histories say.
+def start_rungs_board(settings: Settings, scheduler: SchedulerPolicy, experiment: str, total: int, histories):
+    """The named actor that holds the rungs of the scheduler (its policy's ``rung_board``: asha,
+    seed_halving); trials ask it after each evaluation. A resumed sweep's board learns again what the
+    trials' histories say.
 
-    Returns (name, handle); the caller keeps the handle for the sweep's duration (it owns the actor).
+    Returns (name, handle), (None, None) without a board; the caller keeps the handle for the sweep's
+    duration (it owns the actor).
     """
-    from sweep.plan.rung_boards import ASHA_NAMESPACE, board_name, make_board
+    from sweep.plan.rung_boards import ASHA_NAMESPACE, board_name
 
-    board_class, kwargs = make_board(settings, total)
-    if board_class is None:
+    board = scheduler.rung_board(settings, total)
+    if board is None:
         return None, None
+    board_class, kwargs = board
     import ray
 
     name = board_name(experiment)
@@ -282,15 +282,9 @@ def replay_rungs(board, histories) -> None:
         ray.get(board.gone.remote(task, trial_id))
 
 
-def _tune_scheduler(settings: Settings, rungs_board: str | None) -> dict[str, Any]:
-    """Seed halving pauses trials that reach the rung before their task is decided (Tune's side);
-    PBT (one population per task) pauses a trial to clone another's checkpoint."""
-    if settings.sweep.scheduler == "pbt":
-        from sweep.schedulers.pbt import TaskPbt
-
-        return {"scheduler": TaskPbt(settings.sweep.pbt)}
-    if settings.sweep.scheduler != "seed_halving":
-        return {}
-    from sweep.schedulers.seed_halving import SeedHalvingScheduler
-
-    return {"scheduler": SeedHalvingScheduler(rungs_board, settings.sweep.halving.at)}
+def _tune_scheduler(scheduler: SchedulerPolicy, rungs_board: str | None) -> dict[str, Any]:
+    """TuneConfig's scheduler where the policy has one of Tune's (seed halving pauses trials that reach
+    the rung before their task is decided; PBT pauses a trial to clone another's checkpoint); else
+    Tune's default."""
+    tune_scheduler = scheduler.tune_scheduler(rungs_board)
+    return {} if tune_scheduler is None else {"scheduler": tune_scheduler}

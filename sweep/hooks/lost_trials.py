@@ -42,9 +42,10 @@ def lost_process(exception: BaseException) -> BaseException:
 
 def treat_lost_processes_as_trial_failures() -> None:
     """Wrap Tune's actor manager once per process (idempotent)."""
-    from ray.air.execution._internal.actor_manager import RayActorManager
+    from sweep.cluster.ray_internals import actor_manager_class
 
-    original = RayActorManager._actor_task_failed
+    manager = actor_manager_class()
+    original = manager._actor_task_failed
     if getattr(original, "sweep_wrapped", False):
         return
 
@@ -52,7 +53,7 @@ def treat_lost_processes_as_trial_failures() -> None:
         return original(self, tracked_actor_task, lost_process(exception))
 
     _actor_task_failed.sweep_wrapped = True
-    RayActorManager._actor_task_failed = _actor_task_failed
+    manager._actor_task_failed = _actor_task_failed
 
 
 class OneLineTrialFailures(logging.Filter):

@@ -27,6 +27,7 @@ from ray.tune import Callback
 
 from sweep.config.settings import Settings, with_hparams
 from sweep.failures import first_line
+from sweep.schedulers.policies import policies_for
 from sweep.trials import Report, trial_of
 
 log = logging.getLogger(__name__)
@@ -71,11 +72,11 @@ class TrialRuns(Callback):
 
     def __init__(self, settings: Settings, tracking, launch_id: str, rungs_board=None) -> None:
         self.settings, self.tracking, self.launch_id, self.board = settings, tracking, launch_id, rungs_board
-        pbt = settings.sweep.scheduler == "pbt"
-        # a search's samples (and PBT's trials) may share a point: names add the number
-        self.sampled = bool(settings.sweep.search) or pbt
         # PBT changes these mid-run: a run's name keeps to what names the trial (task, seed, grid point)
-        self.mutated = set(settings.sweep.pbt.mutations) if pbt else set()
+        self.mutated = set(policies_for(settings.sweep).scheduler.mutations)
+        # a search's samples (and PBT's trials, named without their mutated values) may share a point:
+        # names add the number
+        self.sampled = bool(settings.sweep.search) or bool(self.mutated)
         self.loggers: dict[str, Any] = {}  # Tune trial id -> TrialLogger (used on the worker thread only)
         self.last: dict[str, Report] = {}  # Tune trial id -> its last evaluation report
         self.busy_s = 0.0  # the driver's time spent in this callback's hooks (bench_tracking reads it)

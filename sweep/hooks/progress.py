@@ -10,8 +10,9 @@ from typing import Any
 
 from ray.tune import Callback
 
-from sweep.config.settings import PAUSING, Settings
+from sweep.config.settings import Settings
 from sweep.results.records import rank_key
+from sweep.schedulers.policies import policies_for
 from sweep.trials import Report, trial_key, trial_of
 
 
@@ -34,7 +35,7 @@ class SweepProgress(Callback):
         self.failed = 0
         self.start = time.time()
         self.last_line = ""
-        self.pauses = settings.sweep.scheduler in PAUSING
+        self.pauses = policies_for(settings.sweep).scheduler.pauses_trials
         self.waiting: str | None = None  # what the sweep waits for from the autoscaler (WaitForNodes sets it)
 
     def _eta(self) -> str:

@@ -9,8 +9,10 @@ the two rules are plain Python in ``sweep.plan.rungs``.
 
 Seed halving (Dodge et al. 2020) decides once, when every trial of a task has reached fraction
 ``at`` of its training, so a trial that gets there first must wait without holding its GPU while
-later seeds still need one: ``halving_scheduler.SeedHalvingScheduler`` (Tune's side) pauses it, with its checkpoint of
-that evaluation, and resumes the kept trials once the task is decided.
+later seeds still need one: ``schedulers/seed_halving.SeedHalvingScheduler`` (Tune's side) pauses it, with its
+checkpoint of that evaluation, and resumes the kept trials once the task is decided.
+
+Which board a sweep has (if any) is its scheduler policy's answer (``schedulers/policies.py``: ``rung_board``).
 """
 
 from __future__ import annotations
@@ -135,19 +137,6 @@ class SeedHalving:
 def trials_per_task(settings, total: int) -> dict[str, int]:
     """How many trials each task has: every task has the same seeds x grid x samples."""
     return {spec.name: total // len(settings.tasks) for spec in settings.tasks}
-
-
-def make_board(settings, total: int):
-    """The rungs of sweep.scheduler (None for fifo): plain Python, hosted as a named actor."""
-    scheduler = settings.sweep.scheduler
-    if scheduler == "asha":
-        max_t = max([settings.train.epochs, *settings.sweep.grid.get("epochs", [])])
-        return AshaRungs, {"max_t": max_t}
-    if scheduler == "seed_halving":
-        halving = settings.sweep.halving
-        return SeedHalving, {"trials_per_task": trials_per_task(settings, total),
-                             "keep": halving.keep, "at": halving.at}
-    return None, None
 
 
 def board_name(experiment: str) -> str:

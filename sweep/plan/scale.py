@@ -1,5 +1,5 @@
 """What an autoscaling Ray cluster can grow to, in plain Python (no Ray import): ``NodeType``,
-``TrialSize``, ``plan_scale`` (how many trials fit now / at the cluster's maximum, which node types
+``TrialResources``, ``plan_scale`` (how many trials fit now / at the cluster's maximum, which node types
 must be launched), ``NodeWait`` (the waiting text and ``ScaleTimeoutError``), ``AutoscalerView`` and
 the texts the progress line and the errors use. ``sweep/cluster/autoscale.py`` fills these from a live
 cluster.
@@ -43,7 +43,7 @@ class NodeType:
 
 
 @dataclass(frozen=True)
-class TrialSize:
+class TrialResources:
     """What one trial holds: ``workers`` Train workers (DDP when > 1), each ``cpus_per_worker`` CPU and
     ``gpus_per_worker`` GPU, all on one node. Chosen once per task by ``sizes.plan_trials``; the
     autoscaler request, Tune's resource request and the trial itself all read this one value."""
@@ -75,7 +75,7 @@ class TrialSize:
         return b
 
 
-def trials_fit_on(resources: Mapping[str, float], needs: TrialSize) -> int:
+def trials_fit_on(resources: Mapping[str, float], needs: TrialResources) -> int:
     """How many whole trials fit on one node of these (total) resources."""
     fit = math.inf
     for key, amount in needs.bundle.items():
@@ -110,7 +110,7 @@ class ScalePlan:
 
 
 def plan_scale(alive: Sequence[Mapping[str, float]], node_types: Iterable[NodeType],
-               alive_counts: Mapping[str, int], needs: TrialSize, wanted: int,
+               alive_counts: Mapping[str, int], needs: TrialResources, wanted: int,
                max_total_workers: int | None = None) -> ScalePlan:
     """Trials that fit now, at the cluster's maximum, and the nodes to launch to run ``wanted`` at once.
 
@@ -253,7 +253,7 @@ def group_bundles(bundles: Iterable[Mapping[str, float]]) -> list[tuple[dict[str
     return out
 
 
-def trial_bundles(needs: TrialSize, trials: int) -> list[dict[str, float]]:
+def trial_bundles(needs: TrialResources, trials: int) -> list[dict[str, float]]:
     """What to ask the autoscaler for: one bundle per concurrent trial (a whole trial on one node)."""
     return [dict(needs.bundle) for _ in range(max(trials, 0))]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from sweep.config.settings import Settings
 from sweep.errors import ResourceError
-from sweep.plan.scale import AutoscalerView, ScalePlan, TrialSize, format_bundle, plan_scale, trials_fit_on
+from sweep.plan.scale import AutoscalerView, ScalePlan, TrialResources, format_bundle, plan_scale, trials_fit_on
 from sweep.remote_files import is_remote
 from sweep.trials import FOLDER as HISTORY_FOLDER, TrialHistories
 
@@ -20,10 +20,10 @@ EXPERIMENT = "tune"  # Tune's experiment folder under the storage path
 
 
 @dataclass(frozen=True)
-class TaskPlan:
+class TaskPlacement:
     """A task's trials on this cluster: each one's size, how many at once, what to launch for them."""
 
-    size: TrialSize  # the same for every trial of the task, from here to Tune's request and the trial
+    size: TrialResources  # the same for every trial of the task, from here to Tune's request and the trial
     max_concurrent: int  # trials that fit on the cluster at once (alive nodes + what the autoscaler may add)
     warning: str | None = None  # e.g. "no GPU in the cluster: running on CPU"
     scale: ScalePlan | None = None  # on an autoscaling cluster: what fits now, at most, and what to launch
@@ -35,7 +35,8 @@ class TaskPlan:
 
 
 def plan_trials(settings: Settings, nodes: list[dict[str, float]], autoscaler: AutoscalerView | None = None,
-                wanted: int | None = None, task: str | None = None, gpus_per_trial: float | None = None) -> TaskPlan:
+                wanted: int | None = None, task: str | None = None,
+                gpus_per_trial: float | None = None) -> TaskPlacement:
     """Derive per-trial resources and max concurrency from the alive nodes' total resources and, on
     an autoscaling cluster, the node types it can launch (up to their max counts).
 
@@ -72,7 +73,7 @@ def plan_trials(settings: Settings, nodes: list[dict[str, float]], autoscaler: A
         else:  # the laptop: a local Ray the sweep started itself
             warning = f"{key}={gpus_per_trial:g} but the cluster has no GPU: trials run on CPU"
             gpus = 0.0
-    needs = TrialSize(workers, cpus, gpus)
+    needs = TrialResources(workers, cpus, gpus)
     fits_alive = sum(trials_fit_on(n, needs) for n in nodes)
     scale = plan_scale(nodes, types, autoscaler.alive_counts if autoscaler is not None else {}, needs,
                        wanted if wanted is not None else fits_alive or 1,
@@ -89,7 +90,7 @@ def plan_trials(settings: Settings, nodes: list[dict[str, float]], autoscaler: A
             f"{key.replace('gpus_per_trial', 'cpus_per_trial')} or add bigger nodes"
         )
     # fits_at_max is the alive nodes' fit plus what launchable nodes add (no autoscaler: the alive fit)
-    return TaskPlan(needs, scale.fits_at_max, warning, scale if types else None)
+    return TaskPlacement(needs, scale.fits_at_max, warning, scale if types else None)
 
 
 def _describe(types) -> str:

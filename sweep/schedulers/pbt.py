@@ -112,14 +112,14 @@ def keep_reported_checkpoint(trial, result: dict | None) -> None:
     checkpoint by the trial's count of registered ones) and is among the trial's checkpoints Tune hands
     back, where the records look for the best evaluation's on remote storage."""
     from ray.train import Checkpoint
-    from ray.train._internal.session import _TrainingResult
+
+    from sweep.cluster.ray_internals import training_result
 
     name = (result or {}).get(CHECKPOINT_DIR_NAME)
     if not name or trial.storage.checkpoint_dir_name == name:  # none, or registered already
         return
     path = f"{trial.storage.trial_fs_path}/{name}"
-    trial.on_checkpoint(_TrainingResult(checkpoint=Checkpoint(path, trial.storage.storage_filesystem),
-                                        metrics=dict(result)))
+    trial.on_checkpoint(training_result(Checkpoint(path, trial.storage.storage_filesystem), dict(result)))
 
 
 def make_pbt(pbt: PbtConfig) -> PopulationBasedTraining:

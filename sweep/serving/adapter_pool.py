@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sweep.config.settings import default_cache_dir
+from sweep.config.defaults import default_cache_dir
 from sweep.export_layout import ADAPTER_FOLDER, MADE_BY, registry_name
 from sweep.serving.model_location import made_by, task_inputs
 from sweep.serving.protocol import TaskInputs

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sweep.config.settings import default_cache_dir
+from sweep.config.defaults import default_cache_dir
 
 DEFAULT_PORT = 8080
 DEFAULT_GRPC_PORT = 8081

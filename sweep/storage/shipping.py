@@ -6,7 +6,8 @@ The driver packs each such folder once (a plain tar: weights do not compress), R
 carries it to any node that lacks the folder (the original workflow's plasma step), and the node
 unpacks it safely into its cache, where ``ensure_local`` finds it from then on: once per node,
 cached like an S3 source. This module is the plain half (packing, where a copy lives, unpacking);
-``cluster/stage_nodes.py`` moves the bytes.
+``cluster/stage_nodes.py`` moves the bytes. Where a node finds each folder is a value of its own
+(``SourceFolders``): the settings keep naming the driver's folders.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import hashlib
 import os
 import tarfile
 import tempfile
-from dataclasses import replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from filelock import FileLock
@@ -88,18 +89,20 @@ def unpack(blob: bytes, cache: Path, origin: str, max_bytes: int) -> Path:
     return target
 
 
-def with_copies(settings: Settings, cache: Path) -> Settings:
-    """``settings`` with each driver folder this machine lacks replaced by its shipped copy here."""
-    folders = driver_folders(settings)
-    swap = {key: str(copy_of(cache, origin)) for key, origin in folders.items()
+@dataclass(frozen=True)
+class SourceFolders:
+    """Where this machine finds the source folders the settings name: each the driver's folder, or this
+    node's shipped copy of it (None: the setting is unset)."""
+
+    data_dir: str | None
+    model_dir: str | None
+    model_path: str | None
+
+
+def folders_here(settings: Settings, cache: Path) -> SourceFolders:
+    """The settings' source folders on this machine: a driver folder it lacks is its shipped copy here."""
+    swap = {key: str(copy_of(cache, origin)) for key, origin in driver_folders(settings).items()
             if not Path(origin).is_dir() and has_copy(cache, origin)}
-    if not swap:
-        return settings
-    storage, model = settings.storage, settings.model
-    if "storage.data_dir" in swap:
-        storage = replace(storage, data_dir=swap["storage.data_dir"])
-    if "storage.model_dir" in swap:
-        storage = replace(storage, model_dir=swap["storage.model_dir"])
-    if "model.path" in swap:
-        model = replace(model, path=swap["model.path"])
-    return replace(settings, storage=storage, model=model)
+    return SourceFolders(data_dir=swap.get("storage.data_dir", settings.storage.data_dir),
+                         model_dir=swap.get("storage.model_dir", settings.storage.model_dir),
+                         model_path=swap.get("model.path", settings.model.path))

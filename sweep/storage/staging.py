@@ -83,10 +83,12 @@ def synthetic_data_dir(cache_dir: Path) -> Path:
     return target
 
 
-def local_data_dir(storage: StorageConfig) -> Path:
-    if storage.data_dir is None:
+def local_data_dir(storage: StorageConfig, data_dir: str | None = None) -> Path:
+    """``storage.data_dir`` (or ``data_dir``: where this node finds it) checked, else the synthetic data."""
+    data_dir = data_dir or storage.data_dir
+    if data_dir is None:
         return synthetic_data_dir(cache_root(storage))
-    path = Path(os.path.expanduser(storage.data_dir)).resolve()
+    path = Path(os.path.expanduser(data_dir)).resolve()
     if not path.is_dir():
         raise StagingError(
             f"storage.data_dir: {path} is not a folder; point it at a folder holding "
@@ -234,13 +236,13 @@ def ensure_local(settings: Settings, pins: SourcePins | None = None,
     if settings.storage.kind == "s3":
         return _stage_s3(settings, pins if pins is not None else preflight(settings), progress)
     from sweep.models.local_folder import resolve_model_dir  # transformers: only where a model is resolved
-    from sweep.storage.shipping import with_copies
+    from sweep.storage.shipping import folders_here
 
     cache = cache_root(settings.storage)
-    settings = with_copies(settings, cache)  # the driver's folders this node lacks, as shipped here
-    staged = Path(os.path.expanduser(settings.storage.model_dir)) if settings.storage.model_dir else None
-    model_dir = resolve_model_dir(asdict(settings.model), cache, staged)
-    return LocalSources(model_dir=model_dir, data_dir=local_data_dir(settings.storage))
+    folders = folders_here(settings, cache)  # the driver's folders this node lacks, as shipped here
+    staged = Path(os.path.expanduser(folders.model_dir)) if folders.model_dir else None
+    model_dir = resolve_model_dir({**asdict(settings.model), "path": folders.model_path}, cache, staged)
+    return LocalSources(model_dir=model_dir, data_dir=local_data_dir(settings.storage, folders.data_dir))
 
 
 def check_sources(settings: Settings) -> DriverSources:

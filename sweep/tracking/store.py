@@ -24,12 +24,13 @@ from mlflow import MlflowClient
 from mlflow.entities import Param, RunTag
 from mlflow.exceptions import MlflowException
 
+from sweep.config.defaults import TRACKING_URI
 from sweep.errors import TrackingError
 from sweep.secrets import scrub, secret_name
 
 log = logging.getLogger(__name__)
 
-FALLBACK_URI = "sqlite:///mlflow.db"  # MLflow's own default store (docs/architecture.md §6)
+FALLBACK_URI = TRACKING_URI  # the default store, sqlite:///mlflow.db (docs/architecture.md §6)
 PARAM_LIMIT = 6000  # MLflow's longest param value
 TAG_LIMIT = 5000  # the longest tag value every MLflow 2.x/3.x server accepts
 BATCH = 100  # MLflow's most params or tags per log_batch

@@ -54,8 +54,9 @@ from sweep.errors import DiskFullError
 from sweep.failures import error_line, trial_error
 from sweep.plan.rung_boards import ASHA_NAMESPACE, EarlyStop, EvalPoint
 from sweep.plan.rungs import past_rung
-from sweep.plan.scale import TrialSize
+from sweep.plan.scale import TrialResources
 from sweep.plan.sizes import SweepStorage
+from sweep.schedulers.policies import policies_for
 from sweep.trials import (
     CHECKPOINT_MARKER,
     CHECKPOINT_RANK,
@@ -81,7 +82,7 @@ class TrialContext:
     launch_id: str  # the driver invocation that ran it (a resumed sweep has a new one)
     driver_started: float
     histories: TrialHistories
-    size: TrialSize
+    size: TrialResources
     rungs_board: str | None = None
     staging: Any = None  # stage_nodes.Staging: the driver's pins, shipped folders and lines relay
 
@@ -128,7 +129,10 @@ class EvaluationReporter:
         # the rows after its own checkpoint are redone; after an exploit its own past stays
         self.history = history_to_go_on_from(history, resumed_from, ctx.trial_id) if resumed_from else history
         self.board = ray.get_actor(ctx.rungs_board, namespace=ASHA_NAMESPACE) if ctx.rungs_board else None
-        halving = ctx.settings.sweep.halving if ctx.settings.sweep.scheduler == "seed_halving" else None
+        scheduler = policies_for(ctx.settings.sweep).scheduler
+        # PBT's mutated keys ({} otherwise): reported each evaluation; a row written before its report
+        self.mutated: dict[str, Any] = scheduler.mutations
+        halving = scheduler.halving  # seed halving's rung, None when the sweep does not halve seeds
         self.rung_at = halving.at if halving is not None else None
         self.rung_seen = any(row.rung for row in self.history)
         self.stopped: dict[str, Any] = {}  # the rungs' reason, once they stop the trial
@@ -165,11 +169,6 @@ class EvaluationReporter:
             pbt={k: float(v) for k, v in self.ctx.hparams.items() if k in self.mutated},
             donor=donor[0] if donor else None, donor_step=donor[1] if donor else None,
         )
-
-    @property
-    def mutated(self) -> dict[str, Any]:
-        sweep = self.ctx.settings.sweep
-        return sweep.pbt.mutations if sweep.scheduler == "pbt" else {}
 
     def is_rung(self, epoch) -> bool:
         """Seed halving's decision point: the trial's first evaluation at or past fraction ``at``."""
@@ -262,9 +261,9 @@ class EvaluationReporter:
 def _checkpoint_storage(ctx: TrialContext) -> Path:
     """The folder Ray copies this trial's checkpoints into (the trial's folder in the sweep's storage)."""
     if ctx.in_trial_process:
-        from ray.train._internal.session import get_session  # Tune's session: no public accessor
+        from sweep.cluster.ray_internals import trial_storage_path
 
-        return Path(get_session().storage.trial_fs_path)
+        return trial_storage_path()
     return Path(ray.train.get_context().get_storage().experiment_fs_path)
 
 
@@ -387,7 +386,7 @@ def _has_nccl() -> bool:
     return torch.distributed.is_nccl_available()
 
 
-def train_driver_fn(config: dict[str, Any], settings: Settings, sizes: dict[str, TrialSize], storage: SweepStorage,
+def train_driver_fn(config: dict[str, Any], settings: Settings, sizes: dict[str, TrialResources], storage: SweepStorage,
                     launch_id: str, rungs_board: str | None = None, staging=None) -> None:
     """The Tune trainable: one TorchTrainer run for this (task, seed, hparams)."""
     trial_id = tune.get_context().get_trial_id()

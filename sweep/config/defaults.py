@@ -1,0 +1,18 @@
+"""The defaults more than one place needs, each in one home: the cache folder and the MLflow store.
+
+conf/ keeps the same values for its readers (``storage.cache_dir``, ``tracking.uri``);
+tests/test_config.py checks that the YAML and these agree. Plain Python: anything may import it.
+"""
+
+from __future__ import annotations
+
+import os
+
+CACHE_DIR_ENV = "SWEEP_CACHE_DIR"  # a machine's cache folder (conf/storage/*.yaml's oc.env)
+TRACKING_URI = "sqlite:///mlflow.db"  # the embedded store in the working folder (conf/tracking/mlflow.yaml)
+
+
+def default_cache_dir() -> str:
+    """``$SWEEP_CACHE_DIR``, else ``~/.cache/sweep``: what conf/storage/*.yaml's ``cache_dir`` resolves to."""
+    home = os.environ.get("HOME") or os.path.expanduser("~")
+    return os.environ.get(CACHE_DIR_ENV) or f"{home}/.cache/sweep"
