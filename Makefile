@@ -37,8 +37,9 @@ demo: $(STAMP)
 	$(PY) -m sweep experiment=demo $(ARGS)
 
 # The linter first (ruff, configured in pyproject.toml): a finding fails the target before any test runs.
-# Two xdist workers: the test modules marked `ray` run one at a time on one of them (tests/conftest.py's
-# scheduler), the Ray-free ones beside them.
+# Two xdist workers (tests/conftest.py's scheduler, tests/helpers/lanes.py): first the tests marked `ray` (each
+# starts a local Ray) two at a time with the Ray-free ones; then those also marked `ray_cluster` (a cluster, a
+# `ray stop --force`) one at a time on one worker, the Ray-free tests left on the other.
 PYTEST_WORKERS ?= 2
 test: $(STAMP)
 	$(VENV)/bin/ruff check .

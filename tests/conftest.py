@@ -59,23 +59,24 @@ def tiny_roberta_dir(cache_dir: Path) -> Path:
     return resolve_model_dir(TINY_ROBERTA, cache_dir)
 
 
-# `make test` runs two pytest-xdist workers. Every test of a module marked `ray` is one work unit for
-# them, so those run one after another on one worker (a `ray stop --force` or a second local Ray must
-# never meet another test's Ray); the Ray-free tests (serving, data, config, plans) fill the other worker.
-# (xdist's own --dist loadgroup renames node ids, which pytest 9.2 no longer lets it do: the grouping is here.)
+# `make test` runs two pytest-xdist workers in two phases (tests/helpers/lanes.py). A test marked `ray` starts a
+# private local Ray (`ray.init`, a sweep in-process or as `python -m sweep`); two of those run side by side,
+# with the Ray-free tests. A test also marked `ray_cluster` starts or stops Ray for the whole machine (a
+# `ray start` head, `ray stop --force`, a multi-node cluster whose address `ray.init()` would join): those run
+# last, one at a time on one worker, once every local-Ray test has finished; the other worker runs the
+# Ray-free tests left. The marks are read from the source: the scheduler runs in xdist's controller, which
+# has node ids, not items. (xdist's own --dist loadgroup renames node ids, which pytest 9.2 no longer lets
+# it do: the grouping is here.)
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    from xdist.scheduler import LoadScopeScheduling
+    from tests.helpers.lanes import CLUSTER_MARK, ray_lane_scheduling, ray_test_ids
 
-    from tests.helpers.sweeps import ray_test_modules, work_unit
-
-    ray_modules = ray_test_modules(Path(__file__).parent)
-
-    class RayTestsTogether(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return work_unit(nodeid, ray_modules)
-
-    return RayTestsTogether(config, log)
+    tests = Path(__file__).parent
+    try:
+        prefix = tests.relative_to(config.rootpath).as_posix()  # node ids are paths from the rootdir
+    except ValueError:
+        prefix = tests.name
+    return ray_lane_scheduling(config, log, ray_test_ids(tests, prefix), ray_test_ids(tests, prefix, CLUSTER_MARK))
 
 
 # Ray's core worker keeps C++ threads that can crash while the interpreter tears down after many

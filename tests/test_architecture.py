@@ -130,6 +130,26 @@ def module_names_twice(package: Path = PACKAGE) -> list[str]:
     return sorted(f"{name}: {', '.join(modules)}" for name, modules in seen.items() if len(modules) > 1)
 
 
+
+# The cluster package reads Ray's autoscaler and GCS state (no public API for either) and holds the trial
+# and hook side's few private uses (cluster/ray_internals.py); the test clusters start nodes by hand.
+RAY_INTERNALS_HOMES = ("sweep.cluster.", "sweep.testing.")
+
+
+def ray_internals_imports(package: Path = PACKAGE) -> list[str]:
+    """Modules outside RAY_INTERNALS_HOMES that import Ray's private modules."""
+    def private(name: str) -> bool:
+        parts = name.split(".")
+        return parts[0] == "ray" and any(p.startswith("_") for p in parts[1:])
+
+    return sorted(
+        f"{module_name(p, package)} -> {m}" for p in package.rglob("*.py") for m in imports_of(p)
+        if private(m) and not any(module_name(p, package).startswith(home) for home in RAY_INTERNALS_HOMES))
+
+
+def test_rays_private_modules_are_imported_in_one_place() -> None:
+    assert ray_internals_imports() == []
+
 def test_no_private_name_is_imported_from_another_module() -> None:
     assert private_imports() == []
 
@@ -148,6 +168,11 @@ def test_the_name_checks_can_fail(tmp_path: Path) -> None:
     (pkg / "a.py").write_text("def f():\n    from sweep.serving.serve import _port, PORT, __all__\n")
     assert private_imports(pkg) == ["sweep.a -> sweep.serving.serve._port"]
     assert module_names_twice(pkg) == ["serve.py: sweep.cli.serve, sweep.serving.serve"]
+    (pkg / "cli" / "tuner.py").write_text("from ray.train._internal.session import get_session\nimport ray.train\n")
+    (pkg / "cluster").mkdir()
+    (pkg / "cluster" / "ray_internals.py").write_text("from ray._private import state\n")  # its home
+    assert ray_internals_imports(pkg) == ["sweep.cli.tuner -> ray.train._internal.session",
+                                          "sweep.cli.tuner -> ray.train._internal.session.get_session"]
 
 def test_the_package_has_no_import_cycle() -> None:
     assert find_cycle(import_graph()) is None
@@ -209,38 +234,304 @@ def test_each_package_init_is_a_short_map(package: str) -> None:
     assert [m for m in modules if f"{m}.py" not in doc] == []
 
 
-# What starts Ray in a test module: a local Ray, a cluster of raylets, a `ray start` head, a sweep run
-# in-process or as `python -m sweep` (which starts its own local Ray).
-RAY_STARTERS = ("ray.init(", "cluster_utils", "AutoscalingCluster", "own_disk_cluster", "local_ray", "run_tune(",
-                "from sweep.app import run", "sweep_cmd(", 'Popen([sys.executable, "-m", "sweep"', '"start", "--head"')
+# What starts Ray in a test: a local Ray (or joining one), a cluster of raylets, a `ray start` head or
+# `ray stop`, the Ray fixtures of tests/helpers, a sweep in-process (sweep.run, sweep.app.run, run_tune) or
+# as `python -m sweep` (its own local Ray), and Ray's calls that start one when none runs (.remote, a Tuner).
+# Searched for in a test's code, the fixtures it requests and its module's helpers it uses (tests/helpers/lanes.py).
+RAY_STARTERS = (r"\bray\.init\(", r"\bcluster_utils\b", r"\bAutoscalingCluster\b", r"\bautoscaling_cluster\(",
+                r"\bOwnDiskCluster\b", r"\bray_stop\(", r"\blocal_ray\b", r"\bown_disk_cluster\b", r"\brun_tune\(",
+                r"\bsweep\.(app\.)?run\(", r"\bsweep_cmd\(", r"\bsweep_killed_after\(",
+                r"[\"']start[\"'],\s*[\"']--head[\"']", r"[\"']stop[\"'],\s*[\"']--force[\"']",
+                r"\.remote\(", r"\bray\.(get|put|wait)\(", r"\bTuner\(", r"\btune\.run\(")
+# ... and these, used by the name a `from M import name` gives them (`run(cfg, out)`, `Cluster(...)`).
+RAY_STARTER_CALLABLES = frozenset({
+    "ray.init", "ray.cluster_utils.Cluster", "ray.cluster_utils.AutoscalingCluster", "sweep.run", "sweep.app.run",
+    "sweep.driver.tuner.run_tune", "sweep.cluster.connect.connect", "sweep.testing.local_cluster.autoscaling_cluster",
+    "sweep.testing.local_cluster.OwnDiskCluster", "sweep.testing.local_cluster.ray_stop",
+    "tests.helpers.sweeps.sweep_cmd", "tests.helpers.sweeps.sweep_killed_after",
+    "tests.helpers.own_disks.OwnDiskSweeps",
+})
+# `python -m sweep COMMAND` that starts no Ray (submit talks to a running cluster's dashboard).
+QUIET_COMMANDS = frozenset({"serve", "infer", "upload", "upload-mlflow", "replay", "ui", "submit"})
+# Tests whose code names a starter but whose sweep ends before Ray starts (the CLI's checks, sweep.app.run's
+# before run_tune): Ray-free, beside the Ray lane. A test here must hold to it: it asserts the early exit.
+STOPS_BEFORE_RAY = {
+    "tests/test_cli.py::test_help_lists_every_task_and_model": "--help",
+    "tests/test_cli.py::test_bad_input_is_one_clear_line_and_writes_nothing": "config/data errors: exit 2",
+    "tests/test_cli.py::test_missing_task_folder_fails_before_any_trial": "no data: exit 2",
+    "tests/test_cli.py::test_a_config_mistake_is_one_line_exit_2_and_nothing_is_written": "exit 2 before Hydra",
+    "tests/test_cli.py::test_experiment_with_or_without_plus_and_the_console_script": "--cfg job: prints the config",
+    "tests/test_lm.py::test_cli_block_size_too_large_is_one_line_before_any_trial": "the length check: exit 2",
+    "tests/test_public_api.py::test_the_command_prints_the_same_line_with_exit_2": "a config error: exit 2",
+    "tests/test_stop.py::test_a_second_sweep_on_a_held_out_dir_is_refused_with_one_line": "out_dir held: exit 2",
+    "tests/test_sweep_tracking.py::test_unreachable_tracking_server_stops_before_any_trial": "no MLflow: exit 2",
+}
+# What starts or stops Ray for the whole machine (the `ray_cluster` lane, run alone): a multi-node cluster, a
+# `ray start` head or `ray stop --force` (a cluster_utils head's address is what a plain ray.init() joins).
+CLUSTER_STARTERS = (r"\bcluster_utils\b", r"\bAutoscalingCluster\b", r"\bautoscaling_cluster\(", r"\bOwnDiskCluster\b",
+                    r"\bray_stop\(", r"\bown_disk_cluster\b", r"[\"']start[\"'],\s*[\"']--head[\"']",
+                    r"[\"']stop[\"'],\s*[\"']--force[\"']")
+CLUSTER_STARTER_CALLABLES = frozenset({
+    "ray.cluster_utils.Cluster", "ray.cluster_utils.AutoscalingCluster",
+    "sweep.testing.local_cluster.autoscaling_cluster", "sweep.testing.local_cluster.OwnDiskCluster",
+    "sweep.testing.local_cluster.ray_stop", "tests.helpers.own_disks.OwnDiskSweeps",
+})
 TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
 
 
-def unmarked_ray_modules(tests: Path = TESTS) -> list[str]:
-    """Test modules that start Ray without ``pytest.mark.ray``: under `make test`'s two xdist workers they
-    would run beside another Ray test, whose ``ray stop --force`` ends their Ray mid-test."""
-    from tests.helpers.sweeps import ray_test_modules
+def ray_starting_tests(tests: Path = TESTS, cluster: bool = False) -> dict[str, str]:
+    """Every test under ``tests`` that starts Ray (``cluster``: a cluster, or stops Ray), with why (this module
+    names the starters: not one of them)."""
+    from tests.helpers.lanes import Starters, ray_starting_tests as starting
 
-    marked = ray_test_modules(tests)
-    return sorted(p.name for p in tests.glob("test_*.py")  # this module names the starters: not one of them
-                  if p != Path(__file__) and any(s in p.read_text() for s in RAY_STARTERS) and p.name not in marked)
-
-
-def test_every_test_module_that_starts_ray_is_marked_ray(tmp_path: Path) -> None:
-    assert unmarked_ray_modules() == []
-    (tmp_path / "test_a.py").write_text("def test_x(local_ray):\n    pass\n")
-    marked = "import pytest\npytestmark = pytest.mark.ray\n\ndef test_x(local_ray):\n    pass\n"
-    (tmp_path / "test_b.py").write_text(marked)
-    (tmp_path / "test_c.py").write_text("def test_x():\n    pass\n")
-    assert unmarked_ray_modules(tmp_path) == ["test_a.py"]
+    starters = (Starters(CLUSTER_STARTERS, CLUSTER_STARTER_CALLABLES, frozenset(), sweep_commands=False) if cluster
+                else Starters(RAY_STARTERS, RAY_STARTER_CALLABLES, QUIET_COMMANDS))
+    fixtures = [TESTS / "conftest.py", *sorted((TESTS / "helpers").glob("*.py"))]  # pytest_plugins' and conftest's
+    if tests != TESTS:
+        fixtures = [*sorted(tests.glob("conftest.py")), *fixtures]
+    return starting(tests, starters, fixtures, skip=(Path(__file__),))
 
 
-def test_the_ray_modules_are_one_xdist_work_unit_and_the_others_spread() -> None:
-    from tests.helpers.sweeps import RAY_GROUP, ray_test_modules, work_unit
+def unmarked_ray_tests(tests: Path = TESTS, stops_before_ray: dict[str, str] = STOPS_BEFORE_RAY) -> dict[str, str]:
+    """Tests that start Ray without ``pytest.mark.ray``: under `make test`'s two xdist workers they would run
+    beside a Ray test, whose ``ray stop --force`` ends their Ray mid-test (or they end its Ray)."""
+    from tests.helpers.lanes import ray_test_ids
 
-    ray_modules = ray_test_modules(TESTS)
-    assert {"test_sweep_ray.py", "test_submit.py", "test_cli.py"} <= ray_modules
-    assert "test_serve.py" not in ray_modules and "test_architecture.py" not in ray_modules
-    assert work_unit("tests/test_sweep_ray.py::test_x[a]", ray_modules) == RAY_GROUP
-    assert work_unit("tests/test_submit.py::test_y", ray_modules) == RAY_GROUP
-    assert work_unit("tests/test_serve.py::test_z", ray_modules) == "tests/test_serve.py::test_z"
+    marked = ray_test_ids(tests)
+    return {test: why for test, why in ray_starting_tests(tests).items()
+            if test not in marked and test not in stops_before_ray}
+
+
+def unmarked_cluster_tests(tests: Path = TESTS) -> dict[str, str]:
+    """Tests that start a cluster or stop Ray without ``pytest.mark.ray_cluster``: they would run beside a
+    local-Ray test, ending its Ray (``ray stop --force``) or taking its ``ray.init()`` (a cluster's address)."""
+    from tests.helpers.lanes import CLUSTER_MARK, ray_test_ids
+
+    marked = ray_test_ids(tests, mark=CLUSTER_MARK)
+    return {test: why for test, why in ray_starting_tests(tests, cluster=True).items() if test not in marked}
+
+
+def test_every_test_that_starts_a_cluster_is_marked_ray_cluster(tmp_path: Path) -> None:
+    from tests.helpers.lanes import CLUSTER_MARK, ray_test_ids
+
+    assert unmarked_cluster_tests() == {}
+    assert ray_test_ids(TESTS, mark=CLUSTER_MARK) <= ray_test_ids(TESTS)  # a cluster test is a Ray test too
+    (tmp_path / "test_a.py").write_text(
+        "import pytest\npytestmark = pytest.mark.ray\n\n\ndef test_local(local_ray):\n    pass\n\n\n"
+        "def test_cluster(own_disk_cluster):\n    pass\n\n\n@pytest.mark.ray_cluster\n"
+        "def test_marked():\n    from ray.cluster_utils import Cluster\n    Cluster()\n")
+    assert list(unmarked_cluster_tests(tmp_path)) == [f"{tmp_path.name}/test_a.py::test_cluster"]
+
+
+def test_every_test_that_starts_ray_is_marked_ray() -> None:
+    from tests.helpers.lanes import ray_test_ids
+
+    assert unmarked_ray_tests() == {}
+    starting, marked = ray_starting_tests(), ray_test_ids(TESTS)
+    # the known Ray fixtures are found as such, and every exception still names a starter and is not marked
+    assert {"tests/test_sweep_ray.py::test_gpu_packing_on_two_nodes", "tests/test_own_disks.py::"
+            "test_a_node_that_lacks_the_data_is_named_when_shipping_is_off"} <= set(starting)
+    assert [t for t in STOPS_BEFORE_RAY if t not in starting or t in marked] == []
+
+
+def test_the_ray_check_can_fail(tmp_path: Path) -> None:
+    """A planted unmarked Ray test is found (its own code, a module fixture, a helper, a shared fixture); a
+    marked one passes; a Ray-free test beside them is not put in the Ray lane."""
+    from textwrap import dedent
+
+    from tests.helpers.lanes import RAY_GROUP, ray_test_ids, work_unit
+
+    (tmp_path / "test_a.py").write_text(dedent("""
+        import subprocess, sys
+        import pytest
+        from sweep.app import run
+
+        @pytest.fixture(scope="module")
+        def head():
+            subprocess.run(["ray", "start", "--head"])
+            yield
+
+        def start_sweep():
+            return subprocess.Popen([sys.executable, "-m", "sweep", "experiment=demo"])
+
+        def test_head(head):
+            pass
+
+        def test_helper():
+            start_sweep()
+
+        def test_shared_fixture(local_ray):
+            pass
+
+        def test_run(tmp_path):
+            run({}, tmp_path)
+
+        @pytest.mark.ray
+        def test_marked():
+            import ray
+            ray.init()
+
+        def test_free():
+            subprocess.run([sys.executable, "-m", "sweep", "serve", "--help"])
+        """))
+    (tmp_path / "test_b.py").write_text(dedent("""
+        import pytest
+        pytestmark = [pytest.mark.slow, pytest.mark.ray]
+
+        def test_x(local_ray):
+            pass
+        """))
+    where = f"{tmp_path.name}/test_a.py::"
+    assert set(unmarked_ray_tests(tmp_path)) == {where + t for t in ("test_head", "test_helper", "test_shared_fixture",
+                                                                    "test_run")}
+    assert unmarked_ray_tests(tmp_path, {where + t: "" for t in ("test_head", "test_helper", "test_shared_fixture",
+                                                                 "test_run")}) == {}
+    ray_ids = ray_test_ids(tmp_path)
+    assert ray_ids == {where + "test_marked", f"{tmp_path.name}/test_b.py::test_x"}
+    assert work_unit(where + "test_free", ray_ids) == where + "test_free"
+    assert work_unit(f"{tmp_path.name}/test_b.py::test_x[1-a]", ray_ids) == RAY_GROUP
+
+
+def test_the_ray_mark_is_read_from_a_test_its_class_its_cases_or_its_module(tmp_path: Path) -> None:
+    from textwrap import dedent
+
+    from tests.helpers.lanes import ray_test_ids
+
+    (tmp_path / "test_c.py").write_text(dedent("""
+        import pytest
+        from pytest import mark
+
+        class TestA:
+            pytestmark = [pytest.mark.ray]
+
+            def test_m(self):
+                pass
+
+        @pytest.mark.ray
+        class TestB:
+            def test_n(self):
+                pass
+
+        class TestC:
+            @mark.ray
+            def test_o(self):
+                pass
+
+            def test_free(self):
+                pass
+
+        @pytest.mark.parametrize("x", [1, pytest.param(2, marks=pytest.mark.ray)])
+        def test_p(x):
+            pass
+
+        @pytest.mark.slow
+        def test_slow():
+            pass
+        """))
+    where = f"{tmp_path.name}/test_c.py::"
+    assert ray_test_ids(tmp_path) == {where + t for t in ("TestA::test_m", "TestB::test_n", "TestC::test_o", "test_p")}
+
+
+def test_the_cluster_tests_are_one_xdist_work_unit_and_the_others_spread() -> None:
+    from tests.helpers.lanes import CLUSTER_MARK, RAY_GROUP, ray_test_ids, work_unit
+
+    ray_ids, cluster_ids = ray_test_ids(TESTS), ray_test_ids(TESTS, mark=CLUSTER_MARK)
+    assert "tests/test_sweep_ray.py::test_two_tasks_three_seeds_end_to_end" in ray_ids - cluster_ids
+    assert {"tests/test_submit.py::test_submit_and_follow_a_tiny_sweep",
+            "tests/test_sweep_ray.py::test_gpu_packing_on_two_nodes"} <= cluster_ids
+    assert work_unit("tests/test_submit.py::test_a_wrong_or_missing_token_is_one_line_within_10s[auth1-401]",
+                     cluster_ids) == RAY_GROUP
+    for own in ("tests/test_sweep_ray.py::test_a_killed_trial_is_retried_from_its_checkpoint[lora]",  # local Ray
+                "tests/test_submit.py::test_entrypoint_quotes_each_override",  # a Ray module's Ray-free test
+                "tests/test_cli.py::test_bad_input_is_one_clear_line_and_writes_nothing[args0-error]",
+                "tests/test_serve.py::test_z"):
+        assert work_unit(own, cluster_ids) == own
+
+
+class FakeWorker:
+    """What LoadScopeScheduling asks of an xdist worker: the indices it is sent, its shutdown."""
+
+    def __init__(self, name: str) -> None:
+        self.gateway = type("Gateway", (), {"id": name})()
+        self.shutting_down = False
+        self.sent: list[int] = []
+
+    def send_runtest_some(self, indices: list[int]) -> None:
+        self.sent += indices
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_local_ray_tests_run_two_at_a_time_and_cluster_tests_alone_after_them(seed: int) -> None:
+    """The scheduler as xdist's controller drives it, the workers finishing in a random order: a worker runs its
+    first pending test once it knows the next (or is shutting down). The local-Ray tests run on both workers at
+    once; no cluster test runs until every local-Ray test has finished; the cluster worker is sent no other test
+    while 2 or more cluster tests are left; every test is sent once and the run never stalls."""
+    import random
+    from types import SimpleNamespace
+
+    from tests.helpers.lanes import ray_lane_scheduling
+
+    collection = ["tests/test_a.py::test_free0", "tests/test_b.py::test_r1[x]", "tests/test_b.py::test_c1",
+                  "tests/test_b.py::test_r1[y]", "tests/test_c.py::test_r2", "tests/test_c.py::test_c2",
+                  "tests/test_c.py::test_r3", "tests/test_c.py::test_c3",
+                  *(f"tests/test_d.py::test_free{i}" for i in range(1, 9))]
+    ray_ids = {"tests/test_b.py::test_r1", "tests/test_c.py::test_r2", "tests/test_c.py::test_r3",
+               "tests/test_b.py::test_c1", "tests/test_c.py::test_c2", "tests/test_c.py::test_c3"}
+    cluster_ids = {"tests/test_b.py::test_c1", "tests/test_c.py::test_c2", "tests/test_c.py::test_c3"}
+    kind = {i: ("cluster" if "test_c" in n.split("::")[1] else "local" if "test_r" in n else "free")
+            for i, n in enumerate(collection)}
+    config = SimpleNamespace(getvalue=lambda name: ["2*popen"], option=SimpleNamespace(loadscopereorder=False))
+    sched = ray_lane_scheduling(config, SimpleNamespace(loadscopesched=lambda *args: None), ray_ids, cluster_ids)
+    workers = [FakeWorker("gw0"), FakeWorker("gw1")]
+    for worker in workers:
+        sched.add_node(worker)
+        sched.add_node_collection(worker, collection)
+    sched.schedule()
+    done: set[int] = set()
+    both_local = False
+    rng = random.Random(seed)
+
+    def runnable(worker: FakeWorker) -> int | None:
+        pending = [i for i in worker.sent if i not in done]
+        return pending[0] if pending and (len(pending) > 1 or worker.shutting_down) else None
+
+    while len(done) < len(collection):
+        heads = {w: runnable(w) for w in workers}
+        both_local |= all(h is not None and kind[h] == "local" for h in heads.values())
+        ready = [w for w, h in heads.items() if h is not None]
+        assert ready, f"stalled: sent {[w.sent for w in workers]}, done {sorted(done)}"
+        worker = rng.choice(ready)
+        index = heads[worker]
+        if kind[index] == "cluster":
+            assert all(kind[i] != "local" or i in done for i in range(len(collection))), "a local-Ray test left"
+            left = [i for i in worker.sent if kind[i] == "cluster" and i not in done]
+            later = worker.sent[worker.sent.index(index) + 1:]
+            assert len(left) < 2 or all(kind[i] == "cluster" for i in later), "sent beside 2+ cluster tests"
+        done.add(index)
+        sched.mark_test_complete(worker, index)
+    assert both_local
+    assert sorted(workers[0].sent + workers[1].sent) == list(range(len(collection))) and not sched.has_pending
+
+
+def cross_imports(root: Path = ROOT) -> list[str]:
+    """``scripts/`` and ``tests/`` never import each other (what both use is in sweep/testing/): 'file -> module'
+    for every import of ``tests`` under scripts/ and of ``scripts`` under tests/."""
+    return sorted(f"{path.relative_to(root).as_posix()} -> {name}"
+                  for folder, other in (("scripts", "tests"), ("tests", "scripts"))
+                  for path in (root / folder).rglob("*.py")
+                  for name in imports_of(path) if name == other or name.startswith(f"{other}."))
+
+
+def test_scripts_and_tests_never_import_each_other(tmp_path: Path) -> None:
+    assert cross_imports() == []
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "scripts" / "bench.py").write_text("def main():\n    from tests.helpers.s3 import s3_env\n")
+    (tmp_path / "tests" / "test_x.py").write_text("import scripts.chaos\nfrom sweep.testing import services\n")
+    assert cross_imports(tmp_path) == [
+        "scripts/bench.py -> tests.helpers.s3", "scripts/bench.py -> tests.helpers.s3.s3_env",
+        "tests/test_x.py -> scripts.chaos"]

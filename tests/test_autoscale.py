@@ -17,7 +17,7 @@ from sweep.plan.scale import (
     NodeType,
     NodeWait,
     ScaleTimeoutError,
-    TrialSize,
+    TrialResources,
     counts_by_shape,
     format_bundle,
     format_pending,
@@ -30,11 +30,9 @@ from sweep.plan.scale import (
     waiting_text,
 )
 
-pytestmark = pytest.mark.ray
-
 HEAD = {"CPU": 2.0, "memory": 1e9, "node:__internal_head__": 1.0}
 GPU_WORKER = NodeType("gpu_worker", {"CPU": 1, "GPU": 1}, 0, 2)
-ONE_GPU = TrialSize(workers=1, cpus_per_worker=1, gpus_per_worker=1)
+ONE_GPU = TrialResources(workers=1, cpus_per_worker=1, gpus_per_worker=1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -45,9 +43,9 @@ def test_trials_fit_on_a_node():
     assert trials_fit_on({"CPU": 4, "GPU": 2}, ONE_GPU) == 2
     assert trials_fit_on({"CPU": 1, "GPU": 4}, ONE_GPU) == 1  # CPU-bound
     assert trials_fit_on(HEAD, ONE_GPU) == 0  # no GPU
-    assert trials_fit_on(HEAD, TrialSize(1, 1)) == 2  # CPU trial
-    assert trials_fit_on({"CPU": 8, "GPU": 4}, TrialSize(2, 2, 1)) == 2  # DDP: 2 workers x (2 CPU, 1 GPU)
-    assert trials_fit_on({"CPU": 0.3 * 10}, TrialSize(1, 0.3)) == 10  # no float floor surprise
+    assert trials_fit_on(HEAD, TrialResources(1, 1)) == 2  # CPU trial
+    assert trials_fit_on({"CPU": 8, "GPU": 4}, TrialResources(2, 2, 1)) == 2  # DDP: 2 workers x (2 CPU, 1 GPU)
+    assert trials_fit_on({"CPU": 0.3 * 10}, TrialResources(1, 0.3)) == 10  # no float floor surprise
 
 
 def test_head_without_gpu_and_gpu_type_from_zero_waits_for_two_nodes():
@@ -73,13 +71,13 @@ def test_fewer_trials_than_room_launch_only_what_they_need():
 def test_max_zero_or_too_small_types_never_fit():
     zero = plan_scale([HEAD], [NodeType("gpu_worker", {"CPU": 1, "GPU": 1}, 0, 0)], {}, ONE_GPU, wanted=4)
     assert zero.never_fits and zero.to_launch == {} and zero.concurrency == 0
-    small = plan_scale([HEAD], [GPU_WORKER], {}, TrialSize(2, 1, 1), wanted=1)  # a trial needs 2 GPUs on one node
+    small = plan_scale([HEAD], [GPU_WORKER], {}, TrialResources(2, 1, 1), wanted=1)  # a trial needs 2 GPUs on one node
     assert small.never_fits
     assert plan_scale([HEAD], [], {}, ONE_GPU, wanted=1).never_fits  # no autoscaler, no GPU
 
 
 def test_cpu_trials_fit_on_the_head_and_launch_nothing():
-    plan = plan_scale([HEAD], [GPU_WORKER], {}, TrialSize(1, 1), wanted=2)
+    plan = plan_scale([HEAD], [GPU_WORKER], {}, TrialResources(1, 1), wanted=2)
     assert (plan.fits_now, plan.to_launch, plan.concurrency) == (2, {}, 2)
 
 
@@ -95,7 +93,7 @@ def test_best_packing_type_first_and_the_global_cap():
 
 def test_cpu_trials_launch_gpu_less_nodes_first():
     cpu_type = NodeType("cpu_worker", {"CPU": 2}, 0, 3)
-    plan = plan_scale([{"CPU": 0.0}], [GPU_WORKER, cpu_type], {}, TrialSize(1, 1), wanted=4)
+    plan = plan_scale([{"CPU": 0.0}], [GPU_WORKER, cpu_type], {}, TrialResources(1, 1), wanted=4)
     assert plan.to_launch == {"cpu_worker": 2} and plan.fits_at_max == 8
 
 
@@ -195,6 +193,8 @@ def _fake_v2_possible() -> bool:
     return (Path(ray.__file__).parent / "autoscaler/_private/fake_multi_node/example.yaml").is_file()
 
 
+@pytest.mark.ray
+@pytest.mark.ray_cluster
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("version", ["v1"])  # v2 needs the fake provider's example.yaml, missing from the wheel
@@ -243,6 +243,7 @@ def test_autoscaler_launches_gpu_nodes_on_request_and_lets_them_go(version):
             assert _wait(lambda: autoscale.pending_status().requested == [], 20)
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_plain_local_ray_has_no_launchable_types():

@@ -23,7 +23,7 @@ from sweep.testing.local_cluster import GPU_TYPE, autoscaling_cluster, gpu_worke
 from tests.helpers.configs import demo_config
 from tests.helpers.overlap import most_at_once
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray]
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.ray_cluster]
 HEAD = {"CPU": 2, "GPU": 0}  # the head holds the trials' drivers, never a GPU trial
 
 

@@ -19,8 +19,6 @@ from sweep.results.records import load_records
 from sweep.trials import TRAINING_STATE
 from tests.helpers.sweeps import sweep_cmd, sweep_killed_after
 
-pytestmark = pytest.mark.ray
-
 
 def test_help_lists_every_task_and_model(tmp_path):
     out = sweep_cmd("--help", cwd=tmp_path, cache=tmp_path / "cache").stdout
@@ -96,6 +94,7 @@ def test_a_config_mistake_is_one_line_exit_2_and_nothing_is_written(tmp_path, ar
     assert list(work.iterdir()) == []  # no outputs/, multirun/, out_dir or mlflow.db
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_a_lora_sweep_over_ranks_exports_a_merged_model_that_serves_and_its_adapter(tmp_path):
     """train.method=lora with a grid over train.lora.r: one trial per rank; best/WNLI is the merged
@@ -160,6 +159,7 @@ def _launch_ids(out: Path) -> dict[str, set[str]]:
     return ids
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_resume_after_the_driver_is_killed_skips_finished_trials(tmp_path):
     out, cache = tmp_path / "out", tmp_path / "cache"
@@ -198,6 +198,7 @@ def test_resume_after_the_driver_is_killed_skips_finished_trials(tmp_path):
     assert parent.info.status == "FINISHED" and parent.data.metrics["trials.finished"] == 4  # the summary covers all
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_multirun_runs_one_sweep_per_model_and_compares_them(tmp_path):
     sweep_dir = tmp_path / "multi"

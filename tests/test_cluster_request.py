@@ -17,8 +17,6 @@ import pytest
 from sweep.cluster import request as cluster_request
 from sweep.cluster.request import RequestBook, RequestKeeper
 
-pytestmark = pytest.mark.ray
-
 GPU = {"CPU": 1.0, "GPU": 1.0}
 CPU = {"CPU": 4.0}
 
@@ -129,6 +127,7 @@ os._exit(0)
 """
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_the_keeper_holds_the_sum_on_a_real_cluster_and_goes_when_the_last_sweep_leaves():

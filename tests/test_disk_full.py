@@ -22,8 +22,6 @@ from sweep.files import atomic_folder, partial_folders, write_text
 from sweep.results.records import TrialRecord, export_best, load_records
 from tests.helpers.sweeps import sweep_cmd
 
-pytestmark = pytest.mark.ray
-
 MB = 2**20
 
 
@@ -169,6 +167,7 @@ def test_a_checkpoint_staged_on_a_full_temp_dir_is_one_line(small_disk, tiny_rob
     assert str(e.value).endswith("free; free space (or set TMPDIR) and rerun with resume=true")
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_sweep_on_a_full_disk_stops_with_one_line_then_resume_finishes(small_disk, tmp_path):
     disk = small_disk("512k")  # Tune's small files fit, a tiny-roberta checkpoint does not

@@ -33,8 +33,6 @@ from sweep.train.tiny_exports import TINY_GPT2
 from tests.helpers.configs import compose_config, train_config
 from tests.helpers.sweeps import sweep_cmd
 
-pytestmark = pytest.mark.ray
-
 QUICK_LM = train_config(lr=5e-3, batch_size=16, epochs=3, block_size=64)
 
 
@@ -283,6 +281,7 @@ def assert_tracked_and_registered(db: Path, experiment: str, task: str, seeds: l
     assert champion.run_id in {t.info.run_id for t in trials}
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_sweep_of_a_text_folder(tmp_path, wikitext_dir):
     corpus = text_folder(tmp_path / "corpus", wikitext_dir)
@@ -297,6 +296,7 @@ def test_sweep_of_a_text_folder(tmp_path, wikitext_dir):
     assert_tracked_and_registered(db, "lm-text", "text", [38, 39], out)
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_sweep_on_real_wikitext_valid_for_training_test_for_evaluation(tmp_path, shared_data_dir):
     """docs/lm.md's WikiText line, every path relative to the folder it runs in (the data, out_dir, the

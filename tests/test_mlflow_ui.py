@@ -34,8 +34,6 @@ import pytest
 
 from tests.helpers.sweeps import sweep_cmd
 
-pytestmark = pytest.mark.ray  # a sweep: its own local Ray
-
 TIMEOUT_S = 60
 UI_START_S = 180  # mlflow server's start, on a busy 2-core machine
 TASK, SEEDS = "WNLI", (38, 39)
@@ -111,6 +109,7 @@ def swept(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> dict:
     return {"work": work, "out": work / "out", "stdout": done.stdout}
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_sweep_ui_shows_the_sweeps_runs_and_its_champion(swept: dict, tmp_path: Path) -> None:
     from mlflow import MlflowClient

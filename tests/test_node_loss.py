@@ -18,7 +18,7 @@ from sweep.storage.node_cache import MARKER
 from sweep.testing.services import upload
 from tests.helpers.s3 import s3_env
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray]
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.ray_cluster]
 
 BUCKET = "sweep-node-loss"
 EPOCHS = 6

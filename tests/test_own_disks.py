@@ -19,7 +19,7 @@ from sweep.data.synthetic import write_synthetic_glue
 from sweep.results.records import load_records, rank_key
 from sweep.testing.services import ServerProcess
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.ray_cluster, pytest.mark.timeout(900)]
 
 
 def trial_runs(uri: str, experiment: str) -> tuple[object, list]:

@@ -32,7 +32,7 @@ from sweep.testing.services import s3_environment, start_moto
 from tests.helpers.own_disks import OwnDiskSweeps
 from tests.helpers.sweeps import kill_session
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.ray_cluster, pytest.mark.timeout(1500)]
 
 SEEDS = [1, 2, 3, 4]
 EPOCHS = 3

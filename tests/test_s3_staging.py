@@ -24,8 +24,6 @@ from sweep.testing.services import SECRET_KEY
 from tests.helpers.configs import demo_settings
 from tests.helpers.s3 import s3_env, stage_in_process
 
-pytestmark = pytest.mark.ray
-
 BUCKET = "sweep-test"
 
 
@@ -110,6 +108,7 @@ def test_a_download_reports_its_progress_in_lines(s3, tmp_path, tiny_roberta_dir
     assert capsys.readouterr().out == ""
 
 
+@pytest.mark.ray
 def test_the_nodes_progress_reaches_the_driver(s3, tmp_path, capsys):
     import ray
 

@@ -20,8 +20,6 @@ from sweep.lock import OWNER_FILE, hold_out_dir
 from sweep.results.records import load_records
 from tests.helpers.sweeps import sweep_cmd
 
-pytestmark = pytest.mark.ray
-
 IN_USE = "is in use by another sweep"
 
 
@@ -107,6 +105,7 @@ def epochs_reported(out: Path) -> int:
     return rows
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_sigterm_stops_the_sweep_and_resume_finishes_it(tmp_path):
     """A running sweep: a second sweep on its out_dir is refused; SIGTERM after the first epoch

@@ -41,8 +41,6 @@ from sweep.ray_jobs import (
 )
 from sweep.testing.local_cluster import free_port
 
-pytestmark = pytest.mark.ray
-
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the venv's bin/: its python runs the CLI, its ray starts the head
 RAY_ENV = ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
@@ -342,6 +340,8 @@ def head(tmp_path_factory: pytest.TempPathFactory):
 SWEEP = ["experiment=demo", "tracking=none", "sweep.seeds=[38]", "cluster.address=auto", "resources.gpus_per_trial=0"]
 
 
+@pytest.mark.ray
+@pytest.mark.ray_cluster
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_submit_and_follow_a_tiny_sweep(head: Head, tmp_path: Path):
@@ -358,6 +358,8 @@ def test_submit_and_follow_a_tiny_sweep(head: Head, tmp_path: Path):
     print(f"submit + follow of a 1-trial, 1-epoch sweep: {took:.1f} s")
 
 
+@pytest.mark.ray
+@pytest.mark.ray_cluster
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_no_wait_then_status_logs_and_list(head: Head):
@@ -426,6 +428,8 @@ class Lines:
         return "".join(self.lines)
 
 
+@pytest.mark.ray
+@pytest.mark.ray_cluster
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_ctrl_c_detaches_and_stop_ends_the_sweep_and_its_workers(head: Head, tmp_path: Path):
@@ -476,6 +480,8 @@ def test_ctrl_c_detaches_and_stop_ends_the_sweep_and_its_workers(head: Head, tmp
     print(f"stop -> STOPPED in {took:.1f} s")
 
 
+@pytest.mark.ray
+@pytest.mark.ray_cluster
 @pytest.mark.slow
 @pytest.mark.parametrize("auth, code", [({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "wrong-token-123"}, 403),
                                         ({}, 401)])

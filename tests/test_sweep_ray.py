@@ -111,6 +111,7 @@ def test_two_tasks_three_seeds_end_to_end(local_ray, cache_dir, tmp_path, monkey
     assert (out / "summary.csv").exists() and (out / "results.csv").exists()
 
 
+@pytest.mark.ray_cluster  # a cluster_utils cluster: ray.init() elsewhere would join it
 def test_gpu_packing_on_two_nodes(two_gpu_nodes, cache_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("SWEEP_CACHE_DIR", str(cache_dir))
     base = ["train.epochs=1", "train.max_train_samples=32", f"cluster.storage_path={tmp_path / 'storage'}",
@@ -135,6 +136,7 @@ def test_gpu_packing_on_two_nodes(two_gpu_nodes, cache_dir, tmp_path, monkeypatc
     assert time.time() - t0 < 10
 
 
+@pytest.mark.ray_cluster  # a cluster_utils cluster: ray.init() elsewhere would join it
 def test_longest_task_first_and_a_ddp_task_beside_one_gpu_trials(two_gpu_nodes, cache_dir, tmp_path, monkeypatch):
     """Config order puts the smallest task first; the plan starts the biggest: RTE (6000 rows) as a
     2-GPU DDP run on one node, SST-2 (300) and MRPC (200) on the other node's two GPUs; WNLI (40
@@ -162,6 +164,7 @@ def test_longest_task_first_and_a_ddp_task_beside_one_gpu_trials(two_gpu_nodes, 
     assert by_task["WNLI"].started_at >= first_end - 1.0, {r.task: holding_spans([r]) for r in records}
 
 
+@pytest.mark.ray_cluster  # a cluster_utils cluster: ray.init() elsewhere would join it
 def test_multi_node_without_storage_path_is_an_error(two_gpu_nodes, tmp_path):
     with pytest.raises(ResourceError, match="cluster.storage_path: this Ray cluster has 2 nodes"):
         run_tune(validate(compose_cfg()), tmp_path)

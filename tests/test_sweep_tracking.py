@@ -14,8 +14,6 @@ from mlflow import MlflowClient
 from sweep.app import run
 from tests.helpers.configs import demo_config
 
-pytestmark = pytest.mark.ray
-
 SECRET = "s3cr3t-sweep-value-789"
 
 
@@ -26,6 +24,7 @@ def children(client: MlflowClient, parent) -> list:
     return client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.parametrize("store", ["sqlite", "server"])
 def test_sweep_logs_parent_nested_runs_and_registers_the_best(store, request, local_ray, cache_dir, tmp_path,

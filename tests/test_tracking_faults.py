@@ -21,8 +21,6 @@ from sweep.tracking import ORIGINAL_TAG, SweepTracker, TrialLogger
 from sweep.tracking.spool import SPOOL_DIR, UNSENT_FILE, read_records, spool_files
 from tests.helpers.configs import demo_config
 
-pytestmark = pytest.mark.ray
-
 WNLI = load_task("WNLI")
 
 
@@ -133,6 +131,7 @@ def test_calls_left_unsent_replay_into_a_fresh_server_with_the_same_histories(se
 # --- a whole sweep on Ray whose server is killed after the first epoch, then started again ---------
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_sweep_survives_a_server_restart_and_every_epoch_arrives(server: Server, local_ray,
                                                                  cache_dir, tmp_path, monkeypatch, capsys) -> None:

@@ -10,8 +10,6 @@ from sweep.config.tasks import load_task
 from sweep.errors import ConfigError, DataFormatError, DiskFullError, ModelSourceError, TrackingError
 from sweep.failures import error_line, first_line, is_retryable, trial_error
 
-pytestmark = pytest.mark.ray
-
 
 def raised(fn) -> BaseException:
     try:
@@ -124,6 +122,7 @@ def test_found_inside_rays_wrappers(tmp_path):
                                          {0: ActorDiedError(), 1: UserExceptionWithTraceback(crash, "")}))
 
 
+@pytest.mark.ray
 @pytest.mark.slow
 def test_a_bad_label_trial_fails_after_exactly_one_attempt(cache_dir, tmp_path, monkeypatch, capsys):
     """sweep.max_failures=2, yet the trials of RTE (one worker, in Tune's trial process) and SST-2

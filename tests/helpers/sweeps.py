@@ -4,7 +4,6 @@ table (which processes held trials)."""
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,19 +11,6 @@ from pathlib import Path
 import pytest
 
 TRAIN_WORKER = "RayTrainWorker"  # a DDP trial's workers
-RAY_GROUP = "ray"  # the one xdist work unit of every test module marked `ray` (tests/conftest.py)
-
-
-def ray_test_modules(tests: Path) -> set[str]:
-    """The test modules marked ``pytest.mark.ray`` (module-wide ``pytestmark``): they start Ray."""
-    mark = re.compile(r"^pytestmark = .*\bpytest\.mark\.ray\b", re.MULTILINE)
-    return {p.name for p in tests.glob("test_*.py") if mark.search(p.read_text())}
-
-
-def work_unit(nodeid: str, ray_modules: set[str]) -> str:
-    """A test's xdist work unit: every test of a Ray module is one unit (one worker, one at a time), any
-    other test is a unit of its own."""
-    return RAY_GROUP if nodeid.split("::", 1)[0].rsplit("/", 1)[-1] in ray_modules else nodeid
 
 
 def sweep_killed_after(done: int, *args: str, cwd: Path, cache: Path) -> int:
