@@ -174,6 +174,77 @@ def test_the_name_checks_can_fail(tmp_path: Path) -> None:
     assert ray_internals_imports(pkg) == ["sweep.cli.tuner -> ray.train._internal.session",
                                           "sweep.cli.tuner -> ray.train._internal.session.get_session"]
 
+# Scheduler and searcher names (sweep.scheduler, sweep.search_alg) are compared only where policies are built.
+# Every sweep.scheduler and sweep.search_alg. Not "grid": no choice has that value (every searcher hands
+# out the grid's points), and the one comparison with it, validate's `kind == "grid"`, tells sweep.grid
+# from sweep.search, not a policy.
+POLICY_NAMES = frozenset({"fifo", "asha", "seed_halving", "pbt", "random", "optuna"})
+# where the names may be compared: the policies' own table, and the schema that declares the choices
+NAMES_HOME = ("schedulers/policies.py", "config/settings.py")  # relative to the package
+
+
+def _compared_names(node: ast.AST) -> list[str]:
+    """The policy names a comparison operand (or a case pattern) holds: a string, or a tuple/list/set of them."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return [node.value] if node.value in POLICY_NAMES else []
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [name for element in node.elts for name in _compared_names(element)]
+    if isinstance(node, ast.MatchValue):
+        return _compared_names(node.value)
+    if isinstance(node, ast.MatchOr):
+        return [name for pattern in node.patterns for name in _compared_names(pattern)]
+    return []
+
+
+def _dispatches(tree: ast.AST) -> list[ast.AST]:
+    """The comparisons (==, !=, in, not in) and match cases on a policy's name in one module."""
+    found: list[ast.AST] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn))
+                                                 for op in node.ops):
+            if any(_compared_names(operand) for operand in (node.left, *node.comparators)):
+                found.append(node)
+        elif isinstance(node, ast.match_case) and _compared_names(node.pattern):
+            found.append(node.pattern)
+    return found
+
+
+def string_dispatch_on_policy_names(package: Path) -> list[str]:
+    """'path:line: code' for every comparison (or match case) on a scheduler's or searcher's name outside
+    the policies (and the schema that declares the choices): those modules must ask the policy instead."""
+    hits = []
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package).as_posix()
+        if relative in NAMES_HOME:
+            continue
+        nodes = sorted(_dispatches(ast.parse(path.read_text(), filename=str(path))), key=lambda n: n.lineno)
+        hits += [f"{package.name}/{relative}:{node.lineno}: {ast.unparse(node)}" for node in nodes]
+    return hits
+
+
+def test_no_module_but_the_policies_compares_a_policy_name() -> None:
+    assert string_dispatch_on_policy_names(PACKAGE) == []
+
+
+def test_the_string_dispatch_check_can_fail(tmp_path: Path) -> None:
+    pkg = tmp_path / "sweep"
+    (pkg / "schedulers").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "tuner.py").write_text('def f(x):\n    if x.scheduler == "pbt":\n        return 1\n'
+                                  '    return x.search_alg in ("optuna", "other")\n')
+    (pkg / "boards.py").write_text('def g(x):\n    match x.scheduler:\n        case "asha" | "fifo":\n'
+                                   '            return 1\n')
+    (pkg / "fine.py").write_text('def h(x):\n    return x.kind == "s3" or x.dist != "choice"\n')
+    (pkg / "schedulers" / "policies.py").write_text('def k(x):\n    return x == "pbt"\n')  # their home
+    assert string_dispatch_on_policy_names(pkg) == [
+        "sweep/boards.py:3: 'asha' | 'fifo'",
+        "sweep/tuner.py:2: x.scheduler == 'pbt'",
+        "sweep/tuner.py:4: x.search_alg in ('optuna', 'other')",
+    ]
+
+
+# --- each name builds its policy ------------------------------------------------------------------
+
 def test_the_package_has_no_import_cycle() -> None:
     assert find_cycle(import_graph()) is None
 
