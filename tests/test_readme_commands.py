@@ -111,6 +111,8 @@ def test_every_readme_command_runs_as_written(tmp_path: Path, shared_data_dir: P
     state.mkdir()
     env = {**os.environ, "PWD": str(clone), "SWEEP_CACHE_DIR": str(cache_dir), "HF_HUB_OFFLINE": "1"}
     env.pop("VIRTUAL_ENV", None)  # as a new terminal: the README activates the venv itself
+    for name in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "ARGS", "PYTEST_ADDOPTS"):  # `make test ARGS=...`'s
+        env.pop(name, None)
     env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if not p.startswith(sys.prefix))
     servers: list[subprocess.Popen] = []
     printed: dict[str, str] = {}  # each block's first command: what it printed
