@@ -23,6 +23,7 @@ from sweep.cli.key_values import (
     positive_int,
     usage,
 )
+from sweep.config.defaults import CACHE_DIR_ENV
 from sweep.serving.server import ServeError, ServeOptions, serve_model
 
 PROG = "sweep serve"
@@ -82,7 +83,7 @@ OPTIONS: dict[str, Option] = {
     "tracking_uri": Option(non_empty, _DEFAULTS["tracking_uri"],
                            "MLflow tracking URI for models:/ (default: $MLFLOW_TRACKING_URI, else MLflow's default)"),
     "cache_dir": Option(non_empty, _DEFAULTS["cache_dir"],
-                        "where registry and S3 copies are kept (default: $SWEEP_CACHE_DIR or ~/.cache/sweep)"),
+                        f"where registry and S3 copies are kept (default: ${CACHE_DIR_ENV} or ~/.cache/sweep)"),
     "log_requests": Option(as_bool, _DEFAULTS["log_requests"], "log a line per request (access and timing logs)"),
 }
 

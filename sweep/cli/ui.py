@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from sweep.cli.key_values import Option, UsageError, non_empty, parse_key_values, port_number, usage
+from sweep.config.defaults import TRACKING_URI
 
 PROG = "sweep ui"
 PARENT_FILE = "mlflow-parent.json"  # sweep.tracking.PARENT_FILE (a test checks they agree): no MLflow import here
@@ -39,7 +40,7 @@ OPTIONS: dict[str, Option] = {
     "tracking_uri": Option(non_empty, None,
                            "a store instead: sqlite:///FILE (relative to this folder) or another database URI; or "
                            "an http(s) MLflow server, whose URLs are printed (nothing is started). With neither "
-                           "option: the sweep's default store, sqlite:///mlflow.db in this folder"),
+                           f"option: the sweep's default store, {TRACKING_URI} in this folder"),
     "port": Option(port_number, 5000, "the UI's port"),
     "host": Option(non_empty, "127.0.0.1", "the address the UI listens on; 0.0.0.0 for every interface"),
 }
@@ -130,7 +131,7 @@ def check_store_file(store: Store, db: Path | None) -> None:
     if db is None or db.is_file():
         return
     if store.named_by == "default":
-        raise UsageError(f"no MLflow store here: {db} does not exist (a sweep's default store, sqlite:///mlflow.db "
+        raise UsageError(f"no MLflow store here: {db} does not exist (a sweep's default store, {TRACKING_URI} "
                          f"in the folder it ran in); pass out_dir=<a sweep's out_dir> or tracking_uri=...")
     if store.named_by == "tracking_uri":
         raise UsageError(f"tracking_uri: no MLflow store at {db}: no such file")
