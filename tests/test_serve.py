@@ -453,7 +453,8 @@ def test_language_model_generates_with_token_counts(servers: dict[str, Server]) 
     server = servers["lm"]
     prompts = ["The meaning of life is", "the old painter"]
     body = _generate(server, prompts, max_new_tokens=7)
-    tokenizer = load_tokenizer(Path(servers["lm"].proc.args[3].split("=", 1)[1]))
+    (model_arg,) = [a for a in servers["lm"].proc.args if a.startswith("model=")]
+    tokenizer = load_tokenizer(Path(model_arg.split("=", 1)[1]))
     assert output(body, "prompt_tokens") == [len(tokenizer(p)["input_ids"]) for p in prompts]
     for text, n, reason in zip(output(body, "text"), output(body, "completion_tokens"), output(body, "finish_reason")):
         assert text and (reason, n) in {("length", 7), ("stop", n)} and 1 <= n <= 7
