@@ -114,7 +114,7 @@ def test_sigterm_stops_the_sweep_and_resume_finishes_it(tmp_path):
     from sweep.data.synthetic import write_synthetic_glue
 
     out, cache = tmp_path / "out", tmp_path / "cache"
-    data = write_synthetic_glue(tmp_path / "data", ["WNLI"], n_train=1200, n_dev=32)
+    data = write_synthetic_glue(tmp_path / "data", ["WNLI"], n_train=600, n_dev=32)
     args = ["experiment=demo", "sweep.seeds=[1,2,3]", "train.epochs=3", "train.max_train_samples=null",
             f"storage.data_dir={data}"]
     env = {**os.environ, "SWEEP_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1"}

@@ -72,11 +72,14 @@ def test_sweep_logs_parent_nested_runs_and_registers_the_best(store, request, lo
     if store == "server":  # what a user opens: the runs table and the model page, in a real browser
         see_it_in_the_browser(uri, exp.experiment_id, parent, trials, version.version, tmp_path)
 
-    # the same sweep again learns nothing again: a second version, still no champion
-    run(compose_cfg(*args, f"out_dir={tmp_path / 'two'}"), tmp_path / "two")
-    second = capsys.readouterr().out
-    assert f"registry: tiny-roberta-WNLI version {int(version.version) + 1}, not promoted: it learned nothing" in second
-    assert "champion" not in client.get_registered_model("tiny-roberta-WNLI").aliases
+    # the same sweep again learns nothing again: a second version, still no champion (the registry's rule is
+    # the store's kind's business no more than the first version was: once, on sqlite)
+    if store == "sqlite":
+        run(compose_cfg(*args, f"out_dir={tmp_path / 'two'}"), tmp_path / "two")
+        second = capsys.readouterr().out
+        assert (f"registry: tiny-roberta-WNLI version {int(version.version) + 1}, not promoted: it learned nothing"
+                in second)
+        assert "champion" not in client.get_registered_model("tiny-roberta-WNLI").aliases
 
     # the secret is in the environment of every process, and nowhere in the store
     for run_ in client.search_runs([exp.experiment_id]):
