@@ -145,7 +145,7 @@ def test_a_sweep_preempted_twice_finishes_on_new_clusters_with_one_mlflow_histor
         return (finished, going) if finished and going else None
 
     finished, going = wait_until(proc, log1, finished_and_checkpointed, "a finished and a checkpointed trial")
-    time.sleep(0.5)  # the checkpointed trial's epoch count may move on; what is in S3 at the kill is what counts
+    time.sleep(0.1)  # the checkpointed trial's epoch count may move on; what is in S3 at the kill is what counts
     p.preempt(proc)
     at_first_kill = p.histories()
     finished = [t for t, r in at_first_kill.items() if len(epochs(r)) == EPOCHS]
