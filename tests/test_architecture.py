@@ -341,7 +341,8 @@ STOPS_BEFORE_RAY = {
 # `ray start` head or `ray stop --force` (a cluster_utils head's address is what a plain ray.init() joins).
 CLUSTER_STARTERS = (r"\bcluster_utils\b", r"\bAutoscalingCluster\b", r"\bautoscaling_cluster\(", r"\bOwnDiskCluster\b",
                     r"\bray_stop\(", r"\bown_disk_cluster\b", r"[\"']start[\"'],\s*[\"']--head[\"']",
-                    r"[\"']stop[\"'],\s*[\"']--force[\"']")
+                    r"[\"']stop[\"'],\s*[\"']--force[\"']",
+                    r"address=[\"']auto[\"']")  # joins whichever Ray it finds: another test's, beside it
 CLUSTER_STARTER_CALLABLES = frozenset({
     "ray.cluster_utils.Cluster", "ray.cluster_utils.AutoscalingCluster",
     "sweep.testing.local_cluster.autoscaling_cluster", "sweep.testing.local_cluster.OwnDiskCluster",

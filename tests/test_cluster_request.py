@@ -8,6 +8,7 @@ the real keeper actor on a local Ray and reads the request Ray stores (autoscale
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -117,11 +118,12 @@ def _stored_request() -> list[dict]:
     return json.loads(raw) if raw else []
 
 
-# A second driver (its own Ray job) asks for one GPU bundle and dies without withdrawing.
+# A second driver (its own Ray job) asks for one GPU bundle and dies without withdrawing. It joins this test's
+# Ray by its address: another test's local Ray may run beside it, and "auto" could join that one.
 DYING_DRIVER = """
 import os, ray
 from sweep.cluster import request as cluster_request
-ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
+ray.init(address=os.environ["SWEEP_TEST_RAY_ADDRESS"], logging_level="ERROR", log_to_driver=False)
 cluster_request.ask("dead-sweep", [{"GPU": 1.0}])
 os._exit(0)
 """
@@ -137,7 +139,8 @@ def test_the_keeper_holds_the_sum_on_a_real_cluster_and_goes_when_the_last_sweep
     try:
         with cluster_request.request_trial_resources("sweep-1", [GPU, GPU]):
             assert _stored_request() == [GPU, GPU]
-            subprocess.run([sys.executable, "-c", DYING_DRIVER], check=True, timeout=120)
+            env = {**os.environ, "SWEEP_TEST_RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+            subprocess.run([sys.executable, "-c", DYING_DRIVER], check=True, timeout=120, env=env)
             assert _stored_request() == [GPU, GPU, {"GPU": 1.0}]  # the other driver's part added, not replacing
             with cluster_request.request_trial_resources("sweep-2", [CPU]):
                 # the dead driver's part went at this change; both live sweeps' parts stand
