@@ -7,7 +7,8 @@ RayCluster: here every process of the driver and of Ray ends and both nodes' dis
 tmpfs goes with its namespace; the head's folders are deleted), then a new cluster starts and the same
 command runs again, as KubeRay runs the RayJob's entrypoint on re-admission.
 
-First preemption: SIGKILL (a node lost at once) after one trial finished and another has a checkpoint.
+First preemption: SIGKILL (a node lost at once) after one trial finished and another has a checkpoint, as
+Tune's saved state in S3 has them (what a resume restores).
 Second, during the resumed run: SIGTERM (what a pod gets before deletion), which copies the records.
 The third run finishes: every trial TERMINATED, the finished trial never run again, the checkpointed one
 going on from its checkpoint (no epoch in its history twice), the MLflow store downloaded from
@@ -88,6 +89,20 @@ class Preemptible:
         return {Path(o["Key"]).stem: json.loads(self.s3.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read())
                 for o in found}
 
+    def saved_trials(self) -> dict[str, tuple[str, int]]:
+        """Tune's newest experiment state in S3 (what a resume restores): each trial's status and the
+        epoch of its last result, by trial id."""
+        found = self.s3.list_objects_v2(Bucket=BUCKET, Prefix="ray/tune/experiment_state-").get("Contents", [])
+        if not found:
+            return {}
+        newest = max(found, key=lambda o: o["LastModified"])
+        state = json.loads(self.s3.get_object(Bucket=BUCKET, Key=newest["Key"])["Body"].read())
+        saved = {}
+        for trial_json, metadata_json in state["trial_data"]:
+            trial, metadata = json.loads(trial_json), json.loads(metadata_json)
+            saved[trial["trial_id"]] = (trial["status"], int(metadata["last_result"].get("epoch") or 0))
+        return saved
+
     def etags(self) -> dict[str, str]:
         found = self.s3.list_objects_v2(Bucket=BUCKET, Prefix="ray/history/").get("Contents", [])
         return {Path(o["Key"]).stem: o["ETag"] for o in found}
@@ -138,10 +153,12 @@ def test_a_sweep_preempted_twice_finishes_on_new_clusters_with_one_mlflow_histor
     proc = p.start_sweep(log1)
 
     def finished_and_checkpointed():
-        rows = p.histories()
-        finished = [t for t, r in rows.items() if len(epochs(r)) == EPOCHS]
+        rows, saved = p.histories(), p.saved_trials()
+        # as Tune's saved state has them (a kill before its snapshot reaches S3 loses what came after it)
+        finished = [t for t, r in rows.items() if len(epochs(r)) == EPOCHS and saved.get(t, ("",))[0] == "TERMINATED"]
         # a trial with two epochs still to train: on a busy machine one at its last epoch may finish before the kill
-        going = [t for t, r in rows.items() if 0 < len(epochs(r)) < EPOCHS - 1]
+        going = [t for t, r in rows.items() if 0 < len(epochs(r)) < EPOCHS - 1 and t in saved
+                 and saved[t][1] == len(epochs(r))]
         return (finished, going) if finished and going else None
 
     finished, going = wait_until(proc, log1, finished_and_checkpointed, "a finished and a checkpointed trial")

@@ -102,3 +102,27 @@ def test_optuna_search_saves_its_position_and_studies_not_the_trial_list(tmp_pat
     assert [c["trial"]["seed"] for c in rest] == [3, 4, 5]
     assert len({c["hparams"]["lr"] for c in configs + rest}) == 6  # no point asked twice
     assert resumed.suggest("t6") == Searcher.FINISHED
+
+
+def test_a_resumed_search_goes_on_from_the_restored_trials_not_a_torn_snapshot_of_itself(tmp_path):
+    """Tune uploads its snapshot file by file: the searcher's file may be newer (it handed out a trial the
+    restored list lacks) or older than the trial list, and the limiter's may count a trial that is not there."""
+    from ray.tune.search import ConcurrencyLimiter
+
+    from sweep.hooks.resumed_search import reconcile
+
+    whole = _hand_out(RandomSearch(_points(4), set(), SPACE, seed=5), 4)
+    newer = RandomSearch(_points(4), set(), SPACE, seed=5)
+    _hand_out(newer, 2)  # it handed out seeds 0 and 1 ...
+    limiter = ConcurrencyLimiter(newer, max_concurrent=1)
+    limiter.live_trials, limiter.num_unfinished_live_trials = {"lost"}, 1  # ... and counts the lost one as live
+    reconcile(limiter, [("t0", "TERMINATED")])  # ... but the trial list holds seed 0 only, finished
+    again = limiter.suggest("t1")
+    assert again == whole[1]  # seed 1 is handed out again, with the draw it had
+    assert limiter.suggest("t2") is None  # one at a time: t1 is the one live trial
+    limiter.on_trial_complete("t1", {"score": 0.5})
+    assert [limiter.suggest(f"t{i}") for i in (2, 3)][0] == whole[2]
+
+    older = RandomSearch(_points(4), set(), SPACE, seed=5)  # handed out nothing, the list holds three trials
+    reconcile(ConcurrencyLimiter(older, max_concurrent=2), [("t0", "TERMINATED"), ("t1", "RUNNING"), ("t2", "PENDING")])
+    assert older.suggest("t3") == whole[3] and older.suggest("t4") == Searcher.FINISHED

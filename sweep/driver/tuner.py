@@ -146,6 +146,7 @@ def make_tuner(settings: Settings, policies: SweepPolicies, plan: SweepPlan, cal
     """One Tuner over every trial, or the sweep's saved one restored (``resume=true``)."""
     from ray import tune
 
+    from sweep.hooks.resumed_search import ResumeTheSearch
     from sweep.trial.train_fn import train_driver_fn
 
     trainable = tune.with_parameters(
@@ -159,6 +160,8 @@ def make_tuner(settings: Settings, policies: SweepPolicies, plan: SweepPlan, cal
         print(resuming_line(experiment, [saved_trial_state(result) for result in tuner.get_results()]))
         # Restore brings back the first launch's run config, callbacks pickled then included: this
         # launch's own (its progress, its MLflow runs with its launch id) replace them.
+        # ... and its searcher goes on from the trials restored, not from its own (maybe torn) snapshot
+        callbacks.append(ResumeTheSearch(tuner._local_tuner._tune_config.search_alg))
         tuner._local_tuner.get_run_config().callbacks = callbacks
         return tuner
     if settings.resume:
@@ -167,11 +170,13 @@ def make_tuner(settings: Settings, policies: SweepPolicies, plan: SweepPlan, cal
     # a trial paused (at the seed-halving rung, or by PBT to share slots) still counts as live for the
     # generator's limit: it must hand out every trial (the resources limit)
     concurrency = 0 if policies.scheduler.pauses_trials else plan.concurrency
-    search, samples = make_search(settings, policies, plan.dispatch.order, ddp_tasks, concurrency)
+    search = make_search(settings, policies, plan.dispatch.order, ddp_tasks, concurrency)
     return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
-            num_samples=samples,
+            # the searcher says when the trials are all out: Tune's own count is restored from a file
+            # of its snapshot that may be older or newer than the trial list (hooks/resumed_search.py)
+            num_samples=-1,
             search_alg=search,
             # A trial's driver process serves the next trial: no new process, no re-import.
             reuse_actors=True,
@@ -192,7 +197,7 @@ def saved_trial_state(result) -> SavedTrial:
 
 def make_search(settings: Settings, policies: SweepPolicies, order: Sequence[TrialWork], ddp_tasks: set[str],
                 concurrency: int):
-    """Tune's searcher over every trial of the sweep, and their number (Tune asks it once per trial):
+    """Tune's searcher over every trial of the sweep (it says FINISHED after the last):
     one per (task, seed, grid point) in the dispatch order, ``num_samples`` rounds of them, each with
     its ``hparams`` as the searcher policy gives them (drawn at random: schedulers/gate.RandomSearch, or
     asked of its task's TPE study: schedulers/optuna_search.py). Tune starts trials in the order it gets
@@ -202,8 +207,7 @@ def make_search(settings: Settings, policies: SweepPolicies, order: Sequence[Tri
     points = grid_points(settings)
     trials = [point_of(t.task, t.seed, points[t.point]) for t in order] * settings.sweep.num_samples
     searcher = policies.searcher.tune_searcher(trials, ddp_tasks, policies.scheduler)
-    limited = ConcurrencyLimiter(searcher, max_concurrent=concurrency) if concurrency > 0 else searcher
-    return limited, len(trials)
+    return ConcurrencyLimiter(searcher, max_concurrent=concurrency) if concurrency > 0 else searcher
 
 
 class ResourcesByTask:

@@ -6,4 +6,5 @@
 - ``lost_trials.py``: a trial whose process Ray ended (its memory monitor) is a failed trial, not a crashed Tune run
 - ``disk_stop.py``:   a trial's full disk ends the sweep with its one line (resume=true finishes it)
 - ``store_copies.py``: the MLflow records copied to storage.output_prefix while the sweep runs
+- ``resumed_search.py``: a resumed sweep's searcher set from the trials Tune restored (its snapshot may be torn)
 """

@@ -76,6 +76,15 @@ class OrderedTrials(Searcher):
         self.position = state["position"]
         self.placing = set()
 
+    def resume_after(self, handed_out: int) -> None:
+        """Go on after the ``handed_out`` trials that Tune's restored experiment state holds.
+
+        Tune uploads its snapshot (the trials, this searcher, its wrappers) file by file: a driver
+        killed mid-upload leaves a searcher newer or older than the trial list. Each suggestion is one
+        trial, in order, so the trial list says where the search is; a point handed out after the
+        trial list was saved is handed out again (seen: a sweep resumed without one of its trials)."""
+        self.position = min(handed_out, len(self.trials))
+
     def save(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "wb") as f:
             pickle.dump(self.saved_state(), f)
