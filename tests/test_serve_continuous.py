@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from sweep.serving.admission import Admission, Overloaded
+from sweep.serving.cpu_budget import DEFAULT_DECODING_THREADS, usable_cpus
 from sweep.train.tiny_exports import export_tiny_lm
 from tests.helpers.serving import LM_NAME, Server, grpc_infer, serving, start_server, texts, wait_grpc_ready
 
@@ -105,7 +106,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Iterato
     root = tmp_path_factory.mktemp("serve-continuous")
     lm_dir = export_tiny_lm(root / "best" / "wikitext-2", cache_dir)
     started = {"lm": start_server(LM_NAME, lm_dir, root / "lm.log", cache_dir, "log_requests=false",
-                                  f"max_concurrent_sequences={SLOTS}", f"max_queued={QUEUED}")}
+                                  f"max_concurrent_sequences={SLOTS}", f"max_queued={QUEUED}", threads=None)}
     with serving(started):
         wait_grpc_ready(started["lm"])
         yield started["lm"]
@@ -164,8 +165,9 @@ def test_streamed_text_is_the_whole_text_under_concurrency(server: Server, cache
     from sweep.serving.protocol import GenerationParams
 
     engine = Generator(Path(server.log).parent / "best" / "wikitext-2", "cpu")
-    alone = engine.generate(GenerationParams(max_new_tokens=40), [PROMPTS[0]])[0]
-    assert alone.text == whole[0].text
+    for prompt, w in zip(PROMPTS, whole):  # each of the 16 sequences decoded together equals its own generate
+        alone = engine.generate(GenerationParams(max_new_tokens=40), [prompt])[0]
+        assert alone.text == w.text, prompt
 
 
 def test_a_long_stream_does_not_hold_back_a_short_request(server: Server) -> None:
@@ -366,3 +368,98 @@ def test_the_batch_decodes_in_a_child_process_that_never_outlives_the_server(tmp
         assert server.proc.wait(timeout=30) == 0, server.log_tail()
         assert _gone_within(pid, 1), f"decoding process {pid} outlived its server"
         assert "Traceback" not in server.log.read_text(), server.log_tail()
+
+
+# ---------------------------------------------------------------------------------------------
+# The decoding process's threads: sized from the CPUs the server may use, asleep when idle.
+
+def test_the_default_decoding_threads_are_the_measured_best_within_the_usable_cpus(server: Server) -> None:
+    """The module's server runs with no threads= option, as a user starts it."""
+    usable = usable_cpus()  # the server's process is in this one's cgroup, with its affinity
+    assert _threads_line(server) == (max(1, min(DEFAULT_DECODING_THREADS, int(usable))), usable)
+
+
+def _threads_line(server: Server) -> tuple[int, float]:
+    match = re.search(r"(\d+) torch thread\(s\) of ([\d.]+) usable CPU\(s\)", server.log.read_text(errors="replace"))
+    assert match, server.log_tail()  # the serving line, the log's first
+    return int(match.group(1)), float(match.group(2))
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def test_the_decoding_threads_follow_the_cpus_the_server_may_use_and_sleep_when_idle(tmp_path: Path,
+                                                                                    cache_dir: Path) -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs to pin the server to one of them")
+    lm_dir = export_tiny_lm(tmp_path / "best" / "wikitext-2", cache_dir)
+    started = {
+        # asked for 2 threads, pinned to one core: one thread (a second would only wait for the core)
+        "pinned": start_server(LM_NAME, lm_dir, tmp_path / "pinned.log", cache_dir, "grpc=false", threads=2,
+                               preexec=lambda: os.sched_setaffinity(0, {cpus[-1]})),
+        "two": start_server(LM_NAME, lm_dir, tmp_path / "two.log", cache_dir, "grpc=false", threads=2),
+    }
+    with serving(started):
+        assert _threads_line(started["pinned"]) == (1, 1.0)
+        assert os.sched_getaffinity(_decoding_pid(started["pinned"])) == {cpus[-1]}  # the child inherits it
+        assert _threads_line(started["two"]) == (min(2, int(usable_cpus())), usable_cpus())
+
+        # Idle after work, the decoding process sleeps: OpenMP's workers do not spin (OMP_WAIT_POLICY), and
+        # the batch's loop waits for requests without polling.
+        server = started["two"]
+        answer = httpx.post(f"{server.url}/openai/v1/completions", timeout=60,
+                            json={"model": LM_NAME, "prompt": "Hi there", "max_tokens": 16, "temperature": 0})
+        assert answer.status_code == 200, answer.text
+        pid = _decoding_pid(server)
+        time.sleep(0.5)
+        before = _cpu_seconds(pid)
+        time.sleep(3.0)
+        idle = _cpu_seconds(pid) - before
+        assert idle < 0.15, f"the idle decoding process used {idle:.2f} CPU-seconds in 3 s"
+
+
+def _cpu_cgroup(name: str, cpus: float) -> Path | None:
+    """A cgroup of this machine limited to ``cpus`` CPUs (v2's cpu.max, else v1's cpu controller), or None
+    where this process may not make one."""
+    root = Path("/sys/fs/cgroup")
+    for folder, limit in ((root / name, ("cpu.max", f"{int(cpus * 100000)} 100000")),
+                          (root / "cpu" / name, ("cpu.cfs_quota_us", str(int(cpus * 100000))))):
+        if not (folder.parent / limit[0]).exists() and folder.parent != root / "cpu":
+            continue
+        try:
+            folder.mkdir(exist_ok=True)
+            (folder / limit[0]).write_text(limit[1])
+            return folder
+        except OSError:
+            continue
+    return None
+
+
+def test_the_decoding_threads_follow_a_cgroup_cpu_limit(tmp_path: Path, cache_dir: Path) -> None:
+    """A pod's CPU limit is a cgroup quota: a server in a cgroup of one CPU decodes on one thread,
+    whatever it asked for and however many cores the host has."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPUs for the limit to be below them")
+    group = _cpu_cgroup(f"sweep-test-{os.getpid()}", 1.0)
+    if group is None:
+        pytest.skip("this process may not make a cgroup (no writable cgroupfs)")
+    try:
+        lm_dir = export_tiny_lm(tmp_path / "best" / "wikitext-2", cache_dir)
+
+        def join() -> None:
+            (group / "cgroup.procs").write_text(str(os.getpid()))
+
+        started = {"limited": start_server(LM_NAME, lm_dir, tmp_path / "limited.log", cache_dir, "grpc=false",
+                                           threads=2, preexec=join)}
+        with serving(started):
+            assert _threads_line(started["limited"]) == (1, 1.0)
+    finally:
+        for _ in range(50):  # the server's processes leave the group as they exit
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.2)

@@ -78,8 +78,10 @@ OPTIONS: dict[str, Option] = {
                          "(gRPC RESOURCE_EXHAUSTED)"),
     "device": Option(non_empty, _DEFAULTS["device"], "cpu, cuda, cuda:N, or auto (a GPU when there is one)"),
     "threads": Option(positive_int, _DEFAULTS["threads"],
-                      "torch CPU threads (default: torch's, one per core of the machine; "
-                      "set the pod's CPU limit: more threads than free cores make every pass far slower)"),
+                      "torch intra-op threads of the decoding (a causal LM) or of the forward passes (a "
+                      "classifier). Default: a causal LM's decoding 1 (measured best on CPU: "
+                      "scripts/bench_serve_vs_transformers.py), a classifier's every CPU the process may use "
+                      "(its affinity and cgroup quota, i.e. the pod's CPU limit, not the host's cores)"),
     "tracking_uri": Option(non_empty, _DEFAULTS["tracking_uri"],
                            "MLflow tracking URI for models:/ (default: $MLFLOW_TRACKING_URI, else MLflow's default)"),
     "cache_dir": Option(non_empty, _DEFAULTS["cache_dir"],

@@ -41,6 +41,7 @@ from typing import Any
 
 from sweep.config.defaults import default_cache_dir
 from sweep.export_layout import ADAPTER_FOLDER, MADE_BY, registry_name
+from sweep.serving.cpu_budget import CLASSIFIES, DECODES, quiet_openmp_environment, set_server_threads
 from sweep.serving.model_location import made_by, task_inputs
 from sweep.serving.protocol import TaskInputs
 from sweep.serving.server import ServeError, ServeOptions, port_taken
@@ -424,10 +425,7 @@ def build_adapter_models(model_dir: Path, adapters: Sequence[Adapter], num_label
     from sweep.serving.engines import Generator
     from sweep.serving.kserve_model import ClassifierModel, GeneratorModel
 
-    if options.threads:
-        import torch
-
-        torch.set_num_threads(options.threads)
+    set_server_threads(options.threads, CLASSIFIES if num_labels is not None else DECODES)
 
     def batcher_options(name: str) -> dict[str, Any]:
         return {"enabled": options.batching, "max_batch_size": options.max_batch_size,
@@ -461,6 +459,7 @@ def serve_adapters(options: ServeOptions) -> None:
                          "name (NAME=DIR)")
     if options.grpc and options.grpc_port == options.port:
         raise ServeError(f"grpc_port: must differ from port (both {options.port}); or grpc=false")
+    quiet_openmp_environment()  # before torch loads: its idle threads sleep rather than spin
     adapters = find_adapters(options.adapters or "")
     model_dir = resolve_base(options)
     num_labels = check_base(model_dir, options.model, adapters)

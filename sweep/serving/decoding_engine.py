@@ -34,6 +34,8 @@ from typing import Any
 import torch
 from transformers.generation.continuous_batching.cb_logits_processors import ContinuousBatchingLogitsProcessor
 
+from sweep.serving.cpu_budget import decoding_threads, freeze_startup_objects, usable_cpus
+
 PAGE_SIZE = 64  # tokens per KV-cache page
 RECENT_CANCELS = 4096  # cancelled ids remembered: a late output of one comes within a step or two
 
@@ -278,8 +280,10 @@ def decoding_main(model_dir: str, device: str, threads: int, kv_cache_mb: int, m
     # Ctrl-C in a terminal reaches the whole process group: the server shuts down and stops this process
     # (or closes the pipe); a KeyboardInterrupt here would only print a second traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if threads:
-        torch.set_num_threads(threads)
+    usable = usable_cpus()
+    threads = decoding_threads(threads, usable)
+    torch.set_num_threads(threads)
+    torch.set_num_interop_threads(1)  # the steps run one after another: no inter-op pool to keep warm
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         from sweep.serving.engines import Generator
@@ -312,7 +316,9 @@ def decoding_main(model_dir: str, device: str, threads: int, kv_cache_mb: int, m
     # A seed needs the generator to itself: such a sequence runs alone with the batch paused, through
     # ``Generator.generate``, which needs the model's own attention (CB may have switched it).
     conn.send(("ready", {"cache_tokens": tokens, "cache_mb": tokens * per_token / 2**20,
-                         "seeds_alone": manager._original_attn_impl is None, "pid": os.getpid()}))
+                         "seeds_alone": manager._original_attn_impl is None, "pid": os.getpid(),
+                         "threads": torch.get_num_threads(), "usable_cpus": usable}))
+    freeze_startup_objects()
     pump = threading.Thread(target=decoding.pump, name="outputs", daemon=True)
     pump.start()
     try:

@@ -30,6 +30,7 @@ from sweep.serving import server_metrics  # noqa: E402
 from sweep.serving.admission import Overloaded  # noqa: E402
 from sweep.serving.batcher import Batched, MicroBatcher  # noqa: E402
 from sweep.serving.continuous import ContinuousBatch  # noqa: E402
+from sweep.serving.cpu_budget import freeze_startup_objects  # noqa: E402
 from sweep.serving.decoding_process import DecodingGone  # noqa: E402
 from sweep.serving.protocol import (  # noqa: E402
     STOP,
@@ -355,4 +356,5 @@ def serve(models: BatchedTextModel | Sequence[BatchedTextModel], port: int, log_
     kserve.model_server.app.add_middleware(server_metrics.RequestMetrics)  # sweep_http_* on GET /metrics
     for model in models:
         model.load()
+    freeze_startup_objects()
     server.start(models)

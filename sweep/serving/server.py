@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sweep.config.defaults import default_cache_dir
+from sweep.serving.cpu_budget import CLASSIFIES, DECODES, TOKENIZES, quiet_openmp_environment, set_server_threads
 
 DEFAULT_PORT = 8080
 DEFAULT_GRPC_PORT = 8081
@@ -41,7 +42,7 @@ class ServeOptions:
     max_batch_size: int = 32
     max_latency_ms: float = 0.0
     device: str = "auto"
-    threads: int | None = None  # None: torch's default
+    threads: int | None = None  # None: the measured default, within the usable CPUs (cpu_budget.py)
     tracking_uri: str | None = None
     cache_dir: str | None = None
     log_requests: bool = True
@@ -78,10 +79,6 @@ def build_model(model_dir: Path, name: str, options: ServeOptions) -> Any:
     from sweep.serving.engines import Classifier, Generator
     from sweep.serving.kserve_model import ClassifierModel, GeneratorModel
 
-    if options.threads:
-        import torch
-
-        torch.set_num_threads(options.threads)
     batcher_options = {
         "enabled": options.batching,
         "max_batch_size": options.max_batch_size,
@@ -90,13 +87,17 @@ def build_model(model_dir: Path, name: str, options: ServeOptions) -> Any:
     }
     generator_options = {**batcher_options, "unstreamed_batched": options.unstreamed == "batched"}
     if kind == CLASSIFIER:
+        set_server_threads(options.threads, CLASSIFIES)
         return ClassifierModel(name, Classifier(model_dir, options.device), batcher_options)
     engine = Generator(model_dir, options.device, weights=False)
     from sweep.serving.continuous import continuous_batch
 
     continuous = continuous_batch(engine, decoding, name, options.max_concurrent_sequences, options.max_queued)
     if continuous is None or options.unstreamed == "batched":  # this process generates too
+        set_server_threads(options.threads, DECODES)
         engine.load_weights()
+    else:
+        set_server_threads(options.threads, TOKENIZES)
     try:  # KServe's OpenAI types come from vLLM (kserve's llm extra; the Makefile installs them)
         from sweep.serving.openai_model import OpenAIGeneratorModel
     except ModuleNotFoundError as e:
@@ -116,6 +117,7 @@ def serve_model(options: ServeOptions) -> None:
     """
     if options.grpc and options.grpc_port == options.port:
         raise ServeError(f"grpc_port: must differ from port (both {options.port}); or grpc=false")
+    quiet_openmp_environment()  # before torch loads: its idle threads sleep rather than spin
     from sweep.errors import StagingError
     from sweep.serving.model_location import ModelSourceError, published_name, resolve_model_source
 

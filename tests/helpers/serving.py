@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,16 +65,20 @@ class Server:
         return self.log.read_text(errors="replace")[-3000:]
 
 
-def start_server(name: str, model_dir: Path, log: Path, cache: Path, *args: str) -> Server:
+def start_server(name: str, model_dir: Path, log: Path, cache: Path, *args: str, threads: int | None = 1,
+                 preexec: Callable[[], None] | None = None) -> Server:
+    """``threads``: None for the server's own default; ``preexec``: runs in the server's process before it
+    starts (an affinity, a cgroup)."""
     port = free_port()
     grpc_port = free_port()  # never the default 8081: servers run side by side (and gRPC shares ports: SO_REUSEPORT)
     while grpc_port == port:
         grpc_port = free_port()
     env = {**os.environ, "SWEEP_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1"}
     command = [sys.executable, "-m", "sweep", "serve", f"model={model_dir}", f"port={port}", f"grpc_port={grpc_port}",
-               "max_latency_ms=10", "threads=1", *args]
+               "max_latency_ms=10", *([f"threads={threads}"] if threads else []), *args]
     with log.open("wb") as sink:  # a file, not a pipe: a full pipe would block the server
-        proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=REPO,
+                                preexec_fn=preexec)
     return Server(name, f"http://127.0.0.1:{port}", proc, log, f"127.0.0.1:{grpc_port}")
 
 
