@@ -48,7 +48,7 @@ class ServeOptions:
     log_requests: bool = True
     generation: str = "continuous"  # continuous | batched: a causal LM's generation (sweep/serving/continuous.py)
     kv_cache_mb: int = 256  # the continuous batch's KV cache
-    max_concurrent_sequences: int = 32  # sequences in the continuous batch at once
+    max_concurrent_sequences: int = 64  # sequences in the continuous batch at once (as many as 64 clients stream)
     max_queued: int = 1024  # sequences waiting for a slot; past that, 429
     unstreamed: str = "continuous"  # continuous | batched: unstreamed requests' generation beside the batch
 
