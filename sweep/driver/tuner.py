@@ -170,13 +170,13 @@ def make_tuner(settings: Settings, policies: SweepPolicies, plan: SweepPlan, cal
     # a trial paused (at the seed-halving rung, or by PBT to share slots) still counts as live for the
     # generator's limit: it must hand out every trial (the resources limit)
     concurrency = 0 if policies.scheduler.pauses_trials else plan.concurrency
-    search = make_search(settings, policies, plan.dispatch.order, ddp_tasks, concurrency)
+    search, samples = make_search(settings, policies, plan.dispatch.order, ddp_tasks, concurrency)
     return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
-            # the searcher says when the trials are all out: Tune's own count is restored from a file
-            # of its snapshot that may be older or newer than the trial list (hooks/resumed_search.py)
-            num_samples=-1,
+            # exactly the trials: once the last is out the search is over, and Tune caches no actor for
+            # reuse (num_samples=-1, the searcher saying FINISHED, kept them: a sweep hung in CI's run)
+            num_samples=samples,
             search_alg=search,
             # A trial's driver process serves the next trial: no new process, no re-import.
             reuse_actors=True,
@@ -197,7 +197,7 @@ def saved_trial_state(result) -> SavedTrial:
 
 def make_search(settings: Settings, policies: SweepPolicies, order: Sequence[TrialWork], ddp_tasks: set[str],
                 concurrency: int):
-    """Tune's searcher over every trial of the sweep (it says FINISHED after the last):
+    """Tune's searcher over every trial of the sweep, and their number (Tune asks it once per trial):
     one per (task, seed, grid point) in the dispatch order, ``num_samples`` rounds of them, each with
     its ``hparams`` as the searcher policy gives them (drawn at random: schedulers/gate.RandomSearch, or
     asked of its task's TPE study: schedulers/optuna_search.py). Tune starts trials in the order it gets
@@ -207,7 +207,8 @@ def make_search(settings: Settings, policies: SweepPolicies, order: Sequence[Tri
     points = grid_points(settings)
     trials = [point_of(t.task, t.seed, points[t.point]) for t in order] * settings.sweep.num_samples
     searcher = policies.searcher.tune_searcher(trials, ddp_tasks, policies.scheduler)
-    return ConcurrencyLimiter(searcher, max_concurrent=concurrency) if concurrency > 0 else searcher
+    limited = ConcurrencyLimiter(searcher, max_concurrent=concurrency) if concurrency > 0 else searcher
+    return limited, len(trials)
 
 
 class ResourcesByTask:

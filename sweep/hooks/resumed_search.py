@@ -6,6 +6,8 @@ concurrency limiter from their own files of that snapshot. The snapshot is uploa
 a searcher that handed out a trial the list does not hold (that trial never runs), or a limiter
 counting a trial that is not there (a slot never freed). The trial list is the truth: before Tune
 asks for the first new trial, the searcher's position and the limiter's live trials are set from it.
+Tune's own count of trials made (its ``SearchGenerator``, which ends the search at ``num_samples``) is
+out of a callback's reach: from a newer file than the trial list it still ends the search early.
 """
 
 from __future__ import annotations
