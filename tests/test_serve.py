@@ -440,6 +440,45 @@ def test_a_pair_task_without_text_pair_is_a_400_logged_in_one_line(servers: dict
         in lines[0], lines[0]
 
 
+@pytest.mark.slow
+def test_log_requests_logs_each_request_with_its_timing(servers: dict[str, Server]) -> None:
+    """The default (log_requests=true): an access line and KServe's timing lines per request. (With
+    log_requests=false the classifier's log above holds only its one warning: KServe's timing
+    middleware is not even in its app, ``test_without_request_logs_kserves_timing_middleware_is_left_out``.)"""
+    server = servers["lm"]
+    logged = server.log.stat().st_size
+    _generate(server, ["hello"], max_new_tokens=2)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with server.log.open("rb") as log:
+            lines = log.read()[logged:].decode(errors="replace").splitlines()
+        timings = [li for li in lines if f"kserve.trace kserve.io.v2.models.{server.name}.infer:" in li]
+        if len(timings) == 2 and any("uvicorn.access" in li for li in lines):
+            break
+        time.sleep(0.1)
+    assert len(timings) == 2 and "time:wall" in timings[0] and "time:cpu" in timings[1], "\n".join(lines)
+    assert any(f'"POST /v2/models/{server.name}/infer HTTP/1.1" 200' in li for li in lines), "\n".join(lines)
+
+
+def test_without_request_logs_kserves_timing_middleware_is_left_out() -> None:
+    """log_requests=false puts, where KServe adds its TimingMiddleware, the app it would wrap, unwrapped."""
+    from starlette.middleware import Middleware
+    from timing_asgi import TimingMiddleware
+
+    from sweep.serving.kserve_model import _NoTiming, kserve_rest_server, use_timing_middleware
+
+    def app() -> None: ...
+
+    try:
+        use_timing_middleware(log_requests=False)
+        cls, args, kwargs = Middleware(kserve_rest_server.TimingMiddleware, client=object(), metric_namer=object())
+        assert cls is _NoTiming and cls(app, *args, **kwargs) is app
+        use_timing_middleware(log_requests=True)
+        assert kserve_rest_server.TimingMiddleware is TimingMiddleware
+    finally:
+        use_timing_middleware(log_requests=True)
+
+
 def _generate(server: Server, prompts: list[str], **parameters: Any) -> dict[str, Any]:
     response = _infer(server, {"inputs": [texts("text", prompts)], "parameters": parameters})
     assert response.status_code == 200, response.text

@@ -83,6 +83,28 @@ def test_a_streams_tokens_are_sent_once_and_a_cancelled_one_leaves_no_count() ->
     assert len(sent) == 1
 
 
+@pytest.mark.parametrize("clean_up_spaces", [False, True])
+def test_the_streams_decode_is_the_tokenizers(tmp_path: Path, cache_dir: Path, clean_up_spaces: bool) -> None:
+    """What the event loop decodes after every step is ``tokenizer.decode``'s text, by the Rust tokenizer
+    itself when the tokenizer cleans up no spaces (else by ``tokenizer.decode``)."""
+    import json
+    import random
+
+    from sweep.serving.engines import Generator
+
+    folder = export_tiny_lm(tmp_path / "lm", cache_dir)
+    config = folder / "tokenizer_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "clean_up_tokenization_spaces": clean_up_spaces}))
+    engine = Generator(folder, "cpu", weights=False)
+    tokenizer = engine.tokenizer
+    assert (engine._rust_decode is None) == clean_up_spaces
+    draw = random.Random(0)
+    ids = [tokenizer.eos_token_id, *tokenizer("Hello, world! It's a test: a (b) c.")["input_ids"]]
+    for length in range(0, 60, 3):
+        row = [draw.choice(ids) if draw.random() < 0.3 else draw.randrange(len(tokenizer)) for _ in range(length)]
+        assert engine.decode_on_loop(row) == tokenizer.decode(row, skip_special_tokens=True), row
+
+
 def test_bad_options_exit_2_with_one_line() -> None:
     for argv, message in [
         (["model=x", "generation=fast"], "error: generation: expected continuous or batched, got 'fast'"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import statistics
 import subprocess
 import sys
@@ -422,6 +423,31 @@ def test_infer_cli_streams_the_completion(servers: dict[str, Server]) -> None:
     )
     assert classifier.returncode == 1, classifier.stderr
     assert classifier.stderr.startswith("error: --stream is for causal LMs"), classifier.stderr
+
+
+TRICKY_TEXTS = [" hello", 'a "quoted" \\ back', "line\nbreak\ttab\r", "\x01\x1f control", "é ü 中文 🙂",
+                "\u2028\u2029 separators", "</script>", "\ue000sweep\ue000"]
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_text_chunk_is_the_json_of_kserves_chunk_type(chat: bool) -> None:
+    """The per-token chunk is rendered from a template, not built as a pydantic chunk: the same JSON."""
+    from sweep.serving.openai_model import _Chunks, _sse
+
+    chunks = _Chunks("tiny-gpt2", chat=chat)
+    for index in (0, 2):
+        for text in TRICKY_TEXTS:
+            fast = chunks.text(index, text)
+            assert isinstance(fast, str)  # the template, not the type
+            typed = chunks._typed_text(index, text).model_dump_json(exclude_unset=True)
+            assert json.loads(fast) == json.loads(typed), text
+            event = _sse(fast)
+            assert event.startswith("data: ") and event.endswith("\n\n") and "\n" not in event[:-2], text
+    # an empty text and a last chunk (its finish reason) go through the type itself
+    assert json.loads(_sse(chunks.text(0, "")).removeprefix("data: ")) == json.loads(
+        chunks._typed_text(0, "").model_dump_json(exclude_unset=True))
+    last = json.loads(_sse(chunks.text(1, "end", "length")).removeprefix("data: "))
+    assert last["choices"][0]["finish_reason"] == "length" and last["choices"][0]["index"] == 1
 
 
 def test_sse_lines_parse() -> None:

@@ -149,6 +149,9 @@ class Generator:
         self.tokenizer = load_tokenizer(model_dir)
         self.tokenizer.padding_side = "left"  # new tokens follow every prompt directly
         self._counting_tokenizer = load_tokenizer(model_dir)
+        backend = getattr(self._counting_tokenizer, "backend_tokenizer", None)
+        plain = backend is not None and not getattr(self._counting_tokenizer, "clean_up_tokenization_spaces", True)
+        self._rust_decode = backend.decode if plain else None
         config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
         self.architecture = (config.architectures or [config.model_type])[0]
         self.context_length = context_length(config, self.tokenizer.model_max_length)
@@ -174,6 +177,11 @@ class Generator:
         return self._counting_tokenizer(list(prompts))["input_ids"]
 
     def decode_on_loop(self, ids: Sequence[int]) -> str:
+        """The text of ``ids`` (every streamed sequence's, after every step): the Rust tokenizer's own decode,
+        which is what ``tokenizer.decode`` returns when it cleans up no spaces, without its Python-side
+        conversions (measured: two thirds of the time of a 40-token decode)."""
+        if self._rust_decode is not None:
+            return self._rust_decode(list(ids), skip_special_tokens=True)
         return self._counting_tokenizer.decode(list(ids), skip_special_tokens=True)
 
     @property

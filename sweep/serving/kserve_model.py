@@ -324,6 +324,22 @@ async def _unknown_model(request: Request, exc: ModelNotFound) -> JSONResponse:
 
 _SERVED: dict[str, BatchedTextModel] = {}  # the models serve() registered, by name
 
+_KSERVE_TIMING = kserve_rest_server.TimingMiddleware
+
+
+class _NoTiming:
+    """In place of KServe's TimingMiddleware when nothing would print its timings (``log_requests=false``):
+    the app it wraps, unwrapped. It only feeds the ``kserve.trace`` log, yet it matched every request's route
+    and read the process's CPU time twice (measured: 3% of the server's event loop at 16 streams)."""
+
+    def __new__(cls, app: Any, **_: Any) -> Any:
+        return app
+
+
+def use_timing_middleware(log_requests: bool) -> None:
+    """KServe's TimingMiddleware in the app it builds next if its lines are logged, else none."""
+    kserve_rest_server.TimingMiddleware = _KSERVE_TIMING if log_requests else _NoTiming
+
 
 def serve(models: BatchedTextModel | Sequence[BatchedTextModel], port: int, log_requests: bool,
           grpc_port: int | None = None) -> None:
@@ -337,6 +353,7 @@ def serve(models: BatchedTextModel | Sequence[BatchedTextModel], port: int, log_
     kserve_rest_server.invalid_input_handler = bad_request
     kserve_rest_server.model_not_found_handler = _unknown_model
     kserve_rest_server.model_not_ready_handler = not_ready
+    use_timing_middleware(log_requests)
     kserve_grpc_server.ExceptionToStatusInterceptor = ClientErrorsInOneLine
     server = kserve.ModelServer(
         http_port=port,

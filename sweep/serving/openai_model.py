@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import os
 import threading
 import time
@@ -160,13 +161,31 @@ def _chat_completion(model: str, job: OpenAIJob, results: Sequence[Generated]) -
     )
 
 
+_PLACEHOLDER = "\ue000sweep\ue000"  # a private-use text no tokenizer makes: where a chunk's text goes in its template
+
+
 class _Chunks:
-    """The stream's JSON chunks, for a completion or a chat completion."""
+    """The stream's JSON chunks, for a completion or a chat completion.
+
+    A chunk of new text is most of a stream: it is KServe's chunk type rendered once per choice with a
+    placeholder for the text (``_text_template``), the text then put in its place, JSON-escaped. The same
+    JSON, without building and validating a pydantic chunk per token (measured: about a tenth of the
+    server's event-loop time at 16 streams). The first and last chunks of a choice go through the types.
+    """
 
     def __init__(self, model: str, chat: bool) -> None:
         self.model, self.chat = model, chat
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
+        self._templates: dict[int, tuple[str, str]] = {}
+
+    def _text_template(self, index: int) -> tuple[str, str]:
+        """The JSON of choice ``index``'s text chunk before and after its (escaped) text."""
+        if index not in self._templates:
+            rendered = self._typed_text(index, _PLACEHOLDER).model_dump_json(exclude_unset=True)
+            before, after = rendered.split(json.dumps(_PLACEHOLDER, ensure_ascii=False)[1:-1])
+            self._templates[index] = before, after
+        return self._templates[index]
 
     def _wrap(self, choices: list[Any], usage: UsageInfo | None = None) -> Any:
         if self.chat:
@@ -187,6 +206,13 @@ class _Chunks:
                                         finish_reason=None)]) for i in range(rows)]
 
     def text(self, index: int, text: str, finish_reason: str | None = None) -> Any:
+        """Choice ``index``'s chunk of ``text`` (JSON, or the typed chunk for a last or empty one)."""
+        if finish_reason is None and text:
+            before, after = self._text_template(index)
+            return before + json.dumps(text, ensure_ascii=False)[1:-1] + after
+        return self._typed_text(index, text, finish_reason)
+
+    def _typed_text(self, index: int, text: str, finish_reason: str | None = None) -> Any:
         if self.chat:
             delta = ChoiceDelta(content=text) if text else ChoiceDelta()
             choice: Any = ChunkChoice(index=index, delta=delta, logprobs=None, finish_reason=finish_reason)
