@@ -105,6 +105,53 @@ def test_the_streams_decode_is_the_tokenizers(tmp_path: Path, cache_dir: Path, c
         assert engine.decode_on_loop(row) == tokenizer.decode(row, skip_special_tokens=True), row
 
 
+def test_a_sequence_is_sent_to_the_decoding_process_before_the_request_waits(tmp_path: Path, cache_dir: Path) -> None:
+    """``open_stream`` sends an admitted sequence to the batch before it returns (not a turn of the event loop
+    later); a stream cancelled before its tasks ever ran still frees its slot and leaves the batch."""
+    from sweep.serving.continuous import continuous_batch
+    from sweep.serving.decoding_process import DecodingProcess
+    from sweep.serving.engines import Generator
+    from sweep.serving.protocol import GenerationParams
+
+    folder = export_tiny_lm(tmp_path / "lm", cache_dir)
+    engine = Generator(folder, "cpu", weights=False)
+    # one sequence at a time: a sequence the decoding process still decodes holds back the next
+    batch = continuous_batch(engine, DecodingProcess(folder, "cpu", 1, 8, 1), "lm", 1, 4)
+    assert batch is not None
+    params, long = GenerationParams(max_new_tokens=8), GenerationParams(max_new_tokens=200)
+
+    async def scenario() -> None:
+        stream = batch.open_stream(params, ["Once upon a time"])
+        assert len(batch._sequences) == 1 and batch.admission.running == 1  # sent, with no await in between
+        texts = [texts async for texts in stream.updates()]
+        (result,) = await stream.results()
+        assert texts and result.text.startswith(texts[-1][0]) and result.completion_tokens == 8
+        whole = await batch.generate(params, ["Once upon a time"])
+        assert whole[0].text == result.text
+
+        gone = batch.open_stream(params, ["She opened the door and"])
+        gone.cancel()  # before the event loop has run any of its tasks
+        await asyncio.sleep(0.5)
+        assert (batch.admission.running, batch.admission.waiting, len(batch._sequences)) == (0, 0, 0)
+        after = await batch.generate(params, ["Once upon a time"])  # the batch goes on
+        assert after[0].text == result.text
+
+        started = time.perf_counter()
+        await batch.generate(long, ["In 1850 the city"])
+        whole_s = time.perf_counter() - started
+        leaving = batch.open_stream(long, ["In 1850 the city"])
+        await leaving.updates().__anext__()
+        leaving.cancel()  # mid-stream, as a client that leaves: its sequence leaves the decoding process too
+        started = time.perf_counter()
+        await batch.generate(params, ["Once upon a time"])
+        assert time.perf_counter() - started < whole_s / 2, "the cancelled sequence still held the batch's one slot"
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        batch.close()
+
+
 def test_bad_options_exit_2_with_one_line() -> None:
     for argv, message in [
         (["model=x", "generation=fast"], "error: generation: expected continuous or batched, got 'fast'"),

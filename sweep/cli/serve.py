@@ -24,6 +24,7 @@ from sweep.cli.key_values import (
     usage,
 )
 from sweep.config.defaults import CACHE_DIR_ENV
+from sweep.serving.cpu_budget import quiet_openmp_environment
 from sweep.serving.server import ServeError, ServeOptions, serve_model
 
 PROG = "sweep serve"
@@ -110,6 +111,8 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> None:
         options = parse(args)
     except UsageError as e:
         _fail(e)
+    # Before torch loads, here or in the decoding process the server spawns: OpenMP's idle threads sleep
+    quiet_openmp_environment()
     try:
         if options.adapters:
             from sweep.serving.adapter_pool import serve_adapters

@@ -41,7 +41,7 @@ from typing import Any
 
 from sweep.config.defaults import default_cache_dir
 from sweep.export_layout import ADAPTER_FOLDER, MADE_BY, registry_name
-from sweep.serving.cpu_budget import CLASSIFIES, DECODES, quiet_openmp_environment, set_server_threads
+from sweep.serving.cpu_budget import CLASSIFIES, DECODES, set_server_threads
 from sweep.serving.model_location import made_by, task_inputs
 from sweep.serving.protocol import TaskInputs
 from sweep.serving.server import ServeError, ServeOptions, port_taken
@@ -459,7 +459,6 @@ def serve_adapters(options: ServeOptions) -> None:
                          "name (NAME=DIR)")
     if options.grpc and options.grpc_port == options.port:
         raise ServeError(f"grpc_port: must differ from port (both {options.port}); or grpc=false")
-    quiet_openmp_environment()  # before torch loads: its idle threads sleep rather than spin
     adapters = find_adapters(options.adapters or "")
     model_dir = resolve_base(options)
     num_labels = check_base(model_dir, options.model, adapters)

@@ -56,6 +56,17 @@ class _Sequence:
 
 
 @dataclass
+class _Row:
+    """One prompt's sequence, from its slot to its end: sent to the batch once ``request_id`` is set."""
+
+    slot: asyncio.Future[None]
+    request_id: str | None = None
+    sequence: _Sequence | None = None
+    prompt_tokens: int = 0
+    closed: bool = False
+
+
+@dataclass
 class _Seeded:
     done: asyncio.Future[list[Completion]]
     on_texts: Callable[[list[str]], None] | None
@@ -169,19 +180,20 @@ class ContinuousBatch:
 
         Streamed: ``on_texts`` gets every row's streamable text whenever one grew.
         """
-        return await self._run(self.admission.enter(len(prompts)), params, prompts, on_texts)
+        return await self._start(self.admission.enter(len(prompts)), params, prompts, on_texts)
 
     def open_stream(self, params: GenerationParams, prompts: Sequence[str]) -> Stream:
         """Admit now (``Overloaded`` before any answer is sent), then stream."""
         return Stream(self, self.admission.enter(len(prompts)), params, prompts)
 
-    async def _run(self, slots: list[asyncio.Future[None]], params: GenerationParams, prompts: Sequence[str],
-                   on_texts: Callable[[list[str]], None] | None) -> list[Completion]:
+    def _start(self, slots: list[asyncio.Future[None]], params: GenerationParams, prompts: Sequence[str],
+               on_texts: Callable[[list[str]], None] | None) -> Awaitable[list[Completion]]:
+        """The request's sequences, one task each. A sequence whose slot is free is sent to the decoding
+        process here, before this returns: it starts at the batch's next step, not after the event loop has
+        gone round for the request's tasks (two turns, each as long as a step's streaming at many streams)."""
+        arrived = time.perf_counter()
         if params.seeded:
-            results = await self._seeded(slots, params, prompts, on_texts)
-            server_metrics.count_tokens(self.name, [r.prompt_tokens for r in results],
-                                        [r.completion_tokens for r in results])
-            return results
+            return self._seeded_run(slots, params, prompts, on_texts)
         texts = [""] * len(prompts)
 
         def row_callback(i: int) -> Callable[[str], None] | None:
@@ -194,8 +206,25 @@ class ContinuousBatch:
 
             return on_text
 
-        tasks = [asyncio.ensure_future(self._sequence(slot, params, prompt, row_callback(i)))
-                 for i, (slot, prompt) in enumerate(zip(slots, prompts))]
+        rows = [_Row(slot) for slot in slots]
+        tasks: list[asyncio.Future[Completion]] = []
+        try:
+            for i, (row, prompt) in enumerate(zip(rows, prompts)):
+                on_text = row_callback(i)
+                if row.slot.done():
+                    self._add(row, params, prompt, on_text)
+                task = asyncio.ensure_future(self._sequence(row, params, prompt, on_text, arrived))
+                task.add_done_callback(lambda _, row=row: self._close(row))  # a task cancelled before it ran
+                tasks.append(task)
+        except BaseException:  # the decoding process is gone: nothing of the request stays
+            for task in tasks:
+                task.cancel()
+            for row in rows:
+                self._close(row)
+            raise
+        return self._gathered(tasks)
+
+    async def _gathered(self, tasks: list[asyncio.Future[Completion]]) -> list[Completion]:
         try:
             results = await asyncio.gather(*tasks)
         except BaseException:
@@ -206,17 +235,15 @@ class ContinuousBatch:
                                     [r.completion_tokens for r in results])
         return list(results)
 
-    async def _sequence(self, slot: asyncio.Future[None], params: GenerationParams, prompt: str,
-                        on_text: Callable[[str], None] | None) -> Completion:
-        arrived = time.perf_counter()
-        try:
-            await self.admission.wait(slot)
-            return await self._in_batch(params, prompt, on_text, arrived)
-        finally:
-            self.admission.leave(slot)
+    async def _seeded_run(self, slots: list[asyncio.Future[None]], params: GenerationParams, prompts: Sequence[str],
+                          on_texts: Callable[[list[str]], None] | None) -> list[Completion]:
+        results = await self._seeded(slots, params, prompts, on_texts)
+        server_metrics.count_tokens(self.name, [r.prompt_tokens for r in results],
+                                    [r.completion_tokens for r in results])
+        return results
 
-    async def _in_batch(self, params: GenerationParams, prompt: str, on_text: Callable[[str], None] | None,
-                        arrived: float) -> Completion:
+    def _add(self, row: _Row, params: GenerationParams, prompt: str, on_text: Callable[[str], None] | None) -> None:
+        """Send ``row``'s sequence (its slot held) to the decoding process: it joins the batch's next step."""
         engine = self.engine
         ids = engine.token_ids([prompt])[0]
         decode, eos, stops = engine.decode_on_loop, engine.eos_token_id, params.stop
@@ -231,25 +258,49 @@ class ContinuousBatch:
                 on_text(text)
 
         sequence = _Sequence(asyncio.get_running_loop().create_future(), on_output)
-        self._sequences[request_id] = sequence
         sampling = params.sampling
+        self._send("add", request_id, ids, params.max_new_tokens, on_text is not None or bool(stops),
+                   float(params.temperature) if sampling else 1.0, float(params.top_p) if sampling else 1.0,
+                   0 if sampling else 1)
+        self._sequences[request_id] = sequence
+        row.request_id, row.sequence, row.prompt_tokens = request_id, sequence, len(ids)
+
+    def _close(self, row: _Row) -> None:
+        """``row``'s one end, whichever comes first (its task's ``finally``, or its task cancelled before it
+        ran): a sequence still generating is cancelled, and the slot goes."""
+        if row.closed:
+            return
+        row.closed = True
+        if row.request_id is not None:
+            self._sequences.pop(row.request_id, None)
+            done = row.sequence.done if row.sequence is not None else None
+            if done is not None and (not done.done() or done.cancelled()):  # cancelled: its task was, awaiting it
+                self._cancel(row.request_id)
+        self.admission.leave(row.slot)
+
+    async def _sequence(self, row: _Row, params: GenerationParams, prompt: str,
+                        on_text: Callable[[str], None] | None, arrived: float) -> Completion:
         try:
-            self._send("add", request_id, ids, params.max_new_tokens, on_text is not None or bool(stops),
-                       float(params.temperature) if sampling else 1.0, float(params.top_p) if sampling else 1.0,
-                       0 if sampling else 1)
-            await sequence.done
-        except asyncio.CancelledError:  # the client went away
-            self._cancel(request_id)
-            logger.info(f"{self.name}: {'stream' if on_text else 'request'} cancelled by the client; generation "
-                        f"stopped after {len(sequence.tokens)} of {params.max_new_tokens} tokens")
-            raise
+            if row.request_id is None:  # queued: sent once a slot frees
+                await self.admission.wait(row.slot)
+                self._add(row, params, prompt, on_text)
+            sequence = row.sequence
+            assert sequence is not None and row.request_id is not None
+            try:
+                await sequence.done
+            except asyncio.CancelledError:  # the client went away
+                logger.info(f"{self.name}: {'stream' if on_text else 'request'} cancelled by the client; generation "
+                            f"stopped after {len(sequence.tokens)} of {params.max_new_tokens} tokens")
+                raise
         finally:
-            self._sequences.pop(request_id, None)
+            self._close(row)
         if sequence.timing is not None:
             first, last, timed = sequence.timing
             per_token = (last - first) / (timed - 1) if timed > 1 else None
             server_metrics.observe_latency(self.name, first - arrived, per_token)
-        return finish_completion(sequence.tokens, len(ids), decode, eos, stops, params.max_new_tokens)
+        engine = self.engine
+        return finish_completion(sequence.tokens, row.prompt_tokens, engine.decode_on_loop, engine.eos_token_id,
+                                 params.stop, params.max_new_tokens)
 
     def _cancel(self, request_id: str) -> None:
         if self._exited is None:
@@ -286,7 +337,7 @@ class Stream:
     def __init__(self, batch: ContinuousBatch, slots: list[asyncio.Future[None]], params: GenerationParams,
                  prompts: Sequence[str]) -> None:
         self._updates: asyncio.Queue[list[str] | None] = asyncio.Queue()
-        self.task = asyncio.ensure_future(batch._run(slots, params, prompts, self._updates.put_nowait))
+        self.task = asyncio.ensure_future(batch._start(slots, params, prompts, self._updates.put_nowait))
         self.task.add_done_callback(lambda _: self._updates.put_nowait(None))
 
     async def updates(self) -> AsyncIterator[list[str]]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+from enum import Enum
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -45,13 +46,18 @@ def _within(threads: int, usable: float) -> int:
     return max(1, min(threads, math.floor(usable)))
 
 
-# What the server process's own torch does, which sizes its pool (``server_threads``).
-CLASSIFIES = "classifies"  # batched forward passes of a classifier: every usable CPU helps
-DECODES = "decodes"  # generation in this process (the micro-batcher): as a decoding process
-TOKENIZES = "tokenizes"  # a decoding process generates: this one tokenizes and streams, one thread
+class ServerWork(Enum):
+    """What the server process's own torch does, which sizes its pool (``server_threads``)."""
+
+    CLASSIFIES = "classifies"  # batched forward passes of a classifier: every usable CPU helps
+    DECODES = "decodes"  # generation in this process (the micro-batcher): as a decoding process
+    TOKENIZES = "tokenizes"  # a decoding process generates: this one tokenizes and streams, one thread
 
 
-def server_threads(requested: int | None, work: str, usable: float) -> int:
+CLASSIFIES, DECODES, TOKENIZES = ServerWork.CLASSIFIES, ServerWork.DECODES, ServerWork.TOKENIZES
+
+
+def server_threads(requested: int | None, work: ServerWork, usable: float) -> int:
     """Intra-op threads of the server process for its ``work`` (``threads=`` is the decoding's, when a
     decoding process does it)."""
     if work == TOKENIZES:
@@ -61,12 +67,10 @@ def server_threads(requested: int | None, work: str, usable: float) -> int:
     return _within(requested or math.floor(usable), usable)
 
 
-def set_server_threads(requested: int | None, work: str) -> int:
+def set_server_threads(requested: int | None, work: ServerWork) -> None:
     import torch
 
-    threads = server_threads(requested, work, usable_cpus())
-    torch.set_num_threads(threads)
-    return threads
+    torch.set_num_threads(server_threads(requested, work, usable_cpus()))
 
 
 def quiet_openmp_environment() -> None:

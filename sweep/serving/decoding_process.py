@@ -16,8 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sweep.serving.cpu_budget import quiet_openmp_environment
-
 
 def _decoding_main(*args: Any) -> None:
     """In the new process: the engine's heavy imports happen there, not here (the server spawns it early)."""
@@ -44,7 +42,6 @@ class DecodingProcess:
                  max_concurrent_sequences: int) -> None:
         """Start the process; ``wait_ready`` (or ``facts``) waits until its batch runs (``Unsupported``, or
         ``ValueError`` for a bad option or folder). Started first, it loads the model while the server imports."""
-        quiet_openmp_environment()  # the spawned process inherits it before it imports torch
         context = multiprocessing.get_context("spawn")
         self._conn, child = context.Pipe()
         self.process = context.Process(

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sweep.config.defaults import default_cache_dir
-from sweep.serving.cpu_budget import CLASSIFIES, DECODES, TOKENIZES, quiet_openmp_environment, set_server_threads
+from sweep.serving.cpu_budget import CLASSIFIES, DECODES, TOKENIZES, set_server_threads
 
 DEFAULT_PORT = 8080
 DEFAULT_GRPC_PORT = 8081
@@ -117,7 +117,6 @@ def serve_model(options: ServeOptions) -> None:
     """
     if options.grpc and options.grpc_port == options.port:
         raise ServeError(f"grpc_port: must differ from port (both {options.port}); or grpc=false")
-    quiet_openmp_environment()  # before torch loads: its idle threads sleep rather than spin
     from sweep.errors import StagingError
     from sweep.serving.model_location import ModelSourceError, published_name, resolve_model_source
 
