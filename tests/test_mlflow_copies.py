@@ -127,6 +127,27 @@ def test_a_key_that_leaves_the_artifacts_folder_is_refused(moto_server, monkeypa
     assert not (tmp_path / "outside.txt").exists() and not (new_head / DB_NAME).exists()
 
 
+def test_s3_that_cannot_be_reached_on_resume_is_one_line_and_leaves_nothing(moto_server, monkeypatch,
+                                                                            tmp_path: Path) -> None:
+    """A new head whose S3 does not answer: one line naming the copy and the endpoint (no botocore
+    traceback, no key), and no store or parent file half-made."""
+    import os
+
+    from sweep.storage.s3 import S3Error, make_client
+    from sweep.testing.local_cluster import free_port
+
+    s3_env(monkeypatch, moto_server)
+    dead = make_client(f"http://127.0.0.1:{free_port()}", attempts=1, connect_timeout=2)
+    new_head = tmp_path / "new-head"
+    with pytest.raises(S3Error) as caught:
+        restore_store(dead, f"sqlite:///{new_head / DB_NAME}", PREFIX, new_head / "out")
+    message = str(caught.value)
+    assert message.startswith("resume: the sweep's records were not taken back from s3://results/glue-tiny/mlflow/ ")
+    assert "cannot reach the S3 endpoint http://127.0.0.1:" in message and "\n" not in message
+    assert os.environ["AWS_SECRET_ACCESS_KEY"] not in message
+    assert not (new_head / DB_NAME).exists() and not (new_head / "out" / PARENT_FILE).exists()
+
+
 def test_a_resumed_sweep_makes_each_run_whole_from_the_trials_histories(tmp_path: Path,
                                                                        empty_store: Path) -> None:  # noqa: F811
     """The last copy missed a trial's first evaluations and its end: the run gets them from the history

@@ -109,33 +109,6 @@ class StoreCopies:
                 self.last_at = time.monotonic()
 
 
-def _exists(client, bucket: str, key: str) -> bool:
-    from botocore.exceptions import ClientError
-
-    try:
-        client.head_object(Bucket=bucket, Key=key)
-        return True
-    except ClientError as e:
-        if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-            return False
-        raise
-
-
-def _download_tree(client, bucket: str, prefix: str, target: Path) -> int:
-    """Every object under ``prefix``/ into ``target``, by its relative key (none outside ``target``)."""
-    count = 0
-    root = target.resolve()
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/"):
-        for item in page.get("Contents", []):
-            path = (target / item["Key"][len(prefix) + 1:]).resolve()
-            if not path.is_relative_to(root) or path == root:
-                raise ValueError(f"s3://{bucket}/{item['Key']}: a key that leaves {target}")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            client.download_file(bucket, item["Key"], str(path))
-            count += 1
-    return count
-
-
 def unrelocate(db: Path, artifact_root: Path) -> int:
     """The reverse of ``mlflow_upload.relocate`` in a downloaded copy: each ``mlartifacts/...`` location
     becomes this machine's ``file://<artifact_root>/...``."""
@@ -155,30 +128,41 @@ def unrelocate(db: Path, artifact_root: Path) -> int:
 def restore_store(client, tracking_uri: str | None, output_prefix: str, out_dir: Path) -> str | None:
     """A resumed sweep's records taken back from ``<output_prefix>/mlflow/`` when they are not here: the
     sqlite store (when its file is missing) with its artifacts, and the parent's identity (when out_dir
-    lacks it, pointed at this store). What was restored, in a few words; None when nothing was."""
-    from sweep.storage.s3 import parse_uri
+    lacks it, pointed at this store). What was restored, in a few words; None when nothing was. S3 that
+    refuses or cannot be reached is one ``S3Error`` line that says so, before the store is opened."""
+    from sweep.storage.s3 import S3Error
+
+    try:
+        return _restore(client, tracking_uri, output_prefix, out_dir)
+    except S3Error as e:
+        raise S3Error(f"resume: the sweep's records were not taken back from {destination(output_prefix)}/ "
+                      f"({e}); run the same command again once S3 answers") from None
+
+
+def _restore(client, tracking_uri: str | None, output_prefix: str, out_dir: Path) -> str | None:
+    from sweep.storage.s3 import download_object, download_tree, object_exists, parse_uri
 
     bucket, prefix = parse_uri(destination(output_prefix))
     restored = []
     db = sqlite_file(tracking_uri)
-    if db is not None and not db.exists() and _exists(client, bucket, f"{prefix}/{DB_NAME}"):
+    if db is not None and not db.exists() and object_exists(client, bucket, f"{prefix}/{DB_NAME}"):
         db = db.resolve()
         db.parent.mkdir(parents=True, exist_ok=True)
         artifacts = db.parent / ARTIFACTS
         # Everything lands in a folder beside the store first: a failed download leaves nothing behind.
         with tempfile.TemporaryDirectory(prefix="sweep-mlflow-", dir=db.parent) as tmp:
             copy = Path(tmp) / DB_NAME
-            client.download_file(bucket, f"{prefix}/{DB_NAME}", str(copy))
+            download_object(client, bucket, f"{prefix}/{DB_NAME}", copy)
             unrelocate(copy, artifacts)
-            files = _download_tree(client, bucket, f"{prefix}/{ARTIFACTS}", Path(tmp) / ARTIFACTS)
+            files = download_tree(client, bucket, f"{prefix}/{ARTIFACTS}", Path(tmp) / ARTIFACTS)
             if files:
                 shutil.copytree(Path(tmp) / ARTIFACTS, artifacts, dirs_exist_ok=True)
             copy.replace(db)  # the same folder: one rename
         restored.append(f"the store ({DB_NAME}, {files} artifact files)")
     parent = out_dir / PARENT_FILE
-    if not parent.exists() and _exists(client, bucket, f"{prefix}/{PARENT_FILE}"):
+    if not parent.exists() and object_exists(client, bucket, f"{prefix}/{PARENT_FILE}"):
         out_dir.mkdir(parents=True, exist_ok=True)
-        client.download_file(bucket, f"{prefix}/{PARENT_FILE}", str(parent))
+        download_object(client, bucket, f"{prefix}/{PARENT_FILE}", parent)
         if db is not None:  # the same store, at this head's path: saved_parent compares the two
             from sweep.files import write_json
             from sweep.secrets import scrub

@@ -302,3 +302,47 @@ def upload_tree(client, folder: Path, uri: str, files: list[Path] | None = None)
             raise _explain(e, f"s3://{bucket}/{key}", client.meta.endpoint_url) from None
         keys.append(key)
     return keys
+
+
+# --- download of plain objects (the MLflow records a resumed sweep takes back) ------------------
+
+
+def object_exists(client, bucket: str, key: str) -> bool:
+    """Whether ``key`` is an object; a refusal or an unreachable endpoint is an ``S3Error``, not a no."""
+    try:
+        client.head_object(Bucket=bucket, Key=key)
+        return True
+    except Exception as e:  # noqa: BLE001
+        if _code(e) in ("404", "NoSuchKey", "NotFound"):
+            return False
+        raise _explain(e, f"s3://{bucket}/{key}", client.meta.endpoint_url) from None
+
+
+def download_object(client, bucket: str, key: str, dest: Path) -> None:
+    try:
+        client.download_file(bucket, key, str(dest))
+    except OSError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise _explain(e, f"s3://{bucket}/{key}", client.meta.endpoint_url) from None
+
+
+def download_tree(client, bucket: str, prefix: str, target: Path) -> int:
+    """Every object under ``prefix``/ into ``target`` by its relative key; a key that would land outside
+    ``target`` is refused before anything is written. The number of files."""
+    prefix = prefix.strip("/")
+    try:
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/")
+        keys = [item["Key"] for page in pages for item in page.get("Contents", [])]
+    except Exception as e:  # noqa: BLE001
+        raise _explain(e, f"s3://{bucket}/{prefix}/", client.meta.endpoint_url) from None
+    files = []
+    for key in keys:
+        rel = PurePosixPath(key[len(prefix) + 1:])
+        if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+            raise UnsafeArchiveError(f"s3://{bucket}/{key}: a key that leaves {target}; refused")
+        files.append((key, target.joinpath(*rel.parts)))
+    for key, path in files:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        download_object(client, bucket, key, path)
+    return len(files)
