@@ -2,8 +2,8 @@
 
 The process (decoding_engine.py) is spawned, not forked: the server has already loaded tokenizers and may
 run threads, and a fork would copy their locks mid-use. It is a daemon of the server, so it ends with it;
-and it ends itself when the pipe closes (the server killed). What it sends is read by one thread here and
-handed to the event loop, one ``call_soon_threadsafe`` per message (a message holds a whole step).
+and it ends itself when the pipe closes (the server killed). What it sends is read on the event loop
+itself, when the pipe is readable (a message holds a whole step).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class DecodingProcess:
         self.process.start()
         child.close()  # ours closed: when the process ends, a read here sees the end of the pipe
         self._send_lock = threading.Lock()
-        self._reader: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the one that reads its messages
         self._closing = False  # close() stops the process: its end is expected, and the loop may be gone
         self._facts: dict[str, Any] | None = None
 
@@ -84,33 +84,30 @@ class DecodingProcess:
 
     def listen(self, loop: asyncio.AbstractEventLoop, on_message: Callable[[tuple[Any, ...]], None],
                on_exit: Callable[[], None]) -> None:
-        """Hand every message to ``on_message`` on ``loop``; ``on_exit`` once the process is gone."""
-        def hand_over(callback: Callable[..., None], *args: Any) -> bool:
-            try:
-                loop.call_soon_threadsafe(callback, *args)
-                return True
-            except RuntimeError:  # the event loop is closed: the server is shutting down
-                return False
+        """Hand every message to ``on_message`` on ``loop``, read there when the pipe is readable (a reader
+        thread between cost a thread's wake-up and a hand-over of the GIL per message); ``on_exit`` once the
+        process is gone."""
+        fd = self._conn.fileno()
 
         def read() -> None:
-            while True:
-                try:
-                    message = self._conn.recv()
-                except (EOFError, OSError):
-                    if not self._closing:
-                        # The pipe closes before the process is reaped: wait for its exit code, for the log.
-                        self.process.join(5)
-                        hand_over(on_exit)
-                    return
-                if not hand_over(on_message, message):
-                    return
+            try:
+                while True:  # what is there now, then back to the loop
+                    on_message(self._conn.recv())
+                    if not self._conn.poll():
+                        return
+            except (EOFError, OSError):
+                loop.remove_reader(fd)
+                if not self._closing:
+                    # The pipe closes before the process is reaped: its exit code (for the log), off the loop.
+                    waited = loop.run_in_executor(None, self.process.join, 5)
+                    waited.add_done_callback(lambda _: on_exit())
 
-        self._reader = threading.Thread(target=read, name="decoding-outputs", daemon=True)
-        self._reader.start()
+        loop.add_reader(fd, read)
+        self._loop = loop
 
     @property
     def listening(self) -> bool:
-        return self._reader is not None
+        return self._loop is not None
 
     def send(self, *command: Any) -> None:
         try:
@@ -121,6 +118,9 @@ class DecodingProcess:
 
     def close(self) -> None:
         self._closing = True
+        if self._loop is not None and not self._loop.is_closed():
+            with contextlib.suppress(RuntimeError, ValueError, OSError):  # off the loop's thread, or its fd gone
+                self._loop.remove_reader(self._conn.fileno())
         if self.process.is_alive():
             with contextlib.suppress(RuntimeError):  # it may have exited meanwhile
                 self.send("stop")
