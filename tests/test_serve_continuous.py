@@ -105,6 +105,40 @@ def test_the_streams_decode_is_the_tokenizers(tmp_path: Path, cache_dir: Path, c
         assert engine.decode_on_loop(row) == tokenizer.decode(row, skip_special_tokens=True), row
 
 
+def test_greedy_steps_skip_the_logits_processing_and_sampling_rows_still_sample(tmp_path: Path,
+                                                                                 cache_dir: Path) -> None:
+    """transformers' batch manager as the decoding process builds it: a greedy request decodes
+    ``generate``'s greedy tokens with the batch's logits processing off for its steps; requests that sample
+    (temperature 5 over the tiny GPT-2's ~2,000 tokens) draw other tokens, each its own."""
+    import torch
+
+    from sweep.serving.decoding_engine import build_manager
+    from sweep.serving.engines import Generator
+
+    engine = Generator(export_tiny_lm(tmp_path / "lm", cache_dir), "cpu")
+    manager = build_manager(engine, 4096, 4, lambda _: None)
+    prompt = engine.tokenizer("Once upon a time")["input_ids"]
+    with torch.no_grad():
+        expected = engine.model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, min_new_tokens=12,
+                                         pad_token_id=engine.tokenizer.pad_token_id)[0, len(prompt):].tolist()
+
+    def decode(rid: str, greedy: int, temperature: float) -> list[int]:
+        manager.add_request(prompt, request_id=rid, max_new_tokens=12, streaming=False, eos_token_id=-1,
+                            temperature=temperature, top_p=1.0, greedy=greedy)
+        result = manager.get_result(request_id=rid, timeout=60)
+        assert result is not None and result.error is None, result
+        return list(result.generated_tokens)
+
+    manager.start()
+    try:
+        assert decode("greedy", 1, 1.0) == expected
+        assert manager.logit_processor.do_processing is False  # its steps: greedy rows only
+        drawn = [decode(f"sampled-{i}", 0, 5.0) for i in range(2)]
+        assert expected not in drawn and drawn[0] != drawn[1]
+    finally:
+        manager.stop(block=True, timeout=10)
+
+
 def test_a_sequence_is_sent_to_the_decoding_process_before_the_request_waits(tmp_path: Path, cache_dir: Path) -> None:
     """``open_stream`` sends an admitted sequence to the batch before it returns (not a turn of the event loop
     later); a stream cancelled before its tasks ever ran still frees its slot and leaves the batch."""
