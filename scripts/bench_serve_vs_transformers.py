@@ -49,9 +49,17 @@ Columns of the table (one table per model and load):
 - ``sweep/tf tok/s``, ``sweep/tf p99``: sweep (default threads) over transformers serve: tokens/s (> 1:
   sweep is faster), and TTFT p99 (streamed) or latency p99 (not streamed) (< 1: sweep answers sooner).
 
+CPU (in the JSON and each run's line, not the table): each server's CPU time over a run per completion
+token, in ms, for its own process (``server_cpu_ms_per_token``: the HTTP side) and for its children
+(``children_cpu_ms_per_token``: the decoding process; both servers decode in a child), read with psutil
+before and after the run. On a busy machine it says where the shared CPU went.
+
 Fairness: every cell (model, load, C, streamed) is measured on all servers in alternation, their order
 rotating per repeat (``--repeats``, 2), and each number is the median over the repeats. The clients
-run in this process, on the same 2 cores as the servers, in every run alike.
+run in this process, on the same 2 cores as the servers, in every run alike. This process imports torch
+and transformers (millions of objects): they are frozen out of its garbage collector before the cells
+(``gc.freeze``), else a full collection here (~0.5 s) stalled whichever server was being measured; the
+longest collection of each run is in the JSON (``client_gc_max_ms``) and its line.
 
 Load: ``quiet`` (nothing beside), ``busy`` (``--load``): a CPU hog beside the servers: a busy loop pinned
 to one core (``os.sched_setaffinity``: the last usable CPU) that holds ``--hog-mb`` MiB (512, every page
@@ -75,6 +83,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import atexit
+import gc
 import itertools
 import json
 import os
@@ -500,7 +509,8 @@ def check_agreement(servers: dict[str, Server], count: int, max_tokens: int,
 
 # -- cells: every server in alternation, the median over repeats ----------------------------------------------
 
-MEDIAN_KEYS = ("tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "latency_p50_ms", "latency_p99_ms", "wall_s")
+MEDIAN_KEYS = ("tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "latency_p50_ms", "latency_p99_ms", "wall_s",
+               "server_cpu_ms_per_token", "children_cpu_ms_per_token")
 
 
 def requests_per_run(base: int, concurrency: int, per_client: int) -> int:
@@ -514,7 +524,7 @@ def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in MEDIAN_KEYS:
         values = [run[key] for run in runs if run.get(key) is not None]
-        out[key] = round(statistics.median(values), 1) if values else None
+        out[key] = round(statistics.median(values), 3 if key.endswith("_per_token") else 1) if values else None
     out["errors"] = sum(run["errors"] for run in runs)
     out["tokens_from"] = dict(sum((Counter(run["tokens_from"]) for run in runs), Counter()))
     return out
@@ -524,6 +534,42 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 2) if a and b else None
 
 
+class CollectorPauses:
+    """The longest garbage collection of this process (the clients) since ``reset``, in ms."""
+
+    def __init__(self) -> None:
+        self._started = 0.0
+        self.longest_ms = 0.0
+        gc.callbacks.append(self._observe)
+
+    def _observe(self, phase: str, _info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.longest_ms = max(self.longest_ms, 1000 * (time.perf_counter() - self._started))
+
+    def reset(self) -> None:
+        self.longest_ms = 0.0
+
+
+COLLECTOR = CollectorPauses()
+
+
+def cpu_seconds(server: Server) -> tuple[float, float]:
+    """CPU-seconds so far of the server's own process and of all its children (the decoding process)."""
+    import psutil
+
+    root = psutil.Process(server.proc.pid)
+    own = sum(root.cpu_times()[:2])
+    children = 0.0
+    for child in root.children(recursive=True):
+        try:
+            children += sum(child.cpu_times()[:2])
+        except psutil.Error:  # a helper that ended meanwhile
+            pass
+    return own, children
+
+
 def measure_cell(servers: dict[str, Server], concurrency: int, stream: bool, total: int, args: argparse.Namespace,
                  prompts: Iterator[int], count_tokens: Callable[[str], int], label: str) -> dict[str, Any]:
     kinds = list(servers)
@@ -531,14 +577,25 @@ def measure_cell(servers: dict[str, Server], concurrency: int, stream: bool, tot
     for repeat in range(args.repeats):
         shift = repeat % len(kinds)  # rotate: each server goes first in turn, load drift hits all alike
         for kind in kinds[shift:] + kinds[:shift]:
+            own, children = cpu_seconds(servers[kind])
+            COLLECTOR.reset()
             samples = asyncio.run(closed_loop(servers[kind], concurrency, total, stream, args.max_tokens, prompts,
                                               count_tokens))
+            own_after, children_after = cpu_seconds(servers[kind])
             summary = samples.summary(stream)
+            summary["client_gc_max_ms"] = round(COLLECTOR.longest_ms, 1)
+            if samples.completion_tokens:
+                summary["server_cpu_ms_per_token"] = round(1000 * (own_after - own) / samples.completion_tokens, 3)
+                summary["children_cpu_ms_per_token"] = round(
+                    1000 * (children_after - children) / samples.completion_tokens, 3)
             runs[kind].append(summary)
             print(f"    {label} {kind:<16} repeat {repeat}: {summary['tokens_per_s']} tok/s, "
                   f"{'TTFT' if stream else 'latency'} p50/p99 "
                   f"{summary['ttft_p50_ms' if stream else 'latency_p50_ms']}/"
-                  f"{summary['ttft_p99_ms' if stream else 'latency_p99_ms']} ms, {summary['wall_s']} s"
+                  f"{summary['ttft_p99_ms' if stream else 'latency_p99_ms']} ms, {summary['wall_s']} s, "
+                  f"CPU ms/token {summary.get('server_cpu_ms_per_token')} + "
+                  f"{summary.get('children_cpu_ms_per_token')}, "
+                  f"client GC max {summary['client_gc_max_ms']} ms"
                   + (f", {summary['errors']} errors ({summary.get('first_error')})" if summary["errors"] else ""),
                   flush=True)
     medians = {kind: median_of(runs[kind]) for kind in kinds}
@@ -612,6 +669,8 @@ def run_model(spec: ModelSpec, args: argparse.Namespace, work: Path, prompts: It
         for server in servers.values():
             wait_ready(server)
         report["servers_ready_s"] = round(time.perf_counter() - started, 1)
+        gc.collect()
+        gc.freeze()  # what is loaded by now is never garbage: no full collection rescans it mid-run
         for kind, server in servers.items():
             report["servers"][kind] = {"command": " ".join(server.command), "log": str(server.log),
                                        "model_name": server.model_name}
