@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -134,6 +136,18 @@ def test_builder_is_built_once_and_reused(tmp_path: Path, monkeypatch: pytest.Mo
     assert len(calls) == 1 and (second / "config.json").stat().st_mtime_ns == mtime
     cfg["builder"]["hidden_size"] = 16  # other params: another cache entry
     assert resolve_model_dir(cfg, tmp_path) != first and len(calls) == 2
+
+
+def test_a_built_folder_is_found_without_importing_torch(tmp_path: Path) -> None:
+    """Each node's staging looks the tiny model up at every sweep's start: a cache hit must not pay
+    torch's and transformers' import (seconds per process on a busy CPU)."""
+    cfg = model_cfg("tiny-roberta")
+    built = resolve_model_dir(cfg, tmp_path)
+    probe = ("import json, sys\nfrom sweep.models.local_folder import resolve_model_dir\n"
+             f"print(resolve_model_dir(json.loads({json.dumps(json.dumps(cfg))}), {str(tmp_path)!r}))\n"
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', 'tokenizers'}))")
+    found = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert found.stdout.splitlines() == [str(built), "[]"], found.stderr
 
 
 def test_concurrent_resolves_build_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

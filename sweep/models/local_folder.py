@@ -34,7 +34,7 @@ def _require_model_dir(path: Path, name: str, source: str) -> Path:
 
 
 def _builder_dir(name: str, builder: dict[str, Any], cache_dir: Path) -> Path:
-    from sweep.models.tiny import BUILD_RECIPE, BUILDER_KEYS, build_tiny_model  # torch: only to build one
+    from sweep.models.tiny_recipe import BUILD_RECIPE, BUILDER_KEYS
 
     missing = [k for k in BUILDER_KEYS if k not in builder]
     unknown = sorted(set(builder) - set(BUILDER_KEYS) - {"seed"})
@@ -48,6 +48,8 @@ def _builder_dir(name: str, builder: dict[str, Any], cache_dir: Path) -> Path:
     out_dir = Path(cache_dir) / "models" / f"{name}-{digest}"
     if is_model_folder(out_dir):
         return out_dir
+    from sweep.models.tiny import build_tiny_model  # torch and transformers: only to build one
+
     return build_tiny_model(out_dir, **builder)
 
 

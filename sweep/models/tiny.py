@@ -33,13 +33,10 @@ from sweep.config.model_limits import position_offset
 from sweep.data.synthetic import corpus_sentences
 from sweep.files import atomic_folder, is_model_folder
 from sweep.models.quiet import quiet_transformers
+from sweep.models.tiny_recipe import ARCHS
 
 log = logging.getLogger(__name__)
 
-ARCHS = ("roberta", "gpt2", "bert")
-BUILDER_KEYS = ("arch", "vocab_size", "hidden_size", "num_layers", "num_heads", "max_positions")
-# Part of the cache key: bump when the build recipe (corpus, tokenizer, config) changes.
-BUILD_RECIPE = 1
 
 
 ROBERTA_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
