@@ -4,6 +4,7 @@ code (the installed console script may be another checkout's, so ``sweep`` is it
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sweep.cli.main import COMMANDS
+from sweep.cli.main import COMMANDS, main
 from sweep.cli.serve import OPTIONS
 from sweep.cli.ui import OPTIONS as UI_OPTIONS
 
@@ -195,3 +196,16 @@ def test_a_subcommands_bad_value_is_one_line_exit_2(work, args, line):
     r = sweep(*args, cwd=work, module=True)
     assert r.returncode == 2, r.stderr
     assert lines_of(r.stderr)[-1].startswith(line), r.stderr
+
+
+def test_a_command_leaves_its_objects_frozen_for_the_interpreters_exit(capsys):
+    """Whatever the command did, its objects are out of the collector when it returns: the exit's own
+    collections would otherwise walk all of torch, Ray and MLflow (seconds after a sweep's last line)."""
+    gc.unfreeze()
+    try:
+        with pytest.raises(SystemExit):
+            main(["ui", "--help"])
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+    assert "usage:" in capsys.readouterr().out
