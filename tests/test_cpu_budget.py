@@ -10,10 +10,8 @@ from pathlib import Path
 import pytest
 
 from sweep.serving.cpu_budget import (
-    CLASSIFIES,
-    DECODES,
     DEFAULT_DECODING_THREADS,
-    TOKENIZES,
+    ServerWork,
     cgroup_quota,
     decoding_threads,
     server_threads,
@@ -66,9 +64,9 @@ def test_threads_follow_the_usable_cpus() -> None:
     assert decoding_threads(4, 8.0) == 4
     assert decoding_threads(4, 1.5) == 1  # asked for more than the CPUs: the extra threads would only wait
     assert decoding_threads(None, 0.5) == 1  # under one CPU: still one thread
-    assert server_threads(None, CLASSIFIES, 3.0) == 3 and server_threads(8, CLASSIFIES, 3.0) == 3
-    assert server_threads(4, TOKENIZES, 8.0) == 1  # a decoding process decodes; the server tokenizes
-    assert server_threads(2, DECODES, 8.0) == 2
+    assert server_threads(None, ServerWork.CLASSIFIES, 3.0) == 3 and server_threads(8, ServerWork.CLASSIFIES, 3.0) == 3
+    assert server_threads(4, ServerWork.TOKENIZES, 8.0) == 1  # a decoding process decodes; the server tokenizes
+    assert server_threads(2, ServerWork.DECODES, 8.0) == 2
 
 
 def test_an_unreadable_proc_entry_means_no_quota(tmp_path: Path) -> None:

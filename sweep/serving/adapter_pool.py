@@ -41,7 +41,7 @@ from typing import Any
 
 from sweep.config.defaults import default_cache_dir
 from sweep.export_layout import ADAPTER_FOLDER, MADE_BY, registry_name
-from sweep.serving.cpu_budget import CLASSIFIES, DECODES, set_server_threads
+from sweep.serving.cpu_budget import ServerWork, set_server_threads
 from sweep.serving.model_location import made_by, task_inputs
 from sweep.serving.protocol import TaskInputs
 from sweep.serving.server import ServeError, ServeOptions, port_taken
@@ -425,7 +425,7 @@ def build_adapter_models(model_dir: Path, adapters: Sequence[Adapter], num_label
     from sweep.serving.engines import Generator
     from sweep.serving.kserve_model import ClassifierModel, GeneratorModel
 
-    set_server_threads(options.threads, CLASSIFIES if num_labels is not None else DECODES)
+    set_server_threads(options.threads, ServerWork.CLASSIFIES if num_labels is not None else ServerWork.DECODES)
 
     def batcher_options(name: str) -> dict[str, Any]:
         return {"enabled": options.batching, "max_batch_size": options.max_batch_size,

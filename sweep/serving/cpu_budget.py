@@ -54,15 +54,12 @@ class ServerWork(Enum):
     TOKENIZES = "tokenizes"  # a decoding process generates: this one tokenizes and streams, one thread
 
 
-CLASSIFIES, DECODES, TOKENIZES = ServerWork.CLASSIFIES, ServerWork.DECODES, ServerWork.TOKENIZES
-
-
 def server_threads(requested: int | None, work: ServerWork, usable: float) -> int:
     """Intra-op threads of the server process for its ``work`` (``threads=`` is the decoding's, when a
     decoding process does it)."""
-    if work == TOKENIZES:
+    if work == ServerWork.TOKENIZES:
         return 1
-    if work == DECODES:
+    if work == ServerWork.DECODES:
         return decoding_threads(requested, usable)
     return _within(requested or math.floor(usable), usable)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sweep.config.defaults import default_cache_dir
-from sweep.serving.cpu_budget import CLASSIFIES, DECODES, TOKENIZES, set_server_threads
+from sweep.serving.cpu_budget import ServerWork, set_server_threads
 
 DEFAULT_PORT = 8080
 DEFAULT_GRPC_PORT = 8081
@@ -87,17 +87,17 @@ def build_model(model_dir: Path, name: str, options: ServeOptions) -> Any:
     }
     generator_options = {**batcher_options, "unstreamed_batched": options.unstreamed == "batched"}
     if kind == CLASSIFIER:
-        set_server_threads(options.threads, CLASSIFIES)
+        set_server_threads(options.threads, ServerWork.CLASSIFIES)
         return ClassifierModel(name, Classifier(model_dir, options.device), batcher_options)
     engine = Generator(model_dir, options.device, weights=False)
     from sweep.serving.continuous import continuous_batch
 
     continuous = continuous_batch(engine, decoding, name, options.max_concurrent_sequences, options.max_queued)
     if continuous is None or options.unstreamed == "batched":  # this process generates too
-        set_server_threads(options.threads, DECODES)
+        set_server_threads(options.threads, ServerWork.DECODES)
         engine.load_weights()
     else:
-        set_server_threads(options.threads, TOKENIZES)
+        set_server_threads(options.threads, ServerWork.TOKENIZES)
     try:  # KServe's OpenAI types come from vLLM (kserve's llm extra; the Makefile installs them)
         from sweep.serving.openai_model import OpenAIGeneratorModel
     except ModuleNotFoundError as e:
