@@ -118,3 +118,38 @@ def test_asha_now_cuts_seeds_that_tie_at_chance(tmp_path):
         assert rec.steps_done < rec.steps_total and rec.steps_done % per_epoch == 0  # at an epoch-end rung
     summary = json.loads((out / "results.json").read_text())["summary"][0]
     assert summary["stopped"] == len(stopped) and summary["steps"] < summary["steps_full"]
+
+
+def test_a_trial_tune_ends_without_telling_the_scheduler_no_longer_holds_its_task_at_the_rung(local_ray):
+    """Tune sets a trial to ERROR without calling on_trial_error when its reused process cannot be reset
+    (seen under load: the seed-halving sweep above then waited forever, five trials paused at the rung for
+    the sixth). The scheduler counts such a trial gone when it next chooses: the task is decided and its
+    paused trials go on."""
+    import ray
+    from ray.tune.experiment import Trial
+
+    from sweep.plan.rung_boards import ASHA_NAMESPACE, EvalPoint, SeedHalving
+    from sweep.schedulers.seed_halving import SeedHalvingScheduler
+
+    board = ray.remote(num_cpus=0)(SeedHalving).options(name="sweep-rungs-lost", namespace=ASHA_NAMESPACE).remote(
+        trials_per_task={"WNLI": 3}, keep=0.5, at=0.5)
+
+    class Trials:  # what the scheduler reads of Tune's trials and controller
+        def __init__(self):
+            self.trials = [type("T", (), {"trial_id": f"t{seed}", "status": Trial.PAUSED,
+                                          "config": {"trial": {"task": "WNLI", "seed": seed}}})() for seed in (1, 2, 3)]
+
+        def get_trials(self):
+            return self.trials
+
+    tune = Trials()
+    for seed, score in ((1, 0.7), (2, 0.6)):  # two trials reached the rung and wait for the third
+        point = EvalPoint("WNLI", f"t{seed}", seed, epoch=2, step=10, progress=0.5, end_of_epoch=True, score=score)
+        assert ray.get(board.at_eval.remote(point)) is None
+    scheduler = SeedHalvingScheduler("sweep-rungs-lost", 0.5)
+    tune.trials[2].status = Trial.PENDING
+    assert scheduler.choose_trial_to_run(tune) is tune.trials[2]  # every seed starts before a paused one
+    tune.trials[2].status = Trial.ERROR  # ended by Tune, the scheduler not told
+    assert scheduler.choose_trial_to_run(tune) is tune.trials[0]  # decided: the paused trials go on
+    assert ray.get(board.decided.remote("WNLI")) and "WNLI" in scheduler.decided
+    assert ray.get(board.verdict_of.remote("t1")) is not None

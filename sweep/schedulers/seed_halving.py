@@ -29,6 +29,7 @@ class SeedHalvingScheduler(FIFOScheduler):
         super().__init__()
         self.board_name, self.at = board, at
         self.decided: set[str] = set()
+        self.ended: set[str] = set()  # trials the board has been told of (ended before the rung or not)
         self._board = None
 
     def __getstate__(self):  # Tune pickles its scheduler with the experiment state: no actor handle
@@ -64,6 +65,7 @@ class SeedHalvingScheduler(FIFOScheduler):
     def _gone(self, trial) -> None:
         import ray
 
+        self.ended.add(trial.trial_id)
         task = trial_of(trial.config)[0]
         if task not in self.decided and ray.get(self.board.gone.remote(task, trial.trial_id)):
             self.decided.add(task)
@@ -72,6 +74,12 @@ class SeedHalvingScheduler(FIFOScheduler):
         from ray.tune.experiment import Trial
 
         trials = tune_controller.get_trials()
+        # Tune ends some trials without telling its scheduler: one whose reused actor could not be reset
+        # (its last trial's thread still saving, on a busy CPU) is set to ERROR and stopped, and
+        # on_trial_error never comes. Its task would wait at the rung for it forever, the others paused.
+        for trial in trials:
+            if trial.status in (Trial.ERROR, Trial.TERMINATED) and trial.trial_id not in self.ended:
+                self._gone(trial)
         for trial in trials:  # every seed starts before a paused one goes on
             if trial.status == Trial.PENDING:
                 return trial

@@ -68,6 +68,10 @@ from sweep.trials import (
 )
 
 PROCESS_STARTED = psutil.Process().create_time()  # this worker process's start (before its imports)
+# How long Tune waits, when it hands this (reused) process the next trial, for the last trial's thread to end:
+# its default, 2 s, is short of a paused trial's last save on a busy CPU, and a reset that times out ends the
+# next trial in ERROR before it starts (seen under load with seed halving: a seed lost, its task stalled).
+REUSE_WAIT_ENV, REUSE_WAIT_S = "TUNE_FUNCTION_THREAD_TIMEOUT_S", "60"
 
 
 @dataclass(frozen=True)
@@ -389,6 +393,7 @@ def _has_nccl() -> bool:
 def train_driver_fn(config: dict[str, Any], settings: Settings, sizes: dict[str, TrialResources], storage: SweepStorage,
                     launch_id: str, rungs_board: str | None = None, staging=None) -> None:
     """The Tune trainable: one TorchTrainer run for this (task, seed, hparams)."""
+    os.environ.setdefault(REUSE_WAIT_ENV, REUSE_WAIT_S)  # read in this process by the next trial's reset
     trial_id = tune.get_context().get_trial_id()
     task, seed, hparams = trial_of(config)
     ctx = TrialContext(
