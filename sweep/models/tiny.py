@@ -38,7 +38,6 @@ from sweep.models.tiny_recipe import ARCHS
 log = logging.getLogger(__name__)
 
 
-
 ROBERTA_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
 GPT2_EOS = "<|endoftext|>"
 BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")

@@ -33,7 +33,8 @@ class SeedHalvingScheduler(FIFOScheduler):
         self._board = None
 
     def __getstate__(self):  # Tune pickles its scheduler with the experiment state: no actor handle
-        return {**self.__dict__, "_board": None}
+        # nor what the board was told: a resumed sweep's new board hears again of the trials that ended
+        return {**self.__dict__, "_board": None, "ended": set()}
 
     @property
     def board(self):
