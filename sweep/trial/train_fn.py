@@ -11,10 +11,10 @@ to run it:
   and transformers are imported once per process, not once per trial, and no worker group, Train
   controller or placement group is started. A killed trial is retried by Tune from its last
   checkpoint (``tune.FailureConfig``).
-* Several workers (multi-GPU DDP): real Train workers, ``TuneReportCallback`` passing their reports
-  on to Tune. Train itself does not retry: a failed worker group ends ``fit`` here, and Tune
-  retries the trial, whose TorchTrainer (named by the trial) resumes its Train run from the last
-  checkpoint.
+* Several workers (multi-GPU DDP): real Train workers, whose reports the trainable's own thread
+  passes on to Tune (``tune_reports.py``: Ray's ``TuneReportCallback`` can hang the trial). Train
+  itself does not retry: a failed worker group ends ``fit`` here, and Tune retries the trial,
+  whose TorchTrainer (named by the trial) resumes its Train run from the last checkpoint.
 
 Either way the trainable sees the trial's failure first and sorts it (``failures.trial_error``): an
 error of the trial's own data, config or model limits ends the trial at once, failed, unretried
@@ -45,7 +45,6 @@ import ray.train
 from ray import tune
 from ray.train import Checkpoint, CheckpointConfig, FailureConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
-from ray.tune.integration.ray_train import TuneReportCallback
 
 from sweep.config.settings import Settings, TrainConfig, with_hparams
 from sweep.config.tasks import TaskSpec
@@ -57,6 +56,7 @@ from sweep.plan.rungs import past_rung
 from sweep.plan.scale import TrialResources
 from sweep.plan.sizes import SweepStorage
 from sweep.schedulers.policies import policies_for
+from sweep.trial.tune_reports import fit_reporting_to_tune
 from sweep.trials import (
     CHECKPOINT_MARKER,
     CHECKPOINT_RANK,
@@ -433,7 +433,7 @@ def _fit(ctx: TrialContext, train_storage: str) -> None:
                      scaling_config=ScalingConfig(num_workers=0)).fit()
         return
     workers, gpus = ctx.size.workers, ctx.size.gpus_per_worker
-    trainer = TorchTrainer(
+    fit_reporting_to_tune(lambda reports: TorchTrainer(
         train_fn_per_worker,
         train_loop_config={"context": ctx},
         # NCCL between GPUs; gloo where the workers are CPU processes (a GPU-less cluster, or fake
@@ -448,7 +448,7 @@ def _fit(ctx: TrialContext, train_storage: str) -> None:
         run_config=ray.train.RunConfig(
             name=f"trial-{ctx.trial_id}",  # unique per trial: Train V2 resumes a run whose name it has seen
             storage_path=train_storage,
-            callbacks=[TuneReportCallback()],
+            callbacks=[reports],  # Train's reports, passed to Tune by this thread (not Ray's TuneReportCallback)
             checkpoint_config=CheckpointConfig(
                 num_to_keep=1, checkpoint_score_attribute=CHECKPOINT_RANK, checkpoint_score_order="max",
             ),
@@ -456,5 +456,4 @@ def _fit(ctx: TrialContext, train_storage: str) -> None:
             # trial; anything else Tune retries, resuming this Train run by its name).
             failure_config=FailureConfig(max_failures=0),
         ),
-    )
-    trainer.fit()
+    ))
