@@ -38,9 +38,10 @@ def local_ray():
     ray.shutdown()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def two_gpu_nodes():
-    """Two raylets with 4 CPUs and 2 (fake) GPUs each: GPU scheduling tested on a CPU machine."""
+    """Two raylets with 4 CPUs and 2 (fake) GPUs each: GPU scheduling tested on a CPU machine. One for the
+    module's three tests of it (they run one after another in the cluster lane): each sweep ends its trials."""
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "num_gpus": 2})
     cluster.add_node(num_cpus=4, num_gpus=2)
     cluster.wait_for_nodes()
