@@ -24,9 +24,8 @@ from typing import Any
 from ray import tune
 from ray.train import Checkpoint
 from ray.train.v2.api.callback import UserCallback
+from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY  # the key Tune's rows of a DDP trial carry
 from ray.util.queue import Empty, Queue
-
-CHECKPOINT_PATH_KEY = "checkpoint_path"  # as TuneReportCallback named it: Tune's rows of a DDP trial carry it
 
 
 class ReportToTrialThread(UserCallback):
