@@ -28,8 +28,15 @@ def test_a_ddp_trial_reporting_then_failing_under_a_busy_driver_ends_with_every_
     from tests.helpers.sweeps import TRAIN_WORKER, actors
 
     def loop(config):
+        from ray.train.v2._internal.execution.context import get_train_context
+
         for step in range(2):
             ray.train.report({"step": step})
+        # Raise only once Train's controller has taken this rank's last report: a rank that raises
+        # while another's report is still unpolled ends the run without it (Ray drops it; CI saw
+        # rows [0, failed] when one worker started a poll behind the other). The point here is
+        # what happens to reports Train has passed on, not Train's own race.
+        get_train_context().get_result_queue().join()
         raise ValueError("the trial's own data is bad")
 
     def trainable(config):
