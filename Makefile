@@ -38,8 +38,9 @@ demo: $(STAMP)
 
 # The linter first (ruff, configured in pyproject.toml): a finding fails the target before any test runs.
 # Two xdist workers (tests/conftest.py's scheduler, tests/helpers/lanes.py): first the tests marked `ray` (each
-# starts a local Ray) two at a time with the Ray-free ones; then those also marked `ray_cluster` (a cluster, a
-# `ray stop --force`) one at a time on one worker, the Ray-free tests left on the other.
+# starts a Ray of its own: a local one, a cluster_utils cluster) two at a time with the Ray-free ones; then
+# those also marked `ray_cluster` (a `ray start` head, a `ray stop --force`) one at a time on one worker, the
+# Ray-free tests left on the other.
 PYTEST_WORKERS ?= 2
 test: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -59,14 +59,13 @@ def tiny_roberta_dir(cache_dir: Path) -> Path:
     return resolve_model_dir(TINY_ROBERTA, cache_dir)
 
 
-# `make test` runs two pytest-xdist workers in two phases (tests/helpers/lanes.py). A test marked `ray` starts a
-# private local Ray (`ray.init`, a sweep in-process or as `python -m sweep`); two of those run side by side,
-# with the Ray-free tests. A test also marked `ray_cluster` starts or stops Ray for the whole machine (a
-# `ray start` head, `ray stop --force`, a multi-node cluster whose address `ray.init()` would join): those run
-# last, one at a time on one worker, once every local-Ray test has finished; the other worker runs the
-# Ray-free tests left. The marks are read from the source: the scheduler runs in xdist's controller, which
-# has node ids, not items. (xdist's own --dist loadgroup renames node ids, which pytest 9.2 no longer lets
-# it do: the grouping is here.)
+# `make test` runs two pytest-xdist workers in two phases (tests/helpers/lanes.py). A test marked `ray` starts its
+# own Ray (`ray.init`, a sweep in-process or as `python -m sweep`, a `cluster_utils` cluster); two of those run
+# side by side, with the Ray-free tests. A test also marked `ray_cluster` starts or stops Ray for the whole
+# machine (a `ray start` head, `ray stop --force`, the autoscaler's cluster): those run last, one at a time on
+# one worker, once every other Ray test has finished; the other worker runs the Ray-free tests left. The marks
+# are read from the source: the scheduler runs in xdist's controller, which has node ids, not items. (xdist's
+# own --dist loadgroup renames node ids, which pytest 9.2 no longer lets it do: the grouping is here.)
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     from tests.helpers.lanes import CLUSTER_MARK, ray_lane_scheduling, ray_test_ids
@@ -77,6 +76,19 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     except ValueError:
         prefix = tests.name
     return ray_lane_scheduling(config, log, ray_test_ids(tests, prefix), ray_test_ids(tests, prefix, CLUSTER_MARK))
+
+
+# A test that starts Ray beside another (`ray`, not `ray_cluster`) starts a Ray of its own: Ray's init with no
+# address joins the newest cluster whose head wrote /tmp/ray/ray_current_cluster (a cluster_utils head does, in
+# the test beside it), unless RAY_ADDRESS says `local`. Its `python -m sweep` commands inherit it; an address
+# given (a cluster's, `cluster.address=`) still wins. (Said here, not in a docstring: tests/test_architecture.py
+# reads a fixture's text for what starts Ray, and this one starts none.)
+@pytest.fixture(autouse=True)
+def ray_of_its_own(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.helpers.lanes import CLUSTER_MARK, RAY_MARK, RAY_OF_ITS_OWN
+
+    if request.node.get_closest_marker(RAY_MARK) and not request.node.get_closest_marker(CLUSTER_MARK):
+        monkeypatch.setenv("RAY_ADDRESS", RAY_OF_ITS_OWN)
 
 
 # Ray's core worker keeps C++ threads that can crash while the interpreter tears down after many

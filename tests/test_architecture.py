@@ -337,14 +337,15 @@ STOPS_BEFORE_RAY = {
     "tests/test_stop.py::test_a_second_sweep_on_a_held_out_dir_is_refused_with_one_line": "out_dir held: exit 2",
     "tests/test_sweep_tracking.py::test_unreachable_tracking_server_stops_before_any_trial": "no MLflow: exit 2",
 }
-# What starts or stops Ray for the whole machine (the `ray_cluster` lane, run alone): a multi-node cluster, a
-# `ray start` head or `ray stop --force` (a cluster_utils head's address is what a plain ray.init() joins).
-CLUSTER_STARTERS = (r"\bcluster_utils\b", r"\bAutoscalingCluster\b", r"\bautoscaling_cluster\(", r"\bOwnDiskCluster\b",
+# What starts or stops Ray for the whole machine (the `ray_cluster` lane, run alone): a `ray start` head (own disks,
+# the autoscaler's) or `ray stop --force`. Not a cluster_utils cluster: a `ray` test beside one starts a Ray of its
+# own (tests/conftest.py's RAY_ADDRESS=local), and a cluster_utils head stops only its own processes.
+CLUSTER_STARTERS = (r"\bAutoscalingCluster\b", r"\bautoscaling_cluster\(", r"\bOwnDiskCluster\b",
                     r"\bray_stop\(", r"\bown_disk_cluster\b", r"[\"']start[\"'],\s*[\"']--head[\"']",
                     r"[\"']stop[\"'],\s*[\"']--force[\"']",
                     r"address=[\"']auto[\"']")  # joins whichever Ray it finds: another test's, beside it
 CLUSTER_STARTER_CALLABLES = frozenset({
-    "ray.cluster_utils.Cluster", "ray.cluster_utils.AutoscalingCluster",
+    "ray.cluster_utils.AutoscalingCluster",
     "sweep.testing.local_cluster.autoscaling_cluster", "sweep.testing.local_cluster.OwnDiskCluster",
     "sweep.testing.local_cluster.ray_stop", "tests.helpers.own_disks.OwnDiskSweeps",
 })
@@ -392,8 +393,12 @@ def test_every_test_that_starts_a_cluster_is_marked_ray_cluster(tmp_path: Path) 
     (tmp_path / "test_a.py").write_text(
         "import pytest\npytestmark = pytest.mark.ray\n\n\ndef test_local(local_ray):\n    pass\n\n\n"
         "def test_cluster(own_disk_cluster):\n    pass\n\n\n@pytest.mark.ray_cluster\n"
-        "def test_marked():\n    from ray.cluster_utils import Cluster\n    Cluster()\n")
-    assert list(unmarked_cluster_tests(tmp_path)) == [f"{tmp_path.name}/test_a.py::test_cluster"]
+        "def test_marked():\n    from ray.cluster_utils import AutoscalingCluster\n    AutoscalingCluster()\n\n\n"
+        "def test_autoscaler():\n    from ray.cluster_utils import AutoscalingCluster\n    AutoscalingCluster()\n\n\n"
+        "def test_cluster_utils():\n    from ray.cluster_utils import Cluster\n    Cluster()\n")
+    # a cluster_utils cluster is not one for the whole machine (tests/test_ray_of_its_own.py)
+    assert sorted(unmarked_cluster_tests(tmp_path)) == [f"{tmp_path.name}/test_a.py::test_{name}"
+                                                        for name in ("autoscaler", "cluster")]
 
 
 def test_every_test_that_starts_ray_is_marked_ray() -> None:
@@ -509,9 +514,10 @@ def test_the_cluster_tests_are_one_xdist_work_unit_and_the_others_spread() -> No
     from tests.helpers.lanes import CLUSTER_MARK, RAY_GROUP, ray_test_ids, work_unit
 
     ray_ids, cluster_ids = ray_test_ids(TESTS), ray_test_ids(TESTS, mark=CLUSTER_MARK)
-    assert "tests/test_sweep_ray.py::test_two_tasks_three_seeds_end_to_end" in ray_ids - cluster_ids
+    assert {"tests/test_sweep_ray.py::test_two_tasks_three_seeds_end_to_end",
+            "tests/test_sweep_ray.py::test_gpu_packing_on_two_nodes"} <= ray_ids - cluster_ids  # a cluster_utils one
     assert {"tests/test_submit.py::test_submit_and_follow_a_tiny_sweep",
-            "tests/test_sweep_ray.py::test_gpu_packing_on_two_nodes"} <= cluster_ids
+            "tests/test_own_disks.py::test_an_mlflow_server_restarted_mid_sweep_loses_nothing"} <= cluster_ids
     assert work_unit("tests/test_submit.py::test_a_wrong_or_missing_token_is_one_line_within_10s[auth1-401]",
                      cluster_ids) == RAY_GROUP
     for own in ("tests/test_sweep_ray.py::test_a_killed_trial_is_retried_from_its_checkpoint[lora]",  # local Ray

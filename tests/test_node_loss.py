@@ -18,7 +18,7 @@ from sweep.storage.node_cache import MARKER
 from sweep.testing.services import upload
 from tests.helpers.s3 import s3_env
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.ray_cluster]
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 BUCKET = "sweep-node-loss"
 EPOCHS = 6
@@ -82,13 +82,16 @@ class NodeKiller:
 
 
 def actor_nodes(cluster: Cluster, class_name: str) -> list[str]:
-    """The nodes every actor of ``class_name`` lived on (dead ones too: the GCS keeps their records)."""
+    """The nodes every actor of ``class_name`` lived on (dead ones too: the GCS keeps their records), from the
+    GCS's actor table (the state API asks the head's dashboard, which a cluster beside this one may hold the
+    port of)."""
     import ray
-    from ray.util.state import list_actors
+
+    from tests.helpers.sweeps import actors
 
     ray.init(address=cluster.address)
     try:
-        return [a.node_id for a in list_actors(filters=[("class_name", "=", class_name)], detail=True)]
+        return [a["Address"]["NodeID"] for a in actors(class_name, alive_only=False)]
     finally:
         ray.shutdown()
 

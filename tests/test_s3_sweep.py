@@ -19,7 +19,7 @@ from sweep.train.tiny_exports import TINY_GPT2, TINY_ROBERTA
 from tests.helpers.configs import demo_config
 from tests.helpers.s3 import s3_env
 
-pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.ray_cluster]
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 BUCKET = "sweep-nodes"
 

@@ -38,10 +38,10 @@ def local_ray():
     ray.shutdown()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def two_gpu_nodes():
-    """Two raylets with 4 CPUs and 2 (fake) GPUs each: GPU scheduling tested on a CPU machine. One for the
-    module's three tests of it (they run one after another in the cluster lane): each sweep ends its trials."""
+    """Two raylets with 4 CPUs and 2 (fake) GPUs each: GPU scheduling tested on a CPU machine. One per test:
+    the module's tests run on either xdist worker, in any order, and its other tests start a local Ray."""
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "num_gpus": 2})
     cluster.add_node(num_cpus=4, num_gpus=2)
     cluster.wait_for_nodes()
@@ -112,7 +112,6 @@ def test_two_tasks_three_seeds_end_to_end(local_ray, cache_dir, tmp_path, monkey
     assert (out / "summary.csv").exists() and (out / "results.csv").exists()
 
 
-@pytest.mark.ray_cluster  # a cluster_utils cluster: ray.init() elsewhere would join it
 def test_gpu_packing_on_two_nodes(two_gpu_nodes, cache_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("SWEEP_CACHE_DIR", str(cache_dir))
     base = ["train.epochs=1", "train.max_train_samples=32", f"cluster.storage_path={tmp_path / 'storage'}",
@@ -137,7 +136,6 @@ def test_gpu_packing_on_two_nodes(two_gpu_nodes, cache_dir, tmp_path, monkeypatc
     assert time.time() - t0 < 10
 
 
-@pytest.mark.ray_cluster  # a cluster_utils cluster: ray.init() elsewhere would join it
 def test_longest_task_first_and_a_ddp_task_beside_one_gpu_trials(two_gpu_nodes, cache_dir, tmp_path, monkeypatch):
     """Config order puts the smallest task first; the plan starts the biggest: RTE (6000 rows) as a
     2-GPU DDP run on one node, SST-2 (300) and MRPC (200) on the other node's two GPUs; WNLI (40
@@ -165,7 +163,6 @@ def test_longest_task_first_and_a_ddp_task_beside_one_gpu_trials(two_gpu_nodes, 
     assert by_task["WNLI"].started_at >= first_end - 1.0, {r.task: holding_spans([r]) for r in records}
 
 
-@pytest.mark.ray_cluster  # a cluster_utils cluster: ray.init() elsewhere would join it
 def test_multi_node_without_storage_path_is_an_error(two_gpu_nodes, tmp_path):
     with pytest.raises(ResourceError, match="cluster.storage_path: this Ray cluster has 2 nodes"):
         run_tune(validate(compose_cfg()), tmp_path)

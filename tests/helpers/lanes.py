@@ -1,15 +1,15 @@
 """The two lanes of ``make test`` (``pytest -n 2``; tests/conftest.py hands this scheduler to pytest-xdist).
 
-A test that starts Ray (``ray.init``, a cluster, a ``ray start`` head, a sweep in-process or as ``python -m
+A test that starts Ray (``ray.init``, a ``cluster_utils`` cluster, a sweep in-process or as ``python -m
 sweep``) is marked ``ray``: ``@pytest.mark.ray`` on the test or its class, or a module's ``pytestmark`` where
-every test of the module starts Ray. Starting or stopping one (``ray stop --force``) can end every Ray
-process on the machine, so two must never overlap: every marked test is in ONE xdist work unit (the Ray
-lane: one worker, one test at a time, in collection order), and every other test is a unit of its own,
-spread over the workers.
+every test of the module starts Ray. Two such tests run side by side, each with a Ray of its own. A test that
+starts or stops Ray for the whole machine (a ``ray start`` head, ``ray stop --force``, which ends every Ray
+process on it; the autoscaler's cluster) is also marked ``ray_cluster``: those are in ONE xdist work unit,
+run last, one at a time, with no other Ray test beside them (``ray_lane_scheduling``).
 
-The mark is read from the source (AST), not from pytest's items: xdist's scheduler runs in the controller,
+The marks are read from the source (AST), not from pytest's items: xdist's scheduler runs in the controller,
 which has only the workers' node ids. tests/test_architecture.py checks that every test that starts Ray is
-marked.
+marked, and every one that starts or stops it for the machine is marked ``ray_cluster``.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-RAY_MARK = "ray"  # starts Ray: a private local Ray (ray.init, a sweep) or, with CLUSTER_MARK too, a cluster
+RAY_MARK = "ray"  # starts Ray of its own (ray.init, a sweep, a cluster_utils cluster) or, with CLUSTER_MARK, a cluster
 CLUSTER_MARK = "ray_cluster"  # starts or stops Ray for the whole machine: such tests run alone, one at a time
+RAY_OF_ITS_OWN = "local"  # RAY_ADDRESS of a `ray` test that is not a `ray_cluster` one (tests/conftest.py)
 RAY_GROUP = "ray-cluster"  # the one xdist work unit of every test marked `ray_cluster`
 
 
@@ -101,11 +102,13 @@ def work_unit(nodeid: str, cluster_ids: set[str]) -> str:
 def ray_lane_scheduling(config, log, ray_ids: set[str], cluster_ids: set[str]):
     """xdist's LoadScopeScheduling over ``work_unit``'s units, in two phases.
 
-    1. The tests that start a private local Ray (``ray_ids`` less ``cluster_ids``: ``ray.init``, a sweep)
-       run on both workers, two at a time: two local Rays live side by side (each its own GCS, ports and
-       session), and two tiny sweeps on 2 cores take about 1.4x one's time, not 2x. Ray-free tests fill in.
-    2. Once every such test has finished, the cluster tests (a ``ray start`` head, ``ray stop --force``, a
-       ``cluster_utils`` cluster, whose address ``ray.init()`` would join) run one at a time on one worker,
+    1. The tests that start a Ray of their own (``ray_ids`` less ``cluster_ids``: ``ray.init``, a sweep, a
+       ``cluster_utils`` cluster) run on both workers, two at a time: two Rays live side by side (each its
+       own GCS, ports and session; RAY_ADDRESS=local keeps a plain ``ray.init()`` from joining the
+       ``cluster_utils`` head beside it), and two tiny sweeps on 2 cores take about 1.4x one's time, not 2x.
+       Ray-free tests fill in.
+    2. Once every such test has finished, the cluster tests (a ``ray start`` head, ``ray stop --force``, the
+       autoscaler's cluster) run one at a time on one worker,
        and the Ray-free tests left run on the other: a ``ray stop --force`` ends every Ray process on the
        machine, so nothing else of Ray may run then.
 
