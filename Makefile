@@ -7,7 +7,12 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
 VLLM ?= vllm==0.24.0
+UV ?= uv==0.13.9
 PY := $(VENV)/bin/python
+# The rest with uv, which resolves and installs the same versions as pip (pip freeze compared) in ~12 s
+# instead of ~110 s, a tenth of CI's set-up; torch stays with pip, which reads this machine's pip.conf
+# (its find-links hold the CPU wheel).
+UV_PIP := $(VENV)/bin/uv pip install -q --python $(PY)
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test docs install clean
@@ -27,10 +32,9 @@ $(STAMP): pyproject.toml
 	    echo "NOTE: no chromium: install Debian's (sudo apt-get install --no-install-recommends chromium) for the MLflow UI tests"; \
 	  fi; }
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[dev,openai]"
-	$(PY) -m pip install -q --no-deps "$(VLLM)"
+	$(PY) -m pip install -q "$(TORCH)" "$(UV)"
+	$(UV_PIP) -e ".[dev,openai]"
+	$(UV_PIP) --no-deps "$(VLLM)"
 	touch $(STAMP)
 
 demo: $(STAMP)
