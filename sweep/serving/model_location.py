@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sweep.errors import ModelSourceError
-from sweep.export_layout import MADE_BY, registry_name
+from sweep.export_layout import MADE_BY, is_logged_model, registry_name
 from sweep.files import atomic_folder, is_model_folder, require_model_folder
 from sweep.serving.protocol import TaskInputs
 
@@ -31,8 +31,6 @@ def resolve_model_source(source: str, cache_dir: Path, tracking_uri: str | None 
 
         dest = Path(cache_dir) / "serve" / "s3" / re.sub(r"[^\w.-]", "_", source[len(S3_SCHEME):].strip("/"))
         local = Path(download_prefix(source, dest))
-        from sweep.tracking.model_flavor import is_logged_model
-
         return _assembled(local, dest.with_name(dest.name + ".model")) if is_logged_model(local) \
             else _require_model_folder(local, source)
     if source.startswith(MODELS_SCHEME):
@@ -40,8 +38,6 @@ def resolve_model_source(source: str, cache_dir: Path, tracking_uri: str | None 
     if "://" in source:
         raise ModelSourceError(f"model={source}: unknown scheme; give a folder, models:/<name>@<alias> or s3://bucket/prefix")
     folder = Path(source).expanduser()
-    from sweep.tracking.model_flavor import is_logged_model
-
     if is_logged_model(folder):  # an MLflow Model's files (KServe's `mlflow` format in /mnt/models, read-only)
         return _assembled(folder, Path(cache_dir) / "serve" / "mlflow" / re.sub(r"[^\w.-]", "_", str(folder.resolve())))
     return _require_model_folder(folder, source)
@@ -79,7 +75,7 @@ def _download_registered(source: str, cache_dir: Path, tracking_uri: str | None)
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    from sweep.tracking.model_flavor import assemble_model_folder, is_logged_model
+    from sweep.tracking.model_flavor import assemble_model_folder
 
     uri = tracking_uri or mlflow.get_tracking_uri()
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)

@@ -18,12 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from sweep.config.tasks import TaskSpec
-from sweep.export_layout import ADAPTER_FOLDER, MADE_BY
+from sweep.export_layout import ADAPTER_FOLDER, MADE_BY, MODEL_DIR, TOKENIZER_DIR
 
 # Greedy, the new tokens only: what `python -m sweep serve` answers at temperature 0 (a caller's
 # `params` of the same names change them per request).
 GENERATION = {"max_new_tokens": 32, "do_sample": False, "return_full_text": False}
-MODEL_DIR, TOKENIZER_DIR = "model", "components/tokenizer"  # MLflow's names inside a logged transformers model
 METADATA_KEY = "sweep"  # MLmodel metadata: how the model was made (the export's sweep_made_by.json)
 
 
@@ -118,10 +117,6 @@ def log_best_model(uri: str, run_id: str, model_dir: Path, spec: TaskSpec):
     if adapter.is_dir():  # LoRA: the adapter (MiBs, not the model's GiBs) beside the merged model it made
         mlflow.MlflowClient(uri).log_model_artifacts(info.model_id, str(adapter), ADAPTER_FOLDER)
     return info
-
-
-def is_logged_model(folder: Path) -> bool:
-    return (Path(folder) / "MLmodel").is_file() and (Path(folder) / MODEL_DIR).is_dir()
 
 
 def assemble_model_folder(logged: Path, target: Path) -> None:
