@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from sweep.serving.cpu_budget import QUIET_OPENMP
 from sweep.testing.local_cluster import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,7 +74,9 @@ def start_server(name: str, model_dir: Path, log: Path, cache: Path, *args: str,
     grpc_port = free_port()  # never the default 8081: servers run side by side (and gRPC shares ports: SO_REUSEPORT)
     while grpc_port == port:
         grpc_port = free_port()
-    env = {**os.environ, "SWEEP_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1"}
+    # without the tests' quiet OpenMP (tests/conftest.py): the server's own setting is what runs, as for a user
+    env = {**{k: v for k, v in os.environ.items() if k not in QUIET_OPENMP}, "SWEEP_CACHE_DIR": str(cache),
+           "HF_HUB_OFFLINE": "1"}
     command = [sys.executable, "-m", "sweep", "serve", f"model={model_dir}", f"port={port}", f"grpc_port={grpc_port}",
                "max_latency_ms=10", *([f"threads={threads}"] if threads else []), *args]
     with log.open("wb") as sink:  # a file, not a pipe: a full pipe would block the server
