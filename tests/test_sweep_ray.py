@@ -8,6 +8,7 @@ import signal
 import statistics
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -20,6 +21,7 @@ from sweep.driver.tuner import run_tune
 from sweep.errors import ResourceError
 from sweep.export_layout import MADE_BY
 from sweep.results.records import load_records, rank_key
+from sweep.trials import CHECKPOINT_MARKER
 from tests.helpers.configs import demo_config
 from tests.helpers.overlap import most_at_once
 from tests.helpers.sweeps import TRAIN_WORKER, actors
@@ -168,14 +170,20 @@ def test_multi_node_without_storage_path_is_an_error(two_gpu_nodes, tmp_path):
         run_tune(validate(compose_cfg()), tmp_path)
 
 
-@pytest.mark.parametrize("size, evals", [([], 3), (["resources.gpus_per_trial=2"], 1), (["train.method=lora"], 3)],
-                         ids=["trial-process-mid-epoch", "ddp", "lora-mid-epoch"])
-def test_a_killed_trial_is_retried_from_its_checkpoint(local_ray, cache_dir, tmp_path, monkeypatch, size, evals):
+@pytest.mark.parametrize("size, evals, stale", [([], 3, True), (["resources.gpus_per_trial=2"], 1, False),
+                                                 (["train.method=lora"], 3, False)],
+                         ids=["trial-process-mid-epoch-stale-record", "ddp", "lora-mid-epoch"])
+def test_a_killed_trial_is_retried_from_its_checkpoint(local_ray, cache_dir, tmp_path, monkeypatch, size, evals,
+                                                      stale):
     """The process running the trial's loop (the Tune trial's own; rank 0 of a DDP run's Train
     workers) is SIGKILLed once its history holds evaluation ``evals + 2``: Tune retries the trial from
     its latest registered checkpoint (a DDP trial's new TorchTrainer resumes its Train run), and the
     retry reports the remaining evaluations. With 3 evaluations per epoch that checkpoint is one
-    inside epoch 2: the retry goes on from the middle of an epoch."""
+    inside epoch 2: the retry goes on from the middle of an epoch.
+
+    ``stale``: just before the kill that checkpoint's folder moves, so that the one Tune holds is gone,
+    as after a preemption between Tune deleting a checkpoint and saving its state
+    (sweep/trial/kept_checkpoints.py): the retry finds the moved folder by its marker and goes on from it."""
     monkeypatch.setenv("SWEEP_CACHE_DIR", str(cache_dir))
     data = write_synthetic_glue(tmp_path / "data", ["RTE"], n_train=1500, n_dev=64)
     epochs = 5  # 3 epochs (~2 s each) after the kill point: time for the killer to see it in the history
@@ -192,6 +200,8 @@ def test_a_killed_trial_is_retried_from_its_checkpoint(local_ray, cache_dir, tmp
             history = next((tmp_path / "out").rglob("history/*.json"), None)
             rows = json.loads(history.read_text()) if history and history.stat().st_size else []
             if len(rows) >= evals + 2:
+                if stale:
+                    move_checkpoint_of(rows[-1], tmp_path / "out")
                 # The process that reported the evaluation is the one running the loop (no actor-table lookup)
                 os.kill(rows[-1]["pid"], signal.SIGKILL)
                 killed.append(rows[-1]["pid"])
@@ -223,6 +233,15 @@ def test_a_killed_trial_is_retried_from_its_checkpoint(local_ray, cache_dir, tmp
     assert (from_step % per_epoch != 0) == (evals > 1), (from_step, per_epoch)
     pids = [r["pid"] for r in history]
     assert pids[0] == killed[0] and len(set(pids)) == 2  # the killed process, then the retry's new one
+
+
+def move_checkpoint_of(row: dict, out: Path) -> None:
+    """The checkpoint folder of history row ``row`` moved to a name after every other (Tune's record of it stale)."""
+    for marker in out.rglob(f"checkpoint_*/{CHECKPOINT_MARKER}"):
+        if json.loads(marker.read_text()).get("checkpoint_id") == row["checkpoint_id"]:
+            marker.parent.rename(marker.parent.with_name("checkpoint_999999"))
+            return
+    raise AssertionError(f"no checkpoint folder of {row['checkpoint_id']} under {out}")
 
 
 def test_trial_after_trial_in_one_reused_process_without_growing(cache_dir, tmp_path, monkeypatch):

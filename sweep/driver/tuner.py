@@ -147,6 +147,7 @@ def make_tuner(settings: Settings, policies: SweepPolicies, plan: SweepPlan, cal
     from ray import tune
 
     from sweep.hooks.resumed_search import ResumeTheSearch
+    from sweep.trial.kept_checkpoints import restoring_kept_checkpoints
     from sweep.trial.train_fn import train_driver_fn
 
     trainable = tune.with_parameters(
@@ -154,6 +155,8 @@ def make_tuner(settings: Settings, policies: SweepPolicies, plan: SweepPlan, cal
         rungs_board=rungs_board, staging=plan.staging,
     )
     trainable = tune.with_resources(trainable, ResourcesByTask(plan.sizes))
+    # a trial whose saved checkpoint a kill left deleted goes on from its newest whole one (not only on resume)
+    trainable = restoring_kept_checkpoints(trainable, plan.storage.histories)
     experiment = plan.storage.experiment
     if settings.resume and tune.Tuner.can_restore(experiment):
         tuner = tune.Tuner.restore(experiment, trainable=trainable, resume_unfinished=True, resume_errored=False)

@@ -1,0 +1,81 @@
+"""A resumed trial whose saved checkpoint is gone goes on from the newest whole one it kept.
+
+Tune deletes a trial's older checkpoint as soon as it registers a newer one (``num_to_keep``), but it saves
+the experiment's state (what ``resume`` restores: each trial's latest checkpoint) only every so often. A
+sweep killed in between (a preemption's SIGKILL) leaves a state that names a deleted checkpoint, and Tune's
+restore then fails the trial on every retry ("Could not recover from checkpoint as it does not exist on
+storage anymore"): seen in a fresh-clone run of tests/test_preemption.py.
+
+Which of the trial's other checkpoint folders is whole: the one whose marker's ``checkpoint_id`` is in the
+trial's history, which the trial writes only once ``report`` has persisted that checkpoint (a folder still
+being copied at the kill has no row). The trial goes on from the newest such; its history past it is
+dropped as after any retry (sweep/trials.py). None found: Tune's own error stands.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sweep.trials import CHECKPOINT_MARKER, TrialHistories
+
+CHECKPOINT_PREFIX = "checkpoint_"  # Tune's folder names: checkpoint_000000, checkpoint_000001, ...
+
+
+def newest_recorded(markers: dict[str, dict[str, Any] | None], recorded: set[str]) -> str | None:
+    """Of checkpoint folders by name, each with its marker (None: no marker yet), the newest whose
+    checkpoint the history records."""
+    for name in sorted(markers, reverse=True):
+        marker = markers[name]
+        if marker and marker.get("checkpoint_id") in recorded:
+            return name
+    return None
+
+
+def kept_instead(checkpoint, trial_id: str, histories: TrialHistories):
+    """``checkpoint`` (a ``ray.tune.Checkpoint``) when it exists, else the trial's newest whole checkpoint
+    beside it, else None."""
+    import pyarrow.fs
+
+    fs, path = checkpoint.filesystem, checkpoint.path.rstrip("/")
+    if fs.get_file_info(path).type != pyarrow.fs.FileType.NotFound:
+        return checkpoint
+    parent = path.rsplit("/", 1)[0]
+    found = fs.get_file_info(pyarrow.fs.FileSelector(parent, allow_not_found=True))
+    markers = {info.base_name: _marker(fs, info.path) for info in found
+               if info.base_name.startswith(CHECKPOINT_PREFIX) and info.type == pyarrow.fs.FileType.Directory}
+    recorded = {row.checkpoint_id for row in histories.read(trial_id) if row.checkpoint_id}
+    name = newest_recorded(markers, recorded)
+    if name is None:
+        return None
+    return type(checkpoint)(f"{parent}/{name}", filesystem=fs)
+
+
+def _marker(fs, folder: str) -> dict[str, Any] | None:
+    try:
+        with fs.open_input_stream(f"{folder}/{CHECKPOINT_MARKER}") as f:
+            return json.loads(f.read())
+    except (FileNotFoundError, OSError, ValueError):
+        return None
+
+
+def restoring_kept_checkpoints(trainable, histories: TrialHistories) -> type:
+    """``trainable`` (a function, as Tune wraps it, or a Trainable class) whose restore goes on from the
+    trial's newest whole checkpoint when the one Tune saved is gone (the module's docstring)."""
+    from ray.train._internal.checkpoint_manager import _TrainingResult
+    from ray.tune.trainable.function_trainable import wrap_function
+
+    trainable_cls = trainable if isinstance(trainable, type) else wrap_function(trainable)
+
+    class RestoresAKeptCheckpoint(trainable_cls):
+        def restore(self, checkpoint_path):
+            if isinstance(checkpoint_path, _TrainingResult):
+                saved = checkpoint_path.checkpoint
+                kept = kept_instead(saved, self.trial_id, histories)
+                if kept is not None and kept is not saved:
+                    print(f"resume: trial {self.trial_id}: its saved checkpoint {saved.path.rsplit('/', 1)[-1]} "
+                          f"is gone (Tune kept a newer one); going on from {kept.path.rsplit('/', 1)[-1]}")
+                    checkpoint_path = _TrainingResult(checkpoint=kept, metrics=checkpoint_path.metrics)
+            return super().restore(checkpoint_path)
+
+    return RestoresAKeptCheckpoint  # named as trainable_cls: its _name (Tune's trial names, restore's check)
