@@ -19,7 +19,8 @@ def trial_storage_path() -> Path:
 
 
 def training_result(checkpoint: Any, metrics: dict[str, Any]) -> Any:
-    """The value ``Trial.on_checkpoint`` takes (a checkpoint and the metrics it was reported with)."""
+    """The value ``Trial.on_checkpoint`` and ``Trainable.restore`` take (a checkpoint and the metrics it was
+    reported with)."""
     from ray.train._internal.session import _TrainingResult
 
     return _TrainingResult(checkpoint=checkpoint, metrics=metrics)

@@ -62,20 +62,22 @@ def _marker(fs, folder: str) -> dict[str, Any] | None:
 def restoring_kept_checkpoints(trainable, histories: TrialHistories) -> type:
     """``trainable`` (a function, as Tune wraps it, or a Trainable class) whose restore goes on from the
     trial's newest whole checkpoint when the one Tune saved is gone (the module's docstring)."""
-    from ray.train._internal.checkpoint_manager import _TrainingResult
     from ray.tune.trainable.function_trainable import wrap_function
+
+    from sweep.cluster.ray_internals import training_result
 
     trainable_cls = trainable if isinstance(trainable, type) else wrap_function(trainable)
 
     class RestoresAKeptCheckpoint(trainable_cls):
         def restore(self, checkpoint_path):
-            if isinstance(checkpoint_path, _TrainingResult):
-                saved = checkpoint_path.checkpoint
+            # Tune's result of the checkpoint (Ray 2.60): Train's or Tune's Checkpoint class, whichever made it
+            saved = getattr(checkpoint_path, "checkpoint", None)
+            if hasattr(saved, "filesystem") and hasattr(saved, "path"):
                 kept = kept_instead(saved, self.trial_id, histories)
                 if kept is not None and kept is not saved:
                     print(f"resume: trial {self.trial_id}: its saved checkpoint {saved.path.rsplit('/', 1)[-1]} "
                           f"is gone (Tune kept a newer one); going on from {kept.path.rsplit('/', 1)[-1]}")
-                    checkpoint_path = _TrainingResult(checkpoint=kept, metrics=checkpoint_path.metrics)
+                    checkpoint_path = training_result(kept, checkpoint_path.metrics)
             return super().restore(checkpoint_path)
 
     return RestoresAKeptCheckpoint  # named as trainable_cls: its _name (Tune's trial names, restore's check)
