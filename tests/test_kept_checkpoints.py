@@ -12,6 +12,7 @@ from ray.tune import Checkpoint
 
 from sweep.trial.kept_checkpoints import kept_instead, newest_recorded
 from sweep.trials import CHECKPOINT_MARKER, Report, TrialHistories
+from tests.helpers.s3 import s3_env
 
 TRIAL = "e2d65b53"
 
@@ -68,3 +69,21 @@ def test_nothing_whole_to_go_on_from_leaves_tunes_error_to_stand(trial, tmp_path
     saved = Checkpoint(str(trial_dir / "checkpoint_000000"))
     assert kept_instead(saved, TRIAL, TrialHistories(str(tmp_path / "no-history"))) is None
     assert kept_instead(Checkpoint(str(tmp_path / "gone" / "checkpoint_000000")), TRIAL, trial[1]) is None
+
+
+def test_the_same_in_s3(trial, tmp_path: Path, moto_server, monkeypatch) -> None:
+    """As Tune sees a sweep's storage in S3 (cluster.storage_path=s3://…): folders are key prefixes there."""
+    import boto3
+    import pyarrow.fs
+
+    s3_env(monkeypatch, moto_server)
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="sweep-results")
+    for path in tmp_path.rglob("*"):
+        if path.is_file() and path.name != "moto.log":
+            s3.upload_file(str(path), "sweep-results", f"ray/{path.relative_to(tmp_path).as_posix()}")
+    trial_dir, _ = trial
+    fs, saved_path = pyarrow.fs.FileSystem.from_uri(
+        f"s3://sweep-results/ray/tune/{trial_dir.name}/checkpoint_000000")
+    kept = kept_instead(Checkpoint(saved_path, filesystem=fs), TRIAL, TrialHistories("s3://sweep-results/ray/history"))
+    assert kept is not None and kept.path == f"sweep-results/ray/tune/{trial_dir.name}/checkpoint_000001"
