@@ -33,7 +33,7 @@ def newest_recorded(markers: dict[str, dict[str, Any] | None], recorded: set[str
 
 
 def kept_instead(checkpoint, trial_id: str, histories: TrialHistories):
-    """``checkpoint`` (a ``ray.tune.Checkpoint``) when it exists, else the trial's newest whole checkpoint
+    """``checkpoint`` (Train's or Tune's ``Checkpoint``) when it exists, else the trial's newest whole checkpoint
     beside it, else None."""
     import pyarrow.fs
 
