@@ -80,4 +80,8 @@ def restoring_kept_checkpoints(trainable, histories: TrialHistories) -> type:
                     checkpoint_path = training_result(kept, checkpoint_path.metrics)
             return super().restore(checkpoint_path)
 
-    return RestoresAKeptCheckpoint  # named as trainable_cls: its _name (Tune's trial names, restore's check)
+    # Ray shows (and the tests find) a trial's process by its class name: Tune's own, as without this wrap;
+    # its _name, inherited, names the trials and passes Tuner.restore's check
+    RestoresAKeptCheckpoint.__name__ = trainable_cls.__name__
+    RestoresAKeptCheckpoint.__qualname__ = trainable_cls.__name__
+    return RestoresAKeptCheckpoint
