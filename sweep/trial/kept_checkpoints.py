@@ -55,7 +55,7 @@ def _marker(fs, folder: str) -> dict[str, Any] | None:
     try:
         with fs.open_input_stream(f"{folder}/{CHECKPOINT_MARKER}") as f:
             return json.loads(f.read())
-    except (FileNotFoundError, OSError, ValueError):
+    except (OSError, ValueError):  # missing (FileNotFoundError is an OSError), or still being written
         return None
 
 
