@@ -241,6 +241,23 @@ def test_unreachable_server_falls_back_to_sqlite_when_not_required(caplog: pytes
     assert "cannot reach" in caplog.text
 
 
+def test_the_tests_tracking_server_runs_without_mlflows_job_consumers(mlflow_server) -> None:
+    """As `sweep ui`'s server: MLflow's GenAI job consumers (seven huey processes) cost a server start
+    ~15 CPU-s more and keep polling; nothing of sweep's uses them."""
+    import psutil
+
+    in_session = [p.cmdline() for p in psutil.process_iter() if _session_of(p) == mlflow_server.session]
+    assert in_session and not [c for c in in_session if any("huey" in part for part in c)], in_session
+    assert len(in_session) <= 2, in_session  # the mlflow CLI and its uvicorn
+
+
+def _session_of(process) -> int | None:
+    try:
+        return os.getsid(process.pid)
+    except OSError:
+        return None
+
+
 def test_reachable_stores_are_used_as_given(mlflow_server, tmp_path: Path) -> None:
     assert check_reachable(mlflow_server.url, required=True) == mlflow_server.url
     uri = f"sqlite:///{tmp_path}/a/b/mlflow.db"

@@ -224,10 +224,11 @@ def _die_with_parent() -> None:
         pass
 
 
-def _server_env() -> dict[str, str]:
+def server_env() -> dict[str, str]:
+    """The environment of an ``mlflow server`` that sweep starts (this viewer; the tests' tracking servers)."""
     env = dict(os.environ)
-    # A viewer needs no background jobs (GenAI judges, trace roll-ups): without them mlflow server is
-    # two processes, not ten. A person's own setting wins.
+    # Nothing of sweep's needs MLflow's background jobs (GenAI judges, trace roll-ups): without them
+    # mlflow server is two processes, not ten, and starts on a third of the CPU. A person's own setting wins.
     env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
     return env
 
@@ -281,7 +282,7 @@ def serve(store: Store, host: str, port: int) -> int:
     try:
         _say(f"sweep ui: starting MLflow's UI on {scrub(store.uri)} at {server}")
         # its own session: Ctrl-C reaches sweep ui, which stops the whole server; its log goes to our stderr
-        proc = subprocess.Popen(command, cwd=db.parent if db is not None else None, env=_server_env(),
+        proc = subprocess.Popen(command, cwd=db.parent if db is not None else None, env=server_env(),
                                 stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(), start_new_session=True,
                                 preexec_fn=_die_with_parent)
         deadline = time.monotonic() + START_TIMEOUT_S

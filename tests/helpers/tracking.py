@@ -16,6 +16,7 @@ from sweep.testing.services import ServerProcess
 class MlflowServer:
     url: str
     root: Path  # holds srv.db and artifacts/: everything the server stores
+    session: int  # the server's session (it starts one): its CLI and everything the CLI starts
 
 
 @pytest.fixture(scope="session")
@@ -23,7 +24,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> MlflowServer:
     """``mlflow server`` on a free port of 127.0.0.1 with a sqlite backend and proxied artifacts."""
     server = ServerProcess(tmp_path_factory.mktemp("mlflow-server")).start()
     try:
-        yield MlflowServer(server.url, server.root)
+        yield MlflowServer(server.url, server.root, server.proc.pid)
     finally:
         server.kill()
 
