@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from sweep.cli.key_values import Option, UsageError, non_empty, parse_key_values, port_number, usage
-from sweep.config.defaults import TRACKING_URI
+from sweep.config.defaults import TRACKING_URI, mlflow_server_env
 
 PROG = "sweep ui"
 PARENT_FILE = "mlflow-parent.json"  # sweep.tracking.PARENT_FILE (a test checks they agree): no MLflow import here
@@ -224,15 +224,6 @@ def _die_with_parent() -> None:
         pass
 
 
-def server_env() -> dict[str, str]:
-    """The environment of an ``mlflow server`` that sweep starts (this viewer; the tests' tracking servers)."""
-    env = dict(os.environ)
-    # Nothing of sweep's needs MLflow's background jobs (GenAI judges, trace roll-ups): without them
-    # mlflow server is two processes, not ten, and starts on a third of the CPU. A person's own setting wins.
-    env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
-    return env
-
-
 def _healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
@@ -282,7 +273,7 @@ def serve(store: Store, host: str, port: int) -> int:
     try:
         _say(f"sweep ui: starting MLflow's UI on {scrub(store.uri)} at {server}")
         # its own session: Ctrl-C reaches sweep ui, which stops the whole server; its log goes to our stderr
-        proc = subprocess.Popen(command, cwd=db.parent if db is not None else None, env=server_env(),
+        proc = subprocess.Popen(command, cwd=db.parent if db is not None else None, env=mlflow_server_env(),
                                 stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(), start_new_session=True,
                                 preexec_fn=_die_with_parent)
         deadline = time.monotonic() + START_TIMEOUT_S

@@ -19,7 +19,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from sweep.cli.ui import server_env
+from sweep.config.defaults import mlflow_server_env
 from sweep.testing.local_cluster import free_port
 
 ACCESS_KEY = "AKIAMOTOTESTKEY01"
@@ -172,8 +172,8 @@ class ServerProcess:
         self.starts += 1
         log = self.root / f"server-{self.starts}.log"
         with log.open("w") as out:
-            self.proc = subprocess.Popen(_mlflow_server_command(self.root, self.port), stdout=out, env=server_env(),
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(_mlflow_server_command(self.root, self.port), env=mlflow_server_env(),
+                                         stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         self._wait_healthy(log)
         return self
 
