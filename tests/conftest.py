@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from sweep.cluster.connect import no_prestarted_workers
 from sweep.serving.cpu_budget import quiet_openmp_environment
 
 # OpenMP's idle threads sleep instead of spinning, in the test processes and every process they start, before
@@ -14,6 +15,9 @@ from sweep.serving.cpu_budget import quiet_openmp_environment
 # processes (Ray-free torch tests here: 127 -> 111 CPU-s, 69 -> 60 s). Results are the same; a test of the
 # server's own setting starts its server without it (tests/helpers/serving.py).
 quiet_openmp_environment()
+# Every Ray a test starts (ray.init, cluster_utils, `ray start`) as the sweep's own local Ray: no idle prestarted
+# workers (sweep/cluster/connect.py).
+no_prestarted_workers()
 
 from sweep.config.tasks import GLUE_TASKS  # noqa: E402
 from sweep.data.synthetic import write_synthetic_glue  # noqa: E402

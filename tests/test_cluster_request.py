@@ -158,3 +158,14 @@ def test_the_keeper_holds_the_sum_on_a_real_cluster_and_goes_when_the_last_sweep
             pytest.fail("the keeper is still alive after the last sweep withdrew")
     finally:
         ray.shutdown()
+
+
+def test_a_ray_started_here_prestarts_no_idle_workers_unless_a_person_says(monkeypatch):
+    from sweep.cluster.connect import no_prestarted_workers
+
+    monkeypatch.delenv("RAY_prestart_worker_first_driver", raising=False)
+    no_prestarted_workers()
+    assert os.environ["RAY_prestart_worker_first_driver"] == "0"
+    monkeypatch.setenv("RAY_prestart_worker_first_driver", "1")
+    no_prestarted_workers()
+    assert os.environ["RAY_prestart_worker_first_driver"] == "1"

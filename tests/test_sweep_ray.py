@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import statistics
 import threading
@@ -90,7 +91,8 @@ def test_two_tasks_three_seeds_end_to_end(local_ray, cache_dir, tmp_path, monkey
     cfg = compose_cfg("task=[WNLI,RTE]", "train.epochs=2", "train.max_train_samples=64", f"out_dir={out}")
     summaries = run(cfg, out)
     # no GPU here: the plan says CPU, how many at once, what trains, and a time measured on this CPU
-    plan = [line for line in capsys.readouterr().out.splitlines() if line.startswith("plan: ")]
+    printed = capsys.readouterr().out
+    plan = [line for line in printed.splitlines() if line.startswith("plan: ")]
     assert "plan: 6 trials on CPU, 2 at once (1 CPU each), longest first" in plan
     assert any("WNLI 64 of 200 rows" in line for line in plan) and not any("GPU" in line for line in plan)
     assert plan[-1].startswith("plan: predicted makespan ") and "measured here" in plan[-1]
@@ -109,6 +111,9 @@ def test_two_tasks_three_seeds_end_to_end(local_ray, cache_dir, tmp_path, monkey
     assert sorted(p.name for p in (out / "best").iterdir()) == ["RTE", "WNLI"]
     assert not list((out / "ray").rglob("checkpoint_*")), "checkpoints of pruned trials left behind"
     assert not actors(TRAIN_WORKER, alive_only=False)  # one-worker trials start no Train worker group
+    # the driver's node alone, none can join: the driver staged it itself, with no relay of lines
+    assert not actors("ProgressRelay", alive_only=False)
+    assert re.search(r"^staging: node \w{8} \(.*\): already staged in", printed, re.MULTILINE), printed
     pids = {r.pid for r in records}
     assert None not in pids and len(pids) <= 2  # 6 trials, 2 CPUs: at most 2 (reused) trial processes
     assert (out / "summary.csv").exists() and (out / "results.csv").exists()
@@ -124,6 +129,7 @@ def test_gpu_packing_on_two_nodes(two_gpu_nodes, cache_dir, tmp_path, monkeypatc
     assert [r.status for r in records] == ["TERMINATED"] * 6, [r.error for r in records]
     assert 2 <= most_at_once(holding_spans(records)) <= 4, holding_spans(records)  # 4 GPUs in all
     assert len({r.node for r in records}) == 2
+    assert actors("ProgressRelay", alive_only=False)  # two nodes: each stages in a task; their lines relayed
 
     half = validate(compose_cfg(*base, "sweep.seeds=[1,2,3,4,5,6,7,8]", "resources.gpus_per_trial=0.5",
                                 f"cluster.storage_path={tmp_path / 'storage2'}", "cluster.shared_storage=true"))

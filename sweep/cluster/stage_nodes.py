@@ -122,24 +122,25 @@ def this_node() -> tuple[str, str]:
     return node, f"node {node[:8]} ({ray.util.get_node_ip_address()}, {socket.gethostname()})"
 
 
-def stage_here(settings: Settings, staging: Staging) -> NodeStaging:
+def stage_here(settings: Settings, staging: Staging, say: Callable[[str], None] | None = None) -> NodeStaging:
     """This node's sources (shipped, downloaded or already here) and what that took; progress
-    lines go to the driver through the relay."""
+    lines go to ``say`` (the driver staging its own node) or to the driver through the relay."""
     from sweep.storage.staging import ensure_local
 
     started = time.monotonic()
     node, where = this_node()
     relay = staging.relay
-    progress = (lambda line: relay.post.remote(f"node {node[:8]}: {line}")) if relay is not None else None
+    say = say or (relay.post.remote if relay is not None else None)
+    progress = (lambda line: say(f"node {node[:8]}: {line}")) if say is not None else None
     received = receive_sources(settings, staging.shipments, where, progress)
     sources = ensure_local(settings, staging.pins, progress)
     return NodeStaging(node, socket.gethostname(), sources.downloaded, time.monotonic() - started, received, sources)
 
 
-def stage_this_node(settings: Settings, staging: Staging) -> NodeStaging:
+def stage_this_node(settings: Settings, staging: Staging, say: Callable[[str], None] | None = None) -> NodeStaging:
     from sweep.storage.staging import check_tasks_here
 
-    staged = stage_here(settings, staging)
+    staged = stage_here(settings, staging, say)
     check_tasks_here(settings, staged.sources)
     if staging.relay is not None:
         ray.get(staging.relay.sync.remote())  # our lines are in before the driver sees us done
@@ -186,10 +187,11 @@ class RelayLines:
             print(f"staging: {line}", flush=True)
 
 
-def stage_all_nodes(settings: Settings, staging: Staging | None = None) -> list[NodeStaging]:
+def stage_all_nodes(settings: Settings, staging: Staging | None = None, here: bool = False) -> list[NodeStaging]:
     """Stage on every alive node at once; the first node's error is raised as itself. Without a
-    relay in ``staging`` (a script, a test) one lives for this call."""
-    task = ray.remote(num_cpus=0, max_retries=0)(stage_this_node)
+    relay in ``staging`` (a script, a test) one lives for this call. ``here``: the driver's node is the
+    only one and none can join (a laptop's local Ray): this process stages it, its lines printed as they
+    come; no task, no relay (each a Ray worker process started, ~3 CPU-seconds of a sweep's start)."""
     nodes = [n["NodeID"] for n in alive_nodes()]
     staging = staging or Staging()
     pins = staging.pins
@@ -197,6 +199,11 @@ def stage_all_nodes(settings: Settings, staging: Staging | None = None) -> list[
         sources = [s for s in (pins.model, pins.data) if s is not None]
         what = ", ".join(f"{s.uri} ({s.size / 2**20:.1f} MiB)" for s in sources)
         print(f"staging: {what} on {len(nodes)} node(s)…", flush=True)
+    if here:
+        staged = stage_this_node(settings, staging, say=lambda line: print(f"staging: {line}", flush=True))
+        print(f"staging: {staged.line()}")
+        return [staged]
+    task = ray.remote(num_cpus=0, max_retries=0)(stage_this_node)
     own_relay = staging.relay is None  # the sweep passes the relay that outlives this (nodes that join later)
     relay = ProgressRelay.options(scheduling_strategy=beside_the_driver()).remote() if own_relay else staging.relay
     staging = replace(staging, relay=relay)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from sweep.cluster.connect import alive_node_resources, beside_the_driver
+from sweep.cluster.connect import alive_node_resources, beside_the_driver, only_the_drivers_node
 from sweep.cluster.stage_nodes import ProgressRelay, Staging, ship_sources, stage_all_nodes
 from sweep.config.settings import AUTO, Settings
 from sweep.config.validate import check_halving_trials
@@ -69,14 +69,15 @@ def plan_sweep(settings: Settings, sources: DriverSources, out_dir: Path) -> Swe
     storage = sweep_storage(storage_path(settings, out_dir, len(nodes), autoscaler))
     fixed = {spec.name: plan_trials(settings, nodes, autoscaler, wanted=total, task=spec.name)
              for spec in settings.tasks if settings.resources.gpus_for(spec.name) != AUTO}  # no node holds one: now
+    here = autoscaler is None and only_the_drivers_node()  # no other node, and none can join: stage it here
     staging = Staging(
         pins=sources.pins,
         # storage=local on nodes with their own disks: the driver's folders travel through Ray to those that lack them
         shipments=ship_sources(settings) if many_nodes(len(nodes), autoscaler, settings.cluster.node_types) else {},
         # the nodes' staging lines, at the start and from nodes that join later; beside the driver, which outlives them
-        relay=ProgressRelay.options(scheduling_strategy=beside_the_driver()).remote(),
+        relay=None if here else ProgressRelay.options(scheduling_strategy=beside_the_driver()).remote(),
     )
-    staged = stage_all_nodes(settings, staging)  # every node, before the plan reads sizes
+    staged = stage_all_nodes(settings, staging, here)  # every node, before the plan reads sizes
     sizes, params = _staged_sizes(settings, sources, staged)
     cluster = cluster_gpus(nodes, autoscaler, total)
     on_cpu = cluster.total < 1 or all(settings.resources.gpus_for(spec.name) == 0 for spec in settings.tasks)
