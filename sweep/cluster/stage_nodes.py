@@ -1,5 +1,6 @@
-"""Staging on every node: at sweep start one task pinned to each alive node, all in parallel; later
-by the first trial on a node that joined mid-sweep (an autoscaled GPU node).
+"""Staging on every node: at sweep start one task pinned to each alive node, all in parallel (the driver
+itself, when its node is the only one and none can join); later by the first trial on a node that joined
+mid-sweep (an autoscaled GPU node).
 
 ``sweep_plan.plan_sweep`` runs it before it plans (the plan reads the staged data) and before the
 first trial; each trial stages through the same ``stage_here`` (a no-op on a staged node), with
