@@ -613,3 +613,14 @@ def test_scripts_and_tests_never_import_each_other(tmp_path: Path) -> None:
     assert cross_imports(tmp_path) == [
         "scripts/bench.py -> tests.helpers.s3", "scripts/bench.py -> tests.helpers.s3.s3_env",
         "tests/test_x.py -> scripts.chaos"]
+
+
+def test_a_nodes_staging_task_imports_no_tune() -> None:
+    """Each node's staging task imports sweep.cluster.stage_nodes in a fresh Ray worker: Tune's import
+    (~1 CPU-second) would be all it pays for."""
+    import subprocess
+    import sys
+
+    check = "import sys, sweep.cluster.stage_nodes; print(sorted(m for m in sys.modules if m.startswith('ray.tune')))"
+    printed = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True).stdout
+    assert printed.strip() == "[]", printed

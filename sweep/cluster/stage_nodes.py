@@ -24,7 +24,6 @@ from typing import Any
 
 import ray
 from ray.exceptions import RayTaskError
-from ray.tune import Callback
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from sweep.cluster.connect import alive_nodes, beside_the_driver
@@ -156,22 +155,6 @@ def stage_for_trial(settings: Settings, staging: Staging | None) -> LocalSources
     if staging.relay is not None and (staged.downloaded or staged.received):
         staging.relay.post.remote(staged.line())
     return staged.sources
-
-
-class StagingLines(Callback):
-    """The nodes' staging lines on the driver's terminal while the trials run (nodes that join late)."""
-
-    def __init__(self, relay) -> None:
-        self.lines = RelayLines(relay)
-
-    def on_step_end(self, iteration, trials, **info) -> None:
-        self.lines()
-
-    def on_experiment_end(self, trials, **info) -> None:
-        self.lines(force=True)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"lines": RelayLines(None)}  # Tune pickles its callbacks; the relay is this launch's
 
 
 class RelayLines:

@@ -110,11 +110,11 @@ def fit_sweep(tuner):
 def sweep_callbacks(settings: Settings, plan: SweepPlan, tracking, launch_id: str, board_handle):
     """Tune's callbacks on the driver; also the progress line and the MLflow runs' callback (None
     without tracking), which the caller closes."""
-    from sweep.cluster.stage_nodes import StagingLines
     from sweep.hooks.disk_stop import StopOnDiskFull
     from sweep.hooks.ended_trials import ForgetEndedTrialMetrics
     from sweep.hooks.mlflow_runs import TrialRuns
     from sweep.hooks.progress import SweepProgress, WaitForNodes
+    from sweep.hooks.staging_lines import StagingLines
     from sweep.plan.scale import NodeWait
 
     progress = SweepProgress(settings, plan.total, plan.forecast)

@@ -7,4 +7,5 @@
 - ``disk_stop.py``:   a trial's full disk ends the sweep with its one line (resume=true finishes it)
 - ``store_copies.py``: the MLflow records copied to storage.output_prefix while the sweep runs
 - ``resumed_search.py``: a resumed sweep's searcher set from the trials Tune restored (its snapshot may be torn)
+- ``staging_lines.py``: the nodes' staging lines (nodes that join late) on the driver's terminal
 """
