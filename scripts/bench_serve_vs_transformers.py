@@ -74,6 +74,10 @@ The full run takes ~30-40 min on a 2-core box (per model: 16 cells x 4 servers x
 slower). ``--quick``: the tiny model (unless ``--models``), C = 1 and 16, 1 repeat, 16 requests per run at
 C = 16 (4 at C = 1), 4 agreement prompts: ~2 min, most of it the servers' start.
 
+At the end, issue [22]'s goals in each cell at 1 and 16 clients (``goals`` in the JSON, and a line each):
+sweep's tokens/s at least transformers serve's, its p99 at most 1.2x transformers', and the default threads
+within 10% of the best ``threads=``, with the cells that miss them.
+
 Writes ``bench_results/serve_vs_transformers.json`` (``--out``): the settings, the servers' commands,
 the KV cache sizes, the agreement, and per cell every server's median and per-repeat numbers.
 """
@@ -716,6 +720,64 @@ def run_model(spec: ModelSpec, args: argparse.Namespace, work: Path, prompts: It
     return report
 
 
+# Issue [22]'s goals, in each cell at 1 and 16 clients: tokens/s at least transformers serve's, its p99 (TTFT
+# streamed, latency not) at most 1.2x transformers', and the default within 10% of the best ``threads=``.
+GOAL_TOKENS, GOAL_P99, GOAL_DEFAULT = 1.0, 1.2, 0.9
+GOAL_CLIENTS = (1, 16)
+
+
+def goals(models: list[dict[str, Any]]) -> dict[str, Any]:
+    """Which cells meet each goal (a goal that a run's servers cannot judge is left out)."""
+    met: dict[str, list[str]] = {"tokens_per_s": [], "p99": [], "default_vs_best_threads": []}
+    missed: dict[str, list[str]] = {key: [] for key in met}
+
+    def judge(goal: str, cell: str, ok: bool) -> None:
+        (met if ok else missed)[goal].append(cell)
+
+    for model in models:
+        for c in model["cells"]:
+            if c["clients"] not in GOAL_CLIENTS:
+                continue
+            name = f"{c['model']} {c['load']} C={c['clients']} {'streamed' if c['streamed'] else 'whole'}"
+            p99 = "ttft_p99_ms" if c["streamed"] else "latency_p99_ms"
+            vs_tf = c["ratios"].get("sweep/transformers", {})
+            if vs_tf.get("tokens_per_s") is not None:
+                judge("tokens_per_s", f"{name} ({vs_tf['tokens_per_s']}x{paired_range(c)})",
+                      vs_tf["tokens_per_s"] >= GOAL_TOKENS)
+            if vs_tf.get(p99) is not None:
+                judge("p99", f"{name} ({vs_tf[p99]}x)", vs_tf[p99] <= GOAL_P99)
+            fixed = [c["median"][k]["tokens_per_s"] for k in ("sweep-threads=1", "sweep-threads=2")
+                     if c["median"].get(k) and c["median"][k]["tokens_per_s"]]
+            default = (c["median"].get("sweep") or {}).get("tokens_per_s")
+            if default and fixed:
+                share = round(default / max(fixed), 2)
+                judge("default_vs_best_threads", f"{name} ({share}x)", share >= GOAL_DEFAULT)
+    return {"met": met, "missed": missed}
+
+
+def paired_range(cell: dict[str, Any]) -> str:
+    """The spread of sweep/transformers tokens/s over the repeats, each repeat's two runs side by side in time
+    (the order rotates within a repeat): what the noise of this machine is, next to the median's ratio."""
+    pairs = [ratio(a["tokens_per_s"], b["tokens_per_s"])
+             for a, b in zip(cell["runs"].get("sweep", []), cell["runs"].get("transformers", []))]
+    pairs = [p for p in pairs if p is not None]
+    return f", repeats {min(pairs)}-{max(pairs)}" if len(pairs) > 1 else ""
+
+
+def print_goals(summary: dict[str, Any]) -> None:
+    titles = {"tokens_per_s": f"tokens/s >= {GOAL_TOKENS}x transformers serve",
+              "p99": f"p99 <= {GOAL_P99}x transformers serve's",
+              "default_vs_best_threads": f"default threads >= {GOAL_DEFAULT}x the best threads="}
+    print("goals ([22]):")
+    if not any(summary["met"][goal] or summary["missed"][goal] for goal in titles):
+        print("  none judged: the run needs sweep (default threads) and transformers serve, or a fixed threads=")
+    for goal, title in titles.items():
+        met, missed = summary["met"][goal], summary["missed"][goal]
+        if met or missed:
+            print(f"  {title}: {len(met)}/{len(met) + len(missed)} cells"
+                  + (f"; missed: {'; '.join(missed)}" if missed else ""))
+
+
 def tokens_from_by_server(models: list[dict[str, Any]]) -> dict[str, Any]:
     """Where each server's completion tokens came from, over the whole run."""
     counts: dict[str, Counter[str]] = {}
@@ -782,9 +844,11 @@ def main() -> None:
                                   "counts of requests per server and mode under tokens_from_by_server",
         "tokens_from_by_server": tokens_from_by_server(models),
         "models": models,
+        "goals": goals(models),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
+    print_goals(report["goals"])
     print(f"wrote {args.out} ({report['wall_s']} s)")
 
 
