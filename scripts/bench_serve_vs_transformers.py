@@ -61,6 +61,11 @@ and transformers (millions of objects): they are frozen out of its garbage colle
 (``gc.freeze``), else a full collection here (~0.5 s) stalled whichever server was being measured; the
 longest collection of each run is in the JSON (``client_gc_max_ms``) and its line.
 
+Pods (``--pods``, root only): each server, the hog and the clients in a cgroup of its own with the same CPU
+weight, as pods on one Kubernetes node. Without it every thread on the machine counts alike for the scheduler,
+so a server whose decoding runs two threads gets a larger share of a busy CPU than one that runs one; in a pod,
+its share is the pod's.
+
 Load: ``quiet`` (nothing beside), ``busy`` (``--load``): a CPU hog beside the servers: a busy loop pinned
 to one core (``os.sched_setaffinity``: the last usable CPU) that holds ``--hog-mb`` MiB (512, every page
 written), started before the model's busy cells and killed after them (and it exits by itself after
@@ -167,12 +172,81 @@ def prompt(i: int) -> str:
 _started: list[subprocess.Popen[bytes]] = []
 
 
-def launch(command: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """A process in a session of its own (so that its children can be stopped with it), output to ``log``."""
+class Pods:
+    """``--pods``: each server, the hog and the clients (this process) in a cgroup of its own, all with the CPU
+    controller's default weight, as pods on one node. On a busy CPU a process's share is then its pod's, however
+    many threads it runs; without them every thread counts alike, and a server whose decoding runs more threads
+    takes more of the CPU from its neighbours. Needs root and a writable cgroup CPU controller (v2, or v1's
+    ``cpu``); the cgroups are removed at the end."""
+
+    def __init__(self) -> None:
+        unified = CGROUP_FS / "cgroup.controllers"
+        if unified.is_file() and "cpu" in unified.read_text().split():
+            self.mount, self.v2 = CGROUP_FS, True
+        else:
+            mount = next((m for m in (CGROUP_FS / "cpu", CGROUP_FS / "cpu,cpuacct") if m.is_dir()), None)
+            if mount is None:
+                raise SystemExit("--pods: no cgroup CPU controller under /sys/fs/cgroup")
+            self.mount, self.v2 = mount, False
+        self.home = self.mount / self._own_path().lstrip("/")  # where this process is now, to go back to
+        self.parent = self.mount / f"bench-serve-{os.getpid()}"
+        try:
+            if self.v2:
+                (self.mount / "cgroup.subtree_control").write_text("+cpu")
+            self.parent.mkdir()
+            if self.v2:
+                (self.parent / "cgroup.subtree_control").write_text("+cpu")
+        except OSError as e:
+            raise SystemExit(f"--pods: cannot make cgroups under {self.mount} ({e}); run as root, or without "
+                             "--pods") from None
+        self.made: list[Path] = []
+
+    def _own_path(self) -> str:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if (self.v2 and controllers == "") or (not self.v2 and "cpu" in controllers.split(",")):
+                return path
+        return "/"
+
+    def procs(self, pod: str) -> Path:
+        folder = self.parent / pod
+        if not folder.is_dir():
+            folder.mkdir()
+            self.made.append(folder)
+        return folder / "cgroup.procs"
+
+    def join(self, pod: str) -> None:
+        """This process (the clients) into ``pod``."""
+        self.procs(pod).write_text(str(os.getpid()))
+
+    def remove(self) -> None:
+        home = self.home if (self.home / "cgroup.procs").is_file() else self.mount  # a container's own root
+        (home / "cgroup.procs").write_text(str(os.getpid()))
+        for folder in [*reversed(self.made), self.parent]:
+            try:
+                folder.rmdir()
+            except OSError as e:  # a process still in it: left for the reader to see
+                print(f"  --pods: could not remove {folder}: {e}", flush=True)
+
+
+CGROUP_FS = Path("/sys/fs/cgroup")
+PODS: Pods | None = None  # set by --pods
+
+
+def launch(command: list[str], log: Path, env: dict[str, str] | None = None,
+           pod: str | None = None) -> subprocess.Popen[bytes]:
+    """A process in a session of its own (so that its children can be stopped with it), output to ``log``;
+    with ``--pods``, in cgroup ``pod`` from before its first instruction (its children follow it there)."""
     log.parent.mkdir(parents=True, exist_ok=True)
+    procs = PODS.procs(pod) if PODS is not None and pod is not None else None
+
+    def enter_pod() -> None:  # in the child, before exec: "0" is the writing process itself
+        if procs is not None:
+            procs.write_text("0")
+
     with log.open("wb") as sink:
         proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
-                                env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+                                env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}, preexec_fn=enter_pod)
     _started.append(proc)
     return proc
 
@@ -296,7 +370,7 @@ def start_server(kind: str, model_dir: Path, kv: KvCache, log_dir: Path, model: 
         if kind != "sweep":
             command.append(kind.removeprefix("sweep-"))  # threads=N
     log = log_dir / f"{model}-{kind.replace('=', '')}.log"
-    return Server(kind, launch(command, log), command, port, log)
+    return Server(kind, launch(command, log, pod=f"{model}-{kind.replace('=', '')}"), command, port, log)
 
 
 def wait_ready(server: Server, timeout_s: float = SERVER_READY_TIMEOUT_S) -> None:
@@ -336,7 +410,7 @@ while time.monotonic() < end and os.getppid() == parent:  # bounded: ends by its
 def start_hog(mb: int, max_s: float, log: Path) -> subprocess.Popen[bytes]:
     """The busy loop on the last usable CPU, once its memory is held."""
     cpu = max(os.sched_getaffinity(0))
-    proc = launch([sys.executable, "-c", HOG, str(cpu), str(mb), str(max_s)], log)
+    proc = launch([sys.executable, "-c", HOG, str(cpu), str(mb), str(max_s)], log, pod="hog")
     deadline = time.monotonic() + 60
     while "ready" not in log.read_text(errors="replace"):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -805,6 +879,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--agreement-prompts", type=int, default=8, help="prompts of the greedy agreement check")
     parser.add_argument("--hog-mb", type=int, default=512, help="memory the busy load's hog holds")
     parser.add_argument("--hog-max-s", type=float, default=3 * 3600, help="the hog ends by itself after this")
+    parser.add_argument("--pods", action="store_true",
+                        help="each server, the hog and the clients in a cgroup of its own, as pods on one node "
+                             "(a process's share of a busy CPU is its pod's, not its threads'); needs root")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: tiny model, clients 1 and 16, 1 repeat, few requests")
     parser.add_argument("--out", type=Path, default=ROOT / "bench_results" / "serve_vs_transformers.json")
@@ -825,11 +902,17 @@ def main() -> None:
     prompts = itertools.count()  # one sequence for the whole run: every request its own sentence
     started = time.perf_counter()
     models: list[dict[str, Any]] = []
+    global PODS
+    PODS = Pods() if args.pods else None
     try:
+        if PODS is not None:
+            PODS.join("clients")
         for name in args.models:
             models.append(run_model(MODELS[name], args, work, prompts))
     finally:
         stop_everything()
+        if PODS is not None:
+            PODS.remove()
     report: dict[str, Any] = {
         "cpus": len(os.sched_getaffinity(0)),
         "load_average_at_end": os.getloadavg(),
