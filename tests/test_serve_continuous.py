@@ -141,7 +141,9 @@ def test_greedy_steps_skip_the_logits_processing_and_sampling_rows_still_sample(
 
 def test_a_sequence_is_sent_to_the_decoding_process_before_the_request_waits(tmp_path: Path, cache_dir: Path) -> None:
     """``open_stream`` sends an admitted sequence to the batch before it returns (not a turn of the event loop
-    later); a stream cancelled before its tasks ever ran still frees its slot and leaves the batch."""
+    later); a stream cancelled before its tasks ever ran still frees its slot and leaves the batch. The decoding
+    process holds a stream's tokens for ``stream_interval_ms`` (100 here): a long stream comes in a few updates,
+    its first token at once, its text the whole text."""
     from sweep.serving.continuous import continuous_batch
     from sweep.serving.decoding_process import DecodingProcess
     from sweep.serving.engines import Generator
@@ -150,7 +152,7 @@ def test_a_sequence_is_sent_to_the_decoding_process_before_the_request_waits(tmp
     folder = export_tiny_lm(tmp_path / "lm", cache_dir)
     engine = Generator(folder, "cpu", weights=False)
     # one sequence at a time: a sequence the decoding process still decodes holds back the next
-    batch = continuous_batch(engine, DecodingProcess(folder, "cpu", 1, 8, 1), "lm", 1, 4)
+    batch = continuous_batch(engine, DecodingProcess(folder, "cpu", 1, 8, 1, stream_interval_ms=100), "lm", 1, 4)
     assert batch is not None
     params, long = GenerationParams(max_new_tokens=8), GenerationParams(max_new_tokens=200)
 
@@ -171,8 +173,16 @@ def test_a_sequence_is_sent_to_the_decoding_process_before_the_request_waits(tmp
         assert after[0].text == result.text
 
         started = time.perf_counter()
-        await batch.generate(long, ["In 1850 the city"])
+        (long_whole,) = await batch.generate(long, ["In 1850 the city"])
         whole_s = time.perf_counter() - started
+        streamed = batch.open_stream(long, ["In 1850 the city"])
+        started = time.perf_counter()
+        updates = [(time.perf_counter() - started, texts[0]) async for texts in streamed.updates()]
+        (long_streamed,) = await streamed.results()
+        assert long_streamed.text == long_whole.text and long_streamed.completion_tokens == 200
+        # held for 100 ms at a time (the first token not): a handful of updates, not one per token
+        assert 1 <= len(updates) <= 2 + whole_s / 0.1 * 2 < 200, (len(updates), whole_s)
+        assert updates[0][0] < whole_s / 4 and long_whole.text.startswith(updates[-1][1]), (updates[0], whole_s)
         leaving = batch.open_stream(long, ["In 1850 the city"])
         await leaving.updates().__anext__()
         leaving.cancel()  # mid-stream, as a client that leaves: its sequence leaves the decoding process too
@@ -193,6 +203,7 @@ def test_bad_options_exit_2_with_one_line() -> None:
         (["model=x", "max_concurrent_sequences=0"], "error: max_concurrent_sequences: must be >= 1, got 0"),
         (["model=x", "max_queued=-1"], "error: max_queued: must be >= 0, got -1"),
         (["model=x", "unstreamed=later"], "error: unstreamed: expected continuous or batched, got 'later'"),
+        (["model=x", "stream_interval_ms=-5"], "error: stream_interval_ms: must be >= 0, got -5"),
     ]:
         done = subprocess.run([sys.executable, "-m", "sweep", "serve", *argv], capture_output=True, text=True,
                               timeout=60)

@@ -74,6 +74,11 @@ OPTIONS: dict[str, Option] = {
                           "full contexts)"),
     "max_concurrent_sequences": Option(positive_int, _DEFAULTS["max_concurrent_sequences"],
                                        "sequences in the continuous batch at once; more wait in the queue"),
+    "stream_interval_ms": Option(non_negative_float, _DEFAULTS["stream_interval_ms"],
+                                 "with generation=continuous, a stream's new tokens are sent at most this often, "
+                                 "several to a chunk when decoding is faster (0: a chunk per decoding step); a "
+                                 "stream's first token and its end are never held. At many streams the server "
+                                 "and its clients wake less often, and the decoding keeps the CPU"),
     "max_queued": Option(non_negative_int, _DEFAULTS["max_queued"],
                          "sequences that may wait for a slot; past that a request gets 429 + Retry-After "
                          "(gRPC RESOURCE_EXHAUSTED)"),

@@ -95,7 +95,8 @@ class ContinuousBatch:
         return (f"generation continuous in process {self.decoding.facts['pid']} (up to {self.admission.max_running} "
                 f"sequences, {self.admission.max_queued} queued; KV cache {self.cache_mb:.0f} MiB = "
                 f"{self.cache_tokens} tokens; {self.decoding.facts['threads']} torch thread(s) of "
-                f"{self.decoding.facts['usable_cpus']:g} usable CPU(s))")
+                f"{self.decoding.facts['usable_cpus']:g} usable CPU(s); streamed tokens sent every "
+                f"{self.decoding.facts['stream_interval_ms']:g} ms at most)")
 
     async def admitted(self, rows: int, work: Callable[[], Awaitable[Any]]) -> Any:
         """``work()`` once ``rows`` slots are held (unstreamed=batched: the micro-batcher, under the same bounds)."""

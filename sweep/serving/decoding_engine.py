@@ -36,6 +36,7 @@ from transformers.generation.continuous_batching.cb_logits_processors import Con
 from transformers.generation.continuous_batching.continuous_api import OutputRouter
 
 from sweep.serving.cpu_budget import decoding_threads, freeze_startup_objects, usable_cpus
+from sweep.serving.held_outputs import HeldOutputs
 
 PAGE_SIZE = 64  # tokens per KV-cache page
 RECENT_CANCELS = 4096  # cancelled ids remembered: a late output of one comes within a step or two
@@ -225,11 +226,13 @@ class PipeOutputs(OutputRouter):
 class DecodingEngine:
     """The manager, the sending of its outputs, and the commands that reach it (in the decoding process)."""
 
-    def __init__(self, engine: Any, manager: Any, steps: list[int], conn: Connection) -> None:
+    def __init__(self, engine: Any, manager: Any, steps: list[int], conn: Connection,
+                 stream_interval_s: float = 0.0) -> None:
         self.engine, self.manager, self.conn = engine, manager, conn
         self._send_lock = threading.Lock()
         self._steps = steps  # tokens of each step since the last message (appended by the generation thread)
         self._sent = SentTokens()
+        self._held = HeldOutputs(stream_interval_s)
         self._seeded = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seeded")
         self._seeded_cancelled: dict[str, threading.Event] = {}
         manager.output_router = PipeOutputs(self.send_outputs)  # before start: the batch processor takes it
@@ -239,7 +242,13 @@ class DecodingEngine:
             self.conn.send(message)
 
     def send_outputs(self, outputs: list[Any]) -> None:
-        """One step's outputs (and the steps' sizes since the last message), from the generation thread."""
+        """One step's outputs, from the generation thread: sent with the steps' sizes since the last message
+        once the stream interval has passed (or one of them is urgent), else held until then."""
+        outputs = self._held.take(outputs)
+        if outputs:
+            self._send_outputs_now(outputs)
+
+    def _send_outputs_now(self, outputs: list[Any]) -> None:
         taken = len(self._steps)
         steps = self._steps[:taken]
         del self._steps[:taken]
@@ -272,6 +281,7 @@ class DecodingEngine:
                     event.set()
                 else:
                     self.manager.cancel_request(rid)
+                    self._held.forget(rid)
                     self._sent.cancel(rid)
             elif kind == "seeded":
                 _, rid, params, prompts, streamed = command
@@ -284,6 +294,8 @@ class DecodingEngine:
         try:
             on_texts = (lambda texts: self.send(("texts", rid, texts))) if streamed else None
             with self.manager.pause():
+                if held := self._held.drain():  # no step comes to send them while the batch is paused
+                    self._send_outputs_now(held)
                 results = self.engine.generate(params, prompts, on_texts=on_texts, cancelled=cancelled)
             self.send(("done", rid, results))
         except Exception as e:  # noqa: BLE001 - the request fails, the batch goes on
@@ -298,7 +310,7 @@ class DecodingEngine:
 
 
 def decoding_main(model_dir: str, device: str, threads: int, kv_cache_mb: int, max_concurrent_sequences: int,
-                  conn: Connection) -> None:
+                  stream_interval_ms: float, conn: Connection) -> None:
     """The decoding process: load the model, build and start the batch, then serve the pipe until it closes."""
     # Ctrl-C in a terminal reaches the whole process group: the server shuts down and stops this process
     # (or closes the pipe); a KeyboardInterrupt here would only print a second traceback.
@@ -331,7 +343,7 @@ def decoding_main(model_dir: str, device: str, threads: int, kv_cache_mb: int, m
         except (ValueError, TypeError, AttributeError, NotImplementedError, RuntimeError, MemoryError) as e:
             conn.send(("unsupported", " ".join(str(e).split()) or type(e).__name__))
             return
-        decoding = DecodingEngine(engine, manager, steps, conn)
+        decoding = DecodingEngine(engine, manager, steps, conn, stream_interval_ms / 1000)
         manager.start()
     except Exception:  # noqa: BLE001 - the server reports it and exits
         conn.send(("crashed", traceback.format_exc()))
@@ -340,7 +352,8 @@ def decoding_main(model_dir: str, device: str, threads: int, kv_cache_mb: int, m
     # ``Generator.generate``, which needs the model's own attention (CB may have switched it).
     conn.send(("ready", {"cache_tokens": tokens, "cache_mb": tokens * per_token / 2**20,
                          "seeds_alone": manager._original_attn_impl is None, "pid": os.getpid(),
-                         "threads": torch.get_num_threads(), "usable_cpus": usable}))
+                         "threads": torch.get_num_threads(), "usable_cpus": usable,
+                         "stream_interval_ms": stream_interval_ms}))
     freeze_startup_objects()
     try:
         decoding.serve_commands()

@@ -39,14 +39,14 @@ class DecodingGone(RuntimeError):
 
 class DecodingProcess:
     def __init__(self, model_dir: Path, device: str, threads: int | None, kv_cache_mb: int,
-                 max_concurrent_sequences: int) -> None:
+                 max_concurrent_sequences: int, stream_interval_ms: float = 0.0) -> None:
         """Start the process; ``wait_ready`` (or ``facts``) waits until its batch runs (``Unsupported``, or
         ``ValueError`` for a bad option or folder). Started first, it loads the model while the server imports."""
         context = multiprocessing.get_context("spawn")
         self._conn, child = context.Pipe()
         self.process = context.Process(
             target=_decoding_main, name="sweep-decoding", daemon=True,
-            args=(str(model_dir), device, threads, kv_cache_mb, max_concurrent_sequences, child),
+            args=(str(model_dir), device, threads, kv_cache_mb, max_concurrent_sequences, stream_interval_ms, child),
         )
         self.process.start()
         child.close()  # ours closed: when the process ends, a read here sees the end of the pipe

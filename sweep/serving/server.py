@@ -49,6 +49,7 @@ class ServeOptions:
     generation: str = "continuous"  # continuous | batched: a causal LM's generation (sweep/serving/continuous.py)
     kv_cache_mb: int = 256  # the continuous batch's KV cache
     max_concurrent_sequences: int = 64  # sequences in the continuous batch at once (as many as 64 clients stream)
+    stream_interval_ms: float = 10.0  # streamed tokens sent at most this often (sweep/serving/held_outputs.py)
     max_queued: int = 1024  # sequences waiting for a slot; past that, 429
     unstreamed: str = "continuous"  # continuous | batched: unstreamed requests' generation beside the batch
 
@@ -74,7 +75,7 @@ def build_model(model_dir: Path, name: str, options: ServeOptions) -> Any:
     decoding = None
     if kind != CLASSIFIER and options.generation == "continuous":  # first: it loads the model while we import
         decoding = DecodingProcess(model_dir, options.device, options.threads, options.kv_cache_mb,
-                                   options.max_concurrent_sequences)
+                                   options.max_concurrent_sequences, options.stream_interval_ms)
     from sweep.serving import server_metrics
     from sweep.serving.engines import Classifier, Generator
     from sweep.serving.kserve_model import ClassifierModel, GeneratorModel
