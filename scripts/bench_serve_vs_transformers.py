@@ -17,6 +17,8 @@ or error, children included):
   defaults otherwise (generation=continuous: every request in one running batch, decoded in a process of
   its own; its default threads, whatever ``python -m sweep serve --help`` says they are);
 - ``sweep-threads=1`` / ``sweep-threads=2``: the same with ``threads=1`` / ``threads=2``;
+- ``sweep-stream_interval_ms=0`` (only when ``--servers`` names it): a chunk per decoding step, as before
+  streamed tokens were held (sweep/serving/held_outputs.py);
 - ``transformers``: ``transformers serve DIR --continuous-batching --device cpu`` with its KV cache
   capped to sweep's: sweep's cache holds ``kv_cache_mb`` (its default) of tokens, never more than
   ``max_concurrent_sequences`` full contexts, in pages of 64 tokens (sweep/serving/decoding_engine.py
@@ -120,7 +122,10 @@ from sweep.serving.server import ServeOptions  # noqa: E402
 from sweep.testing.local_cluster import free_port  # noqa: E402
 
 VENV_BIN = Path(sys.executable).parent
-SERVER_KINDS = ("sweep", "sweep-threads=1", "sweep-threads=2", "transformers")
+SERVER_KINDS = ("sweep", "sweep-threads=1", "sweep-threads=2", "sweep-stream_interval_ms=0", "transformers")
+DEFAULT_KINDS = ("sweep", "sweep-threads=1", "sweep-threads=2", "transformers")  # the table of issue [22]
+COLUMNS = {"sweep": "sweep (defaults)", "sweep-threads=1": "sweep `threads=1`", "sweep-threads=2": "sweep `threads=2`",
+           "sweep-stream_interval_ms=0": "sweep `stream_interval_ms=0`", "transformers": "transformers serve"}
 LOADS = ("quiet", "busy")
 SERVER_READY_TIMEOUT_S = 300.0
 STOP_GRACE_S = 20.0
@@ -702,15 +707,16 @@ def cell_text(m: dict[str, Any] | None, stream: bool) -> str:
 
 def print_table(model: str, load: str, cells: list[dict[str, Any]]) -> None:
     print(f"\n{model}, {load}: tok/s · TTFT p50/p99 ms (streamed) or latency p50/p99 ms (not streamed)")
-    print("| model | load | clients | streamed? | sweep (default threads) | sweep `threads=1` | sweep `threads=2` | "
-          "transformers serve | sweep/tf tok/s | sweep/tf p99 |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    kinds = [kind for kind in SERVER_KINDS if any(kind in c["median"] for c in cells)]
+    print("| model | load | clients | streamed? | " + " | ".join(COLUMNS[kind] for kind in kinds)
+          + " | sweep/tf tok/s | sweep/tf p99 |")
+    print("|---|---|---|---|" + "---|" * len(kinds) + "---|---|")
     for c in cells:
         stream = c["streamed"]
         own = c["ratios"].get("sweep/transformers", {})
         p99 = own.get("ttft_p99_ms" if stream else "latency_p99_ms")
         print(f"| {model} | {load} | {c['clients']} | {'yes' if stream else 'no'} | "
-              + " | ".join(cell_text(c["median"].get(kind), stream) for kind in SERVER_KINDS)
+              + " | ".join(cell_text(c["median"].get(kind), stream) for kind in kinds)
               + f" | {own.get('tokens_per_s', '-') or '-'} | {p99 or '-'} |")
     print(flush=True)
 
@@ -867,7 +873,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=None,
                         help="default: all (--quick: tiny)")
-    parser.add_argument("--servers", nargs="+", choices=SERVER_KINDS, default=list(SERVER_KINDS),
+    parser.add_argument("--servers", nargs="+", choices=SERVER_KINDS, default=list(DEFAULT_KINDS),
                         help="which servers to start and compare (the ratios need sweep and transformers)")
     parser.add_argument("--load", nargs="+", choices=LOADS, default=list(LOADS))
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16, 64], help="concurrent closed-loop clients")
