@@ -232,7 +232,9 @@ def test_stream_sends_the_same_text_as_it_is_generated(servers: dict[str, Server
     gap = last - first
     print(f"\nstream of 200 tokens: first chunk after {first * 1000:.0f} ms, last after {last * 1000:.0f} ms "
           f"(gap {gap * 1000:.0f} ms, {len(times)} chunks with text)")
-    assert len(times) > 50  # token by token, not one block at the end
+    # as it is generated, not one block at the end: at most every stream_interval_ms (10 ms, the default),
+    # several tokens to a chunk when the tiny model decodes faster than that
+    assert len(times) > 10
     assert gap > 0.1 and first < 0.25 * last  # the first chunk came long before the last token was generated
     # The same model name answers v2 with the same text and counts.
     v2 = _v2(lm, PROMPT, max_new_tokens=200, seed=3)

@@ -13,6 +13,7 @@
 - ``continuous.py``: continuous batching of a causal LM: every generation joins one running batch
 - ``decoding_process.py``: the batch's decoding process as the server sees it (spawn, commands, messages)
 - ``decoding_engine.py``: inside that process: the model, transformers' batch manager, each step's outputs sent
+- ``held_outputs.py``: a stream's outputs held within ``stream_interval_ms``, the newest per sequence sent once
 - ``cpu_budget.py``: the CPUs the server may use (affinity, cgroup quota) and the torch threads that follow
 - ``admission.py``:  at most N sequences generating and M waiting; past them, 429 (``Overloaded``)
 - ``engines.py``:    the loaded classifier / causal LM and one batched forward pass each
