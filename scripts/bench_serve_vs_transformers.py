@@ -118,6 +118,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sweep.models.tiny import build_tiny_model  # noqa: E402
+from sweep.serving.cpu_budget import CGROUP_ROOT, proc_cgroups  # noqa: E402
 from sweep.serving.server import ServeOptions  # noqa: E402
 from sweep.testing.local_cluster import free_port  # noqa: E402
 
@@ -185,11 +186,11 @@ class Pods:
     ``cpu``); the cgroups are removed at the end."""
 
     def __init__(self) -> None:
-        unified = CGROUP_FS / "cgroup.controllers"
+        unified = CGROUP_ROOT / "cgroup.controllers"
         if unified.is_file() and "cpu" in unified.read_text().split():
-            self.mount, self.v2 = CGROUP_FS, True
+            self.mount, self.v2 = CGROUP_ROOT, True
         else:
-            mount = next((m for m in (CGROUP_FS / "cpu", CGROUP_FS / "cpu,cpuacct") if m.is_dir()), None)
+            mount = next((m for m in (CGROUP_ROOT / "cpu", CGROUP_ROOT / "cpu,cpuacct") if m.is_dir()), None)
             if mount is None:
                 raise SystemExit("--pods: no cgroup CPU controller under /sys/fs/cgroup")
             self.mount, self.v2 = mount, False
@@ -207,8 +208,7 @@ class Pods:
         self.made: list[Path] = []
 
     def _own_path(self) -> str:
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            _, controllers, path = line.split(":", 2)
+        for controllers, path in proc_cgroups(0).items():
             if (self.v2 and controllers == "") or (not self.v2 and "cpu" in controllers.split(",")):
                 return path
         return "/"
@@ -234,7 +234,6 @@ class Pods:
                 print(f"  --pods: could not remove {folder}: {e}", flush=True)
 
 
-CGROUP_FS = Path("/sys/fs/cgroup")
 PODS: Pods | None = None  # set by --pods
 
 

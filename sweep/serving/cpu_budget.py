@@ -32,7 +32,7 @@ QUIET_OPENMP = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0", "KMP_BLOCKT
 def usable_cpus(pid: int = 0, cgroup_root: Path = CGROUP_ROOT) -> float:
     """The CPUs process ``pid`` (0: this one) may use: its affinity, capped by its cgroup's quota."""
     cpus = float(len(os.sched_getaffinity(pid)))
-    quota = cgroup_quota(_proc_cgroups(pid), cgroup_root)
+    quota = cgroup_quota(proc_cgroups(pid), cgroup_root)
     return min(cpus, quota) if quota is not None else cpus
 
 
@@ -121,7 +121,7 @@ def _v1_quota(folder: Path) -> float | None:
     return quota / int((folder / "cpu.cfs_period_us").read_text())
 
 
-def _proc_cgroups(pid: int) -> dict[str, str]:
+def proc_cgroups(pid: int) -> dict[str, str]:
     """``/proc/PID/cgroup`` as controllers -> path ("" for cgroup v2's unified hierarchy)."""
     try:
         lines = Path(f"/proc/{pid or 'self'}/cgroup").read_text().splitlines()
