@@ -3,6 +3,7 @@
     python scripts/bench_serve_vs_transformers.py            # the full table: 2 models x quiet/busy x 1-64 clients
     python scripts/bench_serve_vs_transformers.py --quick    # a smoke run (~2 min): tiny model, 1 and 16 clients
     python scripts/bench_serve_vs_transformers.py --servers sweep transformers --load quiet --clients 1 16
+    python scripts/bench_serve_vs_transformers.py --judge run1.json run2.json   # the goals over runs' repeats
 
 Models: two GPT-2s built offline by ``sweep.models.tiny.build_tiny_model`` (random weights, a BPE
 tokenizer of ~2000 tokens, 256 positions): ``tiny`` (conf/model/tiny-gpt2.yaml: 2 layers of 32) and
@@ -83,7 +84,10 @@ C = 16 (4 at C = 1), 4 agreement prompts: ~2 min, most of it the servers' start.
 
 At the end, issue [22]'s goals in each cell at 1 and 16 clients (``goals`` in the JSON, and a line each):
 sweep's tokens/s at least transformers serve's, its p99 at most 1.2x transformers', and the default threads
-within 10% of the best ``threads=``, with the cells that miss them.
+within 10% of the best ``threads=``, with the cells that miss them. A cell at parity misses or meets them by
+the machine's noise from run to run; ``--judge`` starts nothing and judges the goals over several runs' JSONs:
+each repeat's sweep/transformers ratios (its servers side by side in time), their median over all the runs'
+repeats (runs on machines of other speeds pool ratios, not tokens/s).
 
 Writes ``bench_results/serve_vs_transformers.json`` (``--out``): the settings, the servers' commands,
 the KV cache sizes, the agreement, and per cell every server's median and per-repeat numbers.
@@ -681,15 +685,19 @@ def measure_cell(servers: dict[str, Server], concurrency: int, stream: bool, tot
                   + (f", {summary['errors']} errors ({summary.get('first_error')})" if summary["errors"] else ""),
                   flush=True)
     medians = {kind: median_of(runs[kind]) for kind in kinds}
+    return {"clients": concurrency, "streamed": stream, "requests_per_run": total,
+            "median": medians, "runs": runs, "ratios": ratios_to_transformers(medians, stream)}
+
+
+def ratios_to_transformers(medians: dict[str, dict[str, Any]], stream: bool) -> dict[str, Any]:
+    """Each sweep server's median tokens/s and p99 over transformers serve's."""
     p99 = "ttft_p99_ms" if stream else "latency_p99_ms"
-    ratios = {
+    return {
         f"{kind}/transformers": {"tokens_per_s": ratio(medians[kind]["tokens_per_s"],
                                                        medians["transformers"]["tokens_per_s"]),
                                  p99: ratio(medians[kind][p99], medians["transformers"][p99])}
-        for kind in kinds if kind != "transformers" and "transformers" in medians
+        for kind in medians if kind != "transformers" and "transformers" in medians
     }
-    return {"clients": concurrency, "streamed": stream, "requests_per_run": total,
-            "median": medians, "runs": runs, "ratios": ratios}
 
 
 # -- the table -------------------------------------------------------------------------------------------------
@@ -834,13 +842,77 @@ def goals(models: list[dict[str, Any]]) -> dict[str, Any]:
     return {"met": met, "missed": missed}
 
 
-def paired_range(cell: dict[str, Any]) -> str:
-    """The spread of sweep/transformers tokens/s over the repeats, each repeat's two runs side by side in time
-    (the order rotates within a repeat): what the noise of this machine is, next to the median's ratio."""
+def paired_ratios(cell: dict[str, Any]) -> list[float]:
+    """sweep/transformers tokens/s of each repeat, its two runs side by side in time (the order rotates
+    within a repeat); a pooled cell (``--judge``) keeps its runs' pairs."""
+    if "paired_ratios" in cell:
+        return cell["paired_ratios"]
     pairs = [ratio(a["tokens_per_s"], b["tokens_per_s"])
              for a, b in zip(cell["runs"].get("sweep", []), cell["runs"].get("transformers", []))]
-    pairs = [p for p in pairs if p is not None]
-    return f", repeats {min(pairs)}-{max(pairs)}" if len(pairs) > 1 else ""
+    return [p for p in pairs if p is not None]
+
+
+def paired_range(cell: dict[str, Any]) -> str:
+    """The spread of the repeats' ratios (what the noise of this machine is) next to the median's ratio."""
+    pairs = paired_ratios(cell)
+    if len(pairs) < 2:
+        return ""
+    return f", repeats {min(pairs)}-{max(pairs)}, their median {round(statistics.median(pairs), 2)}"
+
+
+CELL_KEYS = ("model", "load", "clients", "streamed")
+
+
+def pooled_models(paths: list[Path]) -> list[dict[str, Any]]:
+    """The cells of several runs' JSONs, each cell's repeats those of all runs. Runs on other machines (or
+    the same one at another moment) differ in speed, so a pooled cell compares servers repeat by repeat:
+    each sweep server's tokens/s and p99 over transformers serve's in the same repeat, and the median of
+    those ratios over all runs. Its ``median`` tokens/s are those ratios (transformers serve = 1)."""
+    cells: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for path in paths:
+        try:
+            models = json.loads(path.read_text())["models"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise SystemExit(f"--judge: {path} is not a result of this script ({type(e).__name__}: {e})") from None
+        for model in models:
+            for c in model["cells"]:
+                pooled = cells.setdefault(tuple(c[k] for k in CELL_KEYS),
+                                          {**{k: c[k] for k in CELL_KEYS}, "pairs": {}, "paired_ratios": []})
+                p99 = "ttft_p99_ms" if c["streamed"] else "latency_p99_ms"
+                for kind, runs in c["runs"].items():
+                    if kind == "transformers":
+                        continue
+                    pairs = pooled["pairs"].setdefault(kind, {"tokens_per_s": [], p99: []})
+                    for own, reference in zip(runs, c["runs"].get("transformers", [])):
+                        for key in pairs:
+                            if own.get(key) and reference.get(key):
+                                pairs[key].append(own[key] / reference[key])
+                pooled["paired_ratios"] += paired_ratios(c)
+    models_out: dict[str, dict[str, Any]] = {}
+    for c in cells.values():
+        c["ratios"] = {f"{kind}/transformers": {key: round(statistics.median(values), 2) if values else None
+                                                for key, values in pairs.items()}
+                       for kind, pairs in c["pairs"].items()}
+        c["median"] = {kind: {"tokens_per_s": r["tokens_per_s"]} for kind, r in
+                       ((name.removesuffix("/transformers"), r) for name, r in c["ratios"].items())}
+        models_out.setdefault(c["model"], {"model": c["model"], "cells": []})["cells"].append(c)
+    return list(models_out.values())
+
+
+def judge_runs(paths: list[Path]) -> None:
+    """``--judge``: the goals over the repeats of several earlier runs, no server started."""
+    models = pooled_models(paths)
+    print(f"{len(paths)} runs pooled: each cell's sweep/transformers, the median of its repeats' ratios "
+          "(tokens/s; p99: TTFT streamed, latency not)")
+    for model in models:
+        for c in model["cells"]:
+            name = f"{c['model']} {c['load']} C={c['clients']} {'streamed' if c['streamed'] else 'whole'}"
+            p99 = "ttft_p99_ms" if c["streamed"] else "latency_p99_ms"
+            print(f"  {name:<28} " + "; ".join(
+                f"{kind.removesuffix('/transformers')} {r['tokens_per_s']}x tok/s, p99 {r[p99]}x "
+                f"({len(c['pairs'][kind.removesuffix('/transformers')]['tokens_per_s'])} repeats)"
+                for kind, r in c["ratios"].items()))
+    print_goals(goals(models))
 
 
 def print_goals(summary: dict[str, Any]) -> None:
@@ -890,6 +962,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: tiny model, clients 1 and 16, 1 repeat, few requests")
     parser.add_argument("--out", type=Path, default=ROOT / "bench_results" / "serve_vs_transformers.json")
+    parser.add_argument("--judge", type=Path, nargs="+", metavar="JSON",
+                        help="start nothing: pool the repeats of earlier runs' JSONs (--out) per cell, each "
+                             "repeat's sweep/transformers ratios, and print the goals over them")
     args = parser.parse_args()
     if args.quick:
         args.models, args.clients, args.repeats = args.models or ["tiny"], [1, 16], 1
@@ -902,6 +977,9 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    if args.judge:
+        judge_runs(args.judge)
+        return
     exit_on_sigterm()
     work = args.out.parent / "serve_vs_transformers"
     prompts = itertools.count()  # one sequence for the whole run: every request its own sentence
