@@ -151,8 +151,8 @@ def test_the_warning_names_the_task_the_scores_and_what_to_try():
     line = format_unlearned(s, train, {"lr": 1e-3}, registry=True)
     assert line == ("warning: RTE learned nothing: best acc 0.5271 is within noise (±0.0600 on 277 eval rows) of the "
                     "trivial 0.5271 a constant answer scores; not promoted to champion (registered as a version "
-                    "without the alias); try more rows (train.max_train_samples=256), more epochs (train.epochs=4) "
-                    "or another lr (train.lr=0.001)")
+                    "without the alias); try more rows than train.max_train_samples=256, more epochs than "
+                    "train.epochs=4 or another lr than train.lr=0.001")
     every_row = compose_settings("task=RTE").train  # max_train_samples null: more rows is no advice
     assert "more rows" not in format_unlearned(s, every_row, {}, registry=False)
 

@@ -114,7 +114,7 @@ def test_a_sweep_that_learned_nothing_warns_and_registers_no_champion(tmp_path: 
     (warning,) = [line for line in printed.splitlines() if line.startswith("warning:")]
     assert warning.startswith(f"warning: WNLI learned nothing: best acc {trivial:.4f} is within noise")
     assert f"of the trivial {trivial:.4f}" in warning and "not promoted to champion" in warning
-    assert "try more rows" not in warning and "more epochs (train.epochs=" in warning  # every row was used
+    assert "try more rows" not in warning and "more epochs than train.epochs=" in warning  # every row was used
     assert "registry: tiny-roberta-WNLI version 1, not promoted: it learned nothing" in printed
     assert "registry: tiny-roberta-RTE version 1, now champion" in printed
     client = MlflowClient(tracking_uri=uri)

@@ -309,10 +309,11 @@ def format_unlearned(s: TaskSummary, train: TrainConfig, hparams: Mapping[str, A
 
 
 def _tries(train: TrainConfig, hparams: Mapping[str, Any]) -> str:
-    """'more rows (train.max_train_samples=256), more epochs (train.epochs=4) or another lr (train.lr=0.005)';
-    no 'more rows' when every training row was used already (max_train_samples null)."""
+    """'more rows than train.max_train_samples=256, more epochs than train.epochs=4 or another lr than
+    train.lr=0.005': the values it trained with, so that no one reads them as the advice; no 'more rows' when
+    every training row was used already (max_train_samples null)."""
     values = {key: hparams.get(key, getattr(train, key)) for _, key in TRY_NEXT}
-    tries = [f"{what} (train.{key}={values[key]:g})" for what, key in TRY_NEXT if values[key] is not None]
+    tries = [f"{what} than train.{key}={values[key]:g}" for what, key in TRY_NEXT if values[key] is not None]
     return ", ".join(tries[:-1]) + f" or {tries[-1]}" if len(tries) > 1 else "".join(tries)
 
 
