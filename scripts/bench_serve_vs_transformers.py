@@ -844,9 +844,9 @@ def goals(models: list[dict[str, Any]]) -> dict[str, Any]:
 
 def paired_ratios(cell: dict[str, Any]) -> list[float]:
     """sweep/transformers tokens/s of each repeat, its two runs side by side in time (the order rotates
-    within a repeat); a pooled cell (``--judge``) keeps its runs' pairs."""
-    if "paired_ratios" in cell:
-        return cell["paired_ratios"]
+    within a repeat); a pooled cell (``--judge``) has them from each of its runs."""
+    if "pairs" in cell:
+        return [round(r, 2) for r in cell["pairs"].get("sweep", {}).get("tokens_per_s", [])]
     pairs = [ratio(a["tokens_per_s"], b["tokens_per_s"])
              for a, b in zip(cell["runs"].get("sweep", []), cell["runs"].get("transformers", []))]
     return [p for p in pairs if p is not None]
@@ -877,7 +877,7 @@ def pooled_models(paths: list[Path]) -> list[dict[str, Any]]:
         for model in models:
             for c in model["cells"]:
                 pooled = cells.setdefault(tuple(c[k] for k in CELL_KEYS),
-                                          {**{k: c[k] for k in CELL_KEYS}, "pairs": {}, "paired_ratios": []})
+                                          {**{k: c[k] for k in CELL_KEYS}, "pairs": {}})
                 p99 = "ttft_p99_ms" if c["streamed"] else "latency_p99_ms"
                 for kind, runs in c["runs"].items():
                     if kind == "transformers":
@@ -887,7 +887,6 @@ def pooled_models(paths: list[Path]) -> list[dict[str, Any]]:
                         for key in pairs:
                             if own.get(key) and reference.get(key):
                                 pairs[key].append(own[key] / reference[key])
-                pooled["paired_ratios"] += paired_ratios(c)
     models_out: dict[str, dict[str, Any]] = {}
     for c in cells.values():
         c["ratios"] = {f"{kind}/transformers": {key: round(statistics.median(values), 2) if values else None
