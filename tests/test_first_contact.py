@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 
 import psutil
 import pytest
@@ -22,24 +23,39 @@ from tests.helpers.sweeps import kill_session
 pytestmark = pytest.mark.ray
 
 
-def kill_trials_of(task: str, proc: subprocess.Popen, done: threading.Event) -> list[int]:
+@dataclass(frozen=True)
+class Killed:
+    pid: int
+    ppid: int
+    at: float  # time.monotonic()
+    command: str
+
+
+def kill_trials_of(task: str, proc: subprocess.Popen, done: threading.Event) -> list[Killed]:
     """SIGKILL, as the kernel would, every process of the sweep's session running a trial of ``task`` (a
-    Tune trial runs in its trial's folder, whose name holds ``task=<TASK>``) until ``done``; the pids."""
+    Tune trial runs in its trial's folder, whose name holds ``task=<TASK>``) until ``done``; what it killed."""
     sid, mark, killed = os.getsid(proc.pid), f"task={task}_", []
 
     def loop() -> None:
         while not done.is_set():
             for p in psutil.process_iter():
                 try:
-                    if os.getsid(p.pid) == sid and p.pid not in killed and mark in p.cwd():
+                    if os.getsid(p.pid) == sid and p.pid not in {k.pid for k in killed} and mark in p.cwd():
+                        ppid, command = p.ppid(), " ".join(p.cmdline()).strip()[:160]
                         p.send_signal(signal.SIGKILL)
-                        killed.append(p.pid)
+                        killed.append(Killed(p.pid, ppid, time.monotonic(), command))
                 except (psutil.Error, OSError):
                     continue
             time.sleep(0.2)
 
     threading.Thread(target=loop, daemon=True).start()
     return killed
+
+
+def attempts(killed: list[Killed]) -> int:
+    """The trial processes killed: a process an attempt started (in its folder) is that attempt's, not one more."""
+    pids = {k.pid for k in killed}
+    return sum(k.ppid not in pids for k in killed)
 
 
 @pytest.mark.slow
@@ -64,7 +80,7 @@ def test_readme_line_from_another_folder_a_killed_task_fails_in_one_line_and_the
         done.set()
         kill_session(proc)
     assert proc.returncode == EXIT_TASK_FAILED, (stdout[-3000:], stderr[-3000:])
-    assert len(killed) == 2, killed  # the first attempt and its one retry (sweep.max_failures=1)
+    assert attempts(killed) == 2, killed  # the first attempt and its one retry (sweep.max_failures=1)
     assert "Traceback" not in stdout + stderr
     rows = {row["task"]: row for row in csv.DictReader((work / "out" / "results.csv").open())}
     assert rows["MRPC"]["status"] == "TERMINATED" and rows["RTE"]["status"] == "ERROR"
