@@ -689,9 +689,14 @@ def measure_cell(servers: dict[str, Server], concurrency: int, stream: bool, tot
             "median": medians, "runs": runs, "ratios": ratios_to_transformers(medians, stream)}
 
 
+def p99_key(stream: bool) -> str:
+    """The p99 a cell is judged on: time to first token when streamed, the whole answer's latency when not."""
+    return "ttft_p99_ms" if stream else "latency_p99_ms"
+
+
 def ratios_to_transformers(medians: dict[str, dict[str, Any]], stream: bool) -> dict[str, Any]:
     """Each sweep server's median tokens/s and p99 over transformers serve's."""
-    p99 = "ttft_p99_ms" if stream else "latency_p99_ms"
+    p99 = p99_key(stream)
     return {
         f"{kind}/transformers": {"tokens_per_s": ratio(medians[kind]["tokens_per_s"],
                                                        medians["transformers"]["tokens_per_s"]),
@@ -721,7 +726,7 @@ def print_table(model: str, load: str, cells: list[dict[str, Any]]) -> None:
     for c in cells:
         stream = c["streamed"]
         own = c["ratios"].get("sweep/transformers", {})
-        p99 = own.get("ttft_p99_ms" if stream else "latency_p99_ms")
+        p99 = own.get(p99_key(stream))
         print(f"| {model} | {load} | {c['clients']} | {'yes' if stream else 'no'} | "
               + " | ".join(cell_text(c["median"].get(kind), stream) for kind in kinds)
               + f" | {own.get('tokens_per_s', '-') or '-'} | {p99 or '-'} |")
@@ -826,7 +831,7 @@ def goals(models: list[dict[str, Any]]) -> dict[str, Any]:
             if c["clients"] not in GOAL_CLIENTS:
                 continue
             name = f"{c['model']} {c['load']} C={c['clients']} {'streamed' if c['streamed'] else 'whole'}"
-            p99 = "ttft_p99_ms" if c["streamed"] else "latency_p99_ms"
+            p99 = p99_key(c["streamed"])
             vs_tf = c["ratios"].get("sweep/transformers", {})
             if vs_tf.get("tokens_per_s") is not None:
                 judge("tokens_per_s", f"{name} ({vs_tf['tokens_per_s']}x{paired_range(c)})",
@@ -878,7 +883,7 @@ def pooled_models(paths: list[Path]) -> list[dict[str, Any]]:
             for c in model["cells"]:
                 pooled = cells.setdefault(tuple(c[k] for k in CELL_KEYS),
                                           {**{k: c[k] for k in CELL_KEYS}, "pairs": {}})
-                p99 = "ttft_p99_ms" if c["streamed"] else "latency_p99_ms"
+                p99 = p99_key(c["streamed"])
                 for kind, runs in c["runs"].items():
                     if kind == "transformers":
                         continue
@@ -906,11 +911,11 @@ def judge_runs(paths: list[Path]) -> None:
     for model in models:
         for c in model["cells"]:
             name = f"{c['model']} {c['load']} C={c['clients']} {'streamed' if c['streamed'] else 'whole'}"
-            p99 = "ttft_p99_ms" if c["streamed"] else "latency_p99_ms"
+            p99 = p99_key(c["streamed"])
             print(f"  {name:<28} " + "; ".join(
-                f"{kind.removesuffix('/transformers')} {r['tokens_per_s']}x tok/s, p99 {r[p99]}x "
-                f"({len(c['pairs'][kind.removesuffix('/transformers')]['tokens_per_s'])} repeats)"
-                for kind, r in c["ratios"].items()))
+                f"{kind} {c['ratios'][f'{kind}/transformers']['tokens_per_s']}x tok/s, "
+                f"p99 {c['ratios'][f'{kind}/transformers'][p99]}x ({len(pairs['tokens_per_s'])} repeats)"
+                for kind, pairs in c["pairs"].items()))
     print_goals(goals(models))
 
 
