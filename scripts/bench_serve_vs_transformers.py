@@ -121,8 +121,9 @@ import openai
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from scripts.cpu_hog import hog_command, wait_until_ready  # noqa: E402
+from sweep.cpus import CGROUP_ROOT, proc_cgroups  # noqa: E402
 from sweep.models.tiny import build_tiny_model  # noqa: E402
-from sweep.serving.cpu_budget import CGROUP_ROOT, proc_cgroups  # noqa: E402
 from sweep.serving.server import ServeOptions  # noqa: E402
 from sweep.testing.local_cluster import free_port  # noqa: E402
 
@@ -400,30 +401,10 @@ def wait_ready(server: Server, timeout_s: float = SERVER_READY_TIMEOUT_S) -> Non
 
 # -- the CPU hog -------------------------------------------------------------------------------------------
 
-HOG = """
-import os, sys, time
-cpu, mb, max_s = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
-os.sched_setaffinity(0, {cpu})
-held = bytearray(mb * 2**20)
-for i in range(0, len(held), 4096):  # write every page: resident memory, not just reserved
-    held[i] = 1
-print("ready", flush=True)
-parent, end, x = os.getppid(), time.monotonic() + max_s, 0
-while time.monotonic() < end and os.getppid() == parent:  # bounded: ends by itself, and with its parent
-    for _ in range(200_000):
-        x += 1
-"""
-
-
 def start_hog(mb: int, max_s: float, log: Path) -> subprocess.Popen[bytes]:
     """The busy loop on the last usable CPU, once its memory is held."""
-    cpu = max(os.sched_getaffinity(0))
-    proc = launch([sys.executable, "-c", HOG, str(cpu), str(mb), str(max_s)], log, pod="hog")
-    deadline = time.monotonic() + 60
-    while "ready" not in log.read_text(errors="replace"):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"the CPU hog did not start: {log.read_text(errors='replace')[-2000:]}")
-        time.sleep(0.1)
+    proc = launch(hog_command(mb, max_s), log, pod="hog")
+    wait_until_ready(proc, log)
     return proc
 
 

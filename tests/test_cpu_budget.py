@@ -1,6 +1,6 @@
-"""The CPUs the server may use (sweep/serving/cpu_budget.py): cgroup quotas read from real files laid out as
-the kernel mounts them (v1 and v2, nested, unlimited), affinity from the kernel, and the thread counts that
-follow. The servers' own use of it: tests/test_serve_continuous.py."""
+"""The CPUs a process may use (sweep/cpus.py) and the server's threads (sweep/serving/cpu_budget.py): cgroup
+quotas read from real files laid out as the kernel mounts them (v1 and v2, nested, unlimited), affinity from
+the kernel, and the thread counts that follow. The servers' own use of it: tests/test_serve_continuous.py."""
 
 from __future__ import annotations
 
@@ -9,14 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sweep.serving.cpu_budget import (
-    DEFAULT_DECODING_THREADS,
-    ServerWork,
-    cgroup_quota,
-    decoding_threads,
-    server_threads,
-    usable_cpus,
-)
+from sweep.cpus import cgroup_quota, usable_cpus
+from sweep.serving.cpu_budget import DEFAULT_DECODING_THREADS, ServerWork, decoding_threads, server_threads
 
 
 def _v1(folder: Path, quota: int, period: int = 100000) -> None:

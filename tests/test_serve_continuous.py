@@ -22,8 +22,9 @@ from typing import Any
 import httpx
 import pytest
 
+from sweep.cpus import usable_cpus
 from sweep.serving.admission import Admission, Overloaded
-from sweep.serving.cpu_budget import DEFAULT_DECODING_THREADS, usable_cpus
+from sweep.serving.cpu_budget import DEFAULT_DECODING_THREADS
 from sweep.train.tiny_exports import export_tiny_lm
 from tests.helpers.serving import LM_NAME, Server, grpc_infer, serving, start_server, texts, wait_grpc_ready
 

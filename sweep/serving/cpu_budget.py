@@ -4,11 +4,7 @@ server's processes from pausing (OpenMP's waits, the garbage collector's scans o
 torch sizes its thread pool from the host's cores. In a pod with a CPU limit (a cgroup quota) or a process
 pinned to a few cores (its affinity) that is more threads than CPUs: they spin and wait on each other, and
 on a busy 2-core machine the decoding process delivered 0.08-0.24x of ``transformers serve``'s tokens/s
-(issue [22]). So the server counts what it may use, as the kernel enforces it:
-
-- affinity: ``os.sched_getaffinity``, the cores the scheduler lets this process run on;
-- quota: cgroup v2's ``cpu.max`` or v1's ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``, the CPU time per
-  period, for this process's cgroup and each one above it (the smallest wins).
+(issue [22]). So the server counts what it may use, as the kernel enforces it (``sweep.cpus``).
 
 OpenMP's threads also busy-wait after each parallel region (a spin of ~200k iterations in GNU OpenMP) unless
 told to sleep: on a shared CPU that spin is time taken from the server and the other pods.
@@ -19,21 +15,14 @@ from __future__ import annotations
 import math
 import os
 from enum import Enum
-from pathlib import Path
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
+from sweep.cpus import usable_cpus
+
 # Intra-op threads of a decoding step: measured best on CPU (scripts/bench_serve_vs_transformers.py); a
 # step of a small model is too short to split over more threads than this without their waits costing more.
 DEFAULT_DECODING_THREADS = 1
 # Read by the OpenMP runtime when it loads (with torch): a process must have it before it imports torch.
 QUIET_OPENMP = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0", "KMP_BLOCKTIME": "0"}
-
-
-def usable_cpus(pid: int = 0, cgroup_root: Path = CGROUP_ROOT) -> float:
-    """The CPUs process ``pid`` (0: this one) may use: its affinity, capped by its cgroup's quota."""
-    cpus = float(len(os.sched_getaffinity(pid)))
-    quota = cgroup_quota(proc_cgroups(pid), cgroup_root)
-    return min(cpus, quota) if quota is not None else cpus
 
 
 def decoding_threads(requested: int | None, usable: float) -> int:
@@ -75,63 +64,6 @@ def quiet_openmp_environment() -> None:
     already read it). A user's own setting stays."""
     for key, value in QUIET_OPENMP.items():
         os.environ.setdefault(key, value)
-
-
-def cgroup_quota(cgroups: dict[str, str], root: Path) -> float | None:
-    """The CPU quota, in CPUs, of the cgroups ``cgroups`` (``/proc/PID/cgroup``'s controllers -> path) under
-    ``root``, the smallest along each path up to the root; None when nothing limits it."""
-    found: list[float] = []
-    if "" in cgroups:  # cgroup v2: one hierarchy, cpu.max = "QUOTA PERIOD" or "max PERIOD"
-        found += _along(root, cgroups[""], "cpu.max", _v2_quota)
-    for controllers, path in cgroups.items():
-        if "cpu" in controllers.split(","):  # cgroup v1: the cpu controller's own mount
-            for mount in (root / controllers, root / "cpu", root / "cpu,cpuacct"):
-                if mount.is_dir():
-                    found += _along(mount, path, "cpu.cfs_quota_us", _v1_quota)
-                    break
-    return min(found) if found else None
-
-
-def _along(mount: Path, path: str, name: str, read) -> list[float]:
-    """The quotas in ``name`` from the cgroup at ``path`` up to ``mount`` (inside a container the mount is
-    often the container's own cgroup: its path in /proc is the host's and not under the mount)."""
-    quotas = []
-    folder = mount / path.strip("/")
-    while True:
-        if (folder / name).is_file():
-            quota = read(folder)
-            if quota is not None:
-                quotas.append(quota)
-        if folder == mount:
-            return quotas
-        folder = folder.parent if mount in folder.parents else mount
-
-
-def _v2_quota(folder: Path) -> float | None:
-    quota, _, period = (folder / "cpu.max").read_text().strip().partition(" ")
-    if quota == "max":
-        return None
-    return int(quota) / int(period or 100000)
-
-
-def _v1_quota(folder: Path) -> float | None:
-    quota = int((folder / "cpu.cfs_quota_us").read_text())
-    if quota <= 0:  # -1: no limit
-        return None
-    return quota / int((folder / "cpu.cfs_period_us").read_text())
-
-
-def proc_cgroups(pid: int) -> dict[str, str]:
-    """``/proc/PID/cgroup`` as controllers -> path ("" for cgroup v2's unified hierarchy)."""
-    try:
-        lines = Path(f"/proc/{pid or 'self'}/cgroup").read_text().splitlines()
-    except OSError:  # not Linux, or the process is gone: no quota known
-        return {}
-    cgroups = {}
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        cgroups[controllers] = path
-    return cgroups
 
 
 def freeze_startup_objects() -> None:

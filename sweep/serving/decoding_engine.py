@@ -35,7 +35,8 @@ import torch
 from transformers.generation.continuous_batching.cb_logits_processors import ContinuousBatchingLogitsProcessor
 from transformers.generation.continuous_batching.continuous_api import OutputRouter
 
-from sweep.serving.cpu_budget import decoding_threads, freeze_startup_objects, usable_cpus
+from sweep.cpus import usable_cpus
+from sweep.serving.cpu_budget import decoding_threads, freeze_startup_objects
 from sweep.serving.held_outputs import HeldOutputs
 
 PAGE_SIZE = 64  # tokens per KV-cache page
