@@ -104,8 +104,9 @@ def test_rows_and_evaluations_follow_the_loops_own_rules(tiny_roberta_dir):
 
 
 def test_epochs_method_and_evaluations_change_the_cost():
-    """Training: rows x tokens x epochs x the method's step; evaluations: their count x the eval rows
-    (capped by max_eval_samples per split) x tokens x the forward's cost."""
+    """Measured: rows x computed tokens x epochs x the method's step, plus each step's fixed part;
+    evaluations: their count x the eval rows (capped by max_eval_samples per split) x tokens x the
+    forward's cost. The GPU prior: real tokens, no fixed part."""
     from dataclasses import replace
 
     from sweep.plan.costs import METHOD_STEP_RATIO, StepCost
@@ -113,20 +114,64 @@ def test_epochs_method_and_evaluations_change_the_cost():
     size = DataVolume("MNLI", 1000, 50.0, eval_rows=(300, 200))
     train = replace(demo_settings().train, batch_size=10, epochs=2, evals_per_epoch=1, max_train_samples=None,
                     max_eval_samples=250)
-    step = StepCost(train=1e-3, eval=2e-4, method="full", measured=True)
-    want = 50 * (1000 * 2 * 1e-3 + 2 * (250 + 200) * 2e-4)
+    step = StepCost(train=1e-3, eval=2e-4, method="full", measured=True, per_step=0.05)
+    steps = 100 * 2  # 1000 rows in batches of 10, 2 epochs
+    want = 50 * (1000 * 2 * 1e-3 + 2 * (250 + 200) * 2e-4) + steps * 0.05
     assert trial_seconds(size, train, 10**6, step=step) == pytest.approx(want)
     four = trial_seconds(size, replace(train, epochs=4), 10**6, step=step)
     assert four == pytest.approx(2 * want)  # twice the epochs: twice the steps and evaluations
     lora = trial_seconds(size, replace(train, method="lora"), 10**6, step=step)
-    assert lora == pytest.approx(50 * (1000 * 2 * 1e-3 * METHOD_STEP_RATIO["lora"] + 2 * 450 * 2e-4))
+    ratio = METHOD_STEP_RATIO["lora"]
+    assert lora == pytest.approx(50 * (1000 * 2 * 1e-3 * ratio + 2 * 450 * 2e-4) + steps * 0.05 * ratio)
     assert trial_seconds(size, replace(train, max_train_samples=100), 10**6, step=step) < want / 5
-    # a measured figure holds its batches' padding: max_length does not count the padding twice
+    bigger = trial_seconds(size, replace(train, batch_size=20), 10**6, step=step)
+    assert bigger == pytest.approx(want - steps * 0.05 / 2)  # half the steps, the same tokens (no lengths known)
+    # measured per computed token: max_length padding computes every row at full length
     padded = replace(train, padding="max_length", max_seq_length=128)
-    assert trial_seconds(size, padded, 10**6, step=step) == pytest.approx(want)
+    assert trial_seconds(size, padded, 10**6, step=step) == pytest.approx(
+        128 * (1000 * 2 * 1e-3 + 2 * 450 * 2e-4) + steps * 0.05)
     # the GPU prior: seconds per token·parameter x parameters, the forward a third of a step
     prior = trial_seconds(size, train, 10**6, CostModel(seconds_per_token_param=1e-9))
     assert prior == pytest.approx(50 * 1e-3 * (1000 * 2 + 2 * 450 / 3))
+
+
+def test_dynamic_padding_computes_each_batch_at_its_longest_row():
+    from dataclasses import replace
+
+    from sweep.plan.costs import computed_tokens
+
+    size = DataVolume("RTE", 4, 25.0, lengths=(10, 40, 20, 30))
+    train = replace(demo_settings().train, padding="dynamic", max_seq_length=64)
+    assert computed_tokens(size, train, 1) == 25  # a row alone pads nothing
+    assert computed_tokens(size, train, 4) == 40  # one batch: every row at the longest
+    assert computed_tokens(size, train, 2, grouped=True) == 30  # (40, 30) and (20, 10): the least padding
+    assert 30 < computed_tokens(size, train, 2) < 40  # random pairs pad more than grouped ones
+    assert computed_tokens(size, replace(train, padding="max_length"), 2) == 64
+    assert computed_tokens(DataVolume("RTE", 4, 25.0), train, 2) == 25  # no lengths sampled: the mean
+    assert computed_tokens(DataVolume("text", 9, 32.0, blocks=True, lengths=(3, 5)), train, 2) == 32
+
+
+def test_computed_tokens_are_those_the_loops_batches_compute_on(tiny_roberta_dir, tmp_path):
+    """The planned padding against the collator's own batches of the same rows, randomly batched."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from sweep.data.collate import count_tokens, make_collator
+    from sweep.plan.costs import computed_tokens
+
+    data = write_synthetic_glue(tmp_path, ["RTE"], n_train=400)
+    spec, tokenizer = load_task("RTE"), load_tokenizer(tiny_roberta_dir)
+    train = demo_settings("train.max_seq_length=64", "train.batch_size=16").train
+    size = task_size(spec, data, tokenizer, train)
+    rows = load_task_data(spec, data)["train"]
+    encoded = [dict(tokenizer(a, b, truncation=True, max_length=64)) for a, b in zip(rows["text_a"], rows["text_b"])]
+    collate = make_collator(tokenizer, "dynamic", 64)
+    computed = [count_tokens(batch).padded for seed in range(8)
+                for batch in DataLoader(encoded, batch_size=16, shuffle=True, collate_fn=collate,
+                                        generator=torch.Generator().manual_seed(seed))]
+    assert min(size.lengths) < max(size.lengths)  # rows of several lengths: padding to plan for
+    assert computed_tokens(size, train, 16) == pytest.approx(sum(computed) / (8 * len(encoded)), rel=0.05)
+    assert computed_tokens(size, train, 16) > size.mean_tokens
 
 
 def test_task_size_counts_each_eval_split(tiny_roberta_dir, tmp_path):

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from sweep.config.tasks import load_task
 from sweep.data.synthetic import write_synthetic_glue
 from sweep.plan.costs import DataVolume
-from sweep.plan.probe import cpu_note, probe_step_cost, probe_task, why_no_probe
+from sweep.plan.probe import cpu_note, probe_step_cost, probe_task, split_step_time, why_no_probe
 from tests.helpers.configs import demo_settings
 
 
@@ -30,7 +32,23 @@ def test_the_probe_times_real_steps_on_a_trials_threads_and_leaves_the_driver_as
     assert torch.get_num_threads() == threads
     assert probe.step.measured and probe.step.method == "full" and 1 <= probe.steps <= 3
     assert probe.step.train > probe.step.eval > 0  # a forward costs less than forward + backward + update
-    assert probe.seconds < 30 and "ms/token" in cpu_note(probe, "")
+    assert probe.step.per_step >= 0
+    assert probe.seconds < 30 and "ms/token computed" in cpu_note(probe, "")
+
+
+def test_a_steps_fixed_part_and_its_part_per_token_are_told_apart():
+    """MiniLM's figures on 1 thread: 0.09 s a step + 0.65 ms per computed token."""
+    def step(tokens: int) -> tuple[float, int]:
+        return 0.09 + 0.65e-3 * tokens, tokens
+
+    per_token, per_step = split_step_time([step(120), step(110)], [step(1024), step(960), step(1000)])
+    assert per_token == pytest.approx(0.65e-3) and per_step == pytest.approx(0.09)
+    # nothing to tell them apart: all of it per token
+    full = [step(1000)]
+    assert split_step_time([], full) == (pytest.approx((0.09 + 0.65) / 1000), 0.0)
+    assert split_step_time([step(600)], full) == (pytest.approx((0.09 + 0.65) / 1000), 0.0)
+    # noise made the few-row steps slower than the full ones: no line through them
+    assert split_step_time([(0.8, 100)], full) == (pytest.approx((0.09 + 0.65) / 1000), 0.0)
 
 
 def test_the_probe_runs_only_where_every_trial_runs_on_this_machines_cpu():

@@ -21,6 +21,7 @@ from sweep.data.synthetic import write_synthetic_glue
 from sweep.driver.tuner import run_tune
 from sweep.errors import ResourceError
 from sweep.export_layout import MADE_BY
+from sweep.plan.cpu_load import trial_niceness
 from sweep.results.records import load_records, rank_key
 from sweep.trials import CHECKPOINT_MARKER
 from tests.helpers.configs import demo_config
@@ -96,6 +97,9 @@ def test_two_tasks_three_seeds_end_to_end(local_ray, cache_dir, tmp_path, monkey
     assert "plan: 6 trials on CPU, 2 at once (1 CPU each), longest first" in plan
     assert any("WNLI 64 of 200 rows" in line for line in plan) and not any("GPU" in line for line in plan)
     assert plan[-1].startswith("plan: predicted makespan ") and "measured here" in plan[-1]
+    # the trials' share of this CPU is planned at the niceness Ray gives its workers: theirs
+    assert f"2 trial(s) at once at niceness {trial_niceness()}: steps x" in plan[-1]
+    assert ray.get(ray.remote(num_cpus=0)(lambda: os.nice(0)).remote()) == trial_niceness()
 
     records = load_records(out / "results.json")
     assert sorted((r.task, r.seed) for r in records) == sorted((t, s) for t in ("WNLI", "RTE") for s in (38, 39, 40))

@@ -16,7 +16,7 @@ from sweep.config.validate import check_halving_trials
 from sweep.failures import first_line
 from sweep.plan.costs import DataVolume, grid_points, measure_sizes, sweep_trials
 from sweep.plan.dispatch import ClusterGPUs, Dispatch, OnCpu, cluster_gpus, dispatch
-from sweep.plan.eta import Forecast
+from sweep.plan.eta import COLD_START_S, WARM_START_S, Forecast, Overheads
 from sweep.plan.probe import Probe, cpu_note, probe_step_cost, probe_task, why_no_probe
 from sweep.plan.scale import AutoscalerView, TrialResources
 from sweep.plan.sizes import (
@@ -88,13 +88,15 @@ def plan_sweep(settings: Settings, sources: DriverSources, out_dir: Path) -> Swe
              for task, share in chosen.gpus.items()}
     check_halving_trials(settings, chosen.gpus)  # "auto" as the plan chose it
     concurrency = min(max(p.max_concurrent for p in tasks.values()), total)
-    forecast = _forecast(settings, chosen, cluster, concurrency, on_cpu, probe is not None)
+    if probe is not None:  # the trials at once share this CPU, beside its other work: their cost at that share
+        chosen = dispatch(settings, sweep_trials(settings, sizes, params, step=probe.step_at(concurrency)), cluster)
+    forecast = _forecast(settings, chosen, cluster, concurrency, on_cpu, probe)
     plan = SweepPlan(total, nodes, autoscaler, storage, tasks, chosen, concurrency, forecast, staging)
     cpu = None
     if on_cpu:
         cpus = max(p.size.cpus_per_worker for p in tasks.values())
         makespan = forecast.remaining(0.0) if probe is not None else None
-        cpu = OnCpu(concurrency, cpus, makespan, cpu_note(probe, why_not))
+        cpu = OnCpu(concurrency, cpus, makespan, cpu_note(probe, why_not, concurrency))
     print_plan(settings, plan, chosen.describe(sizes, params, settings.train, cpu))
     return plan
 
@@ -143,14 +145,17 @@ def _probe(settings: Settings, sources: DriverSources, sizes: dict[str, DataVolu
 
 
 def _forecast(settings: Settings, chosen: Dispatch, cluster: ClusterGPUs, concurrency: int, on_cpu: bool,
-              measured: bool) -> Forecast:
+              probe: Probe | None) -> Forecast:
     """The progress line's ETA: every trial's predicted loop (Tune repeats the grid per search sample);
-    on CPU in trial slots, known only where the probe measured this machine."""
+    on CPU in trial slots, known only where the probe measured this machine, the trial processes'
+    start-ups as slow as their steps on this CPU's share (the same niced processes do both)."""
     points = grid_points(settings)
     every = list(chosen.order) * settings.sweep.num_samples
     keys = [trial_key({"trial": point_of(t.task, t.seed, points[t.point])}) for t in every]
     if on_cpu:
-        return Forecast(every, keys, None, concurrency, concurrency, known=measured)
+        slower = probe.slowdown(concurrency) if probe else 1.0
+        starts = Overheads(cold=COLD_START_S * slower, warm=WARM_START_S * slower)
+        return Forecast(every, keys, None, concurrency, concurrency, known=probe is not None, overheads=starts)
     return Forecast(every, keys, chosen.gpus, cluster.total, concurrency, known=True)
 
 

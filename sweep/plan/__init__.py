@@ -2,6 +2,7 @@
 
 - ``costs.py``:       each trial's predicted loop seconds from what it trains (rows, epochs, evaluations, method)
 - ``probe.py``:       a few real training steps timed on this CPU, where the trials run beside the driver
+- ``cpu_load.py``:    the machine's other work, measured while probing, and the trials' share of the CPU beside it
 - ``eta.py``:         the remaining time: predicted loops and start-ups, then the trials' observed pace
 - ``makespan.py``:    the cost model, GPU shares per task ("auto") and a simulated dispatch (the makespan)
 - ``dispatch.py``:    each task's GPUs per trial and the longest-first order of the trials

@@ -9,11 +9,16 @@ Rows come from the task's files, mean tokens from the model's own tokenizer on a
 
 Seconds per token (``StepCost``) are either measured on this machine (``sweep.plan.probe``: the real
 model, method and batches, on CPU) or, for GPUs, the published prior of ``sweep.plan.makespan``
-(``CostModel``: seconds per token·parameter, parameters from the model's config).
+(``CostModel``: seconds per token·parameter, parameters from the model's config). A measured figure is
+per token the model computes on (``computed_tokens``: each batch padded to its longest row), plus a
+training step's fixed cost (the optimizer's update of every weight, gradient clipping): on CPU both
+matter. MiniLM on 1 thread: ~0.09 s a step + ~0.65 ms per computed token, so a batch of 16 short SST-2
+rows (~210 real tokens, ~480 computed) takes 0.40 s, not the 0.20 s of MRPC's per-real-token rate.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import random
@@ -29,6 +34,7 @@ from sweep.failures import first_line
 from sweep.plan.makespan import CostModel, TrialWork
 
 SAMPLE_ROWS = 512  # enough for a mean within a few percent; tokenizing all of MNLI would take a minute
+BATCHINGS = 8  # random batchings of the sampled lengths whose padding is averaged (computed_tokens)
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,7 @@ class DataVolume:
     blocks: bool = False  # causal LM: every row is a full block, padding changes nothing
     error: str = ""  # the data did not read: sized as the mean of the others (its trials report the error)
     eval_rows: tuple[int, ...] = ()  # rows of each eval split, before train.max_eval_samples
+    lengths: tuple[int, ...] = ()  # tokens of each sampled training row: how much its batches pad
 
 
 def capped(rows: int, limit: int | None) -> int:
@@ -50,6 +57,35 @@ def capped(rows: int, limit: int | None) -> int:
 
 def trained_rows(size: DataVolume, train: TrainConfig) -> int:
     return capped(size.rows, train.max_train_samples)
+
+
+def computed_tokens(size: DataVolume, train: TrainConfig, batch_size: int, grouped: bool = False) -> float:
+    """Tokens per row the model computes on, padding included, in batches of ``batch_size``: a block
+    for a corpus, max_seq_length under ``padding=max_length``, else (dynamic padding: each batch padded
+    to its longest row) from batches of the sampled lengths: random ones, or sorted by length when
+    ``grouped`` (group_by_length's sampler). Without sampled lengths: the mean."""
+    if size.blocks:
+        return size.mean_tokens
+    if train.padding == "max_length":
+        return float(train.max_seq_length)
+    if not size.lengths:
+        return size.mean_tokens
+    return _padded_mean(size.lengths, max(1, batch_size), grouped)
+
+
+@functools.lru_cache(maxsize=256)
+def _padded_mean(lengths: tuple[int, ...], batch_size: int, grouped: bool) -> float:
+    rng = random.Random(0)
+    order = list(lengths)
+    computed = 0
+    for _ in range(1 if grouped else BATCHINGS):
+        if grouped:
+            order.sort(reverse=True)
+        else:
+            rng.shuffle(order)
+        computed += sum(max(order[i:i + batch_size]) * len(order[i:i + batch_size])
+                        for i in range(0, len(order), batch_size))
+    return computed / (len(order) * (1 if grouped else BATCHINGS))
 
 
 def evaluated_rows(size: DataVolume, train: TrainConfig) -> int:
@@ -105,7 +141,7 @@ def task_size(spec: TaskSpec, data_dir: Path, tokenizer, train: TrainConfig) -> 
     encoded = tokenizer(*(list(picked[c]) for c in columns), truncation=True, max_length=train.max_seq_length)
     lengths = [len(ids) for ids in encoded["input_ids"]]
     return DataVolume(spec.name, len(rows), sum(lengths) / max(1, len(lengths)),
-                    eval_rows=tuple(len(data[split]) for split in spec.eval_files))
+                    eval_rows=tuple(len(data[split]) for split in spec.eval_files), lengths=tuple(lengths))
 
 
 def _corpus_size(spec: TaskSpec, data_dir: Path, tokenizer, train: TrainConfig, rng: random.Random) -> DataVolume:
@@ -146,19 +182,25 @@ FORWARD_SHARE = 1 / 3
 
 @dataclass(frozen=True)
 class StepCost:
-    """Seconds per real (unpadded) token of a training step and of an evaluation's forward, on one trial's
-    device, for the sweep's method; ``measured``: timed on this machine (sweep.plan.probe), with the
-    real batches' padding inside the figure; else the GPU prior."""
+    """Seconds per token of a training step and of an evaluation's forward, on one trial's device, for
+    the sweep's method. ``measured``: timed on this machine (sweep.plan.probe), per token the model
+    computes on (``computed_tokens``), plus ``per_step``, a training step's cost whatever its tokens;
+    else the GPU prior, per real token (as it was calibrated), with no fixed cost."""
 
     train: float
     eval: float
     method: str = "full"  # the method the figures are for
     measured: bool = False
+    per_step: float = 0.0  # seconds
 
     def for_method(self, method: str) -> StepCost:
         """The same figures for another method (a grid over train.method), by the documented ratio."""
         ratio = METHOD_STEP_RATIO[method] / METHOD_STEP_RATIO[self.method]
-        return StepCost(self.train * ratio, self.eval, method, self.measured)
+        return StepCost(self.train * ratio, self.eval, method, self.measured, self.per_step * ratio)
+
+    def scaled(self, factor: float) -> StepCost:
+        """Every figure ``factor`` times as long (a CPU shared with more work than when measured)."""
+        return StepCost(self.train * factor, self.eval * factor, self.method, self.measured, self.per_step * factor)
 
 
 def prior_step_cost(train: TrainConfig, params: int, cost: CostModel | None = None) -> StepCost:
@@ -173,11 +215,14 @@ def trial_seconds(size: DataVolume, train: TrainConfig, params: int, cost: CostM
     one CPU trial slot when ``step`` was measured there. Start-up is not in it (sweep.plan.eta)."""
     step = step.for_method(train.method) if step is not None else prior_step_cost(train, params, cost)
     rows = trained_rows(size, train)
-    tokens = size.mean_tokens
-    if train.padding == "max_length" and not size.blocks and not step.measured:
-        tokens = train.max_seq_length  # every row computed at full length (a measured figure holds the padding)
     evaluated = evaluations(rows, train) * evaluated_rows(size, train)
-    return tokens * (rows * train.epochs * step.train + evaluated * step.eval)
+    if not step.measured:  # real tokens; every row at full length under max_length padding
+        tokens = train.max_seq_length if train.padding == "max_length" and not size.blocks else size.mean_tokens
+        return tokens * (rows * train.epochs * step.train + evaluated * step.eval)
+    steps = math.ceil(rows / train.batch_size) * train.epochs
+    trained = rows * train.epochs * computed_tokens(size, train, train.batch_size, train.group_by_length)
+    return (trained * step.train + steps * step.per_step
+            + evaluated * computed_tokens(size, train, train.eval_batch_size) * step.eval)
 
 
 def sweep_trials(settings: Settings, sizes: Mapping[str, DataVolume], params: int,

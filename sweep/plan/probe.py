@@ -5,6 +5,10 @@ The probe builds a trial as the loop does (``sweep.train.loop.setup``: the task'
 adapters, optimizer, collator, the real rows' token lengths), on as many torch threads as one trial's
 CPUs, times a training step or three on real batches and one evaluation batch, and puts the driver's
 random state back. A few seconds: MiniLM on 1 thread, ~1.1 s per batch of 16 RTE rows.
+
+A step's time is a fixed part (the optimizer's update of every weight, clipping) plus a part per token
+computed; two steps of a few rows beside the full ones tell them apart. Per token alone, the plan of
+the README's tour said 14 s for an SST-2 trial (13 tokens a row) from MRPC's steps (52): it took 34 s.
 """
 
 from __future__ import annotations
@@ -19,24 +23,37 @@ from pathlib import Path
 from sweep.config.settings import TrainConfig
 from sweep.config.tasks import TaskSpec
 from sweep.plan.costs import DataVolume, StepCost, trained_rows
+from sweep.plan.cpu_load import CpuLoad, CpuLoadMeter, trial_niceness
 from sweep.plan.eta import COLD_START_S
 
 BUDGET_S = 2.0  # timed training steps stop once past this (at least one, at most STEPS)
 STEPS = 3
 WARMUP_ROWS = 2  # a first step on a tiny batch: the optimizer's state and kernels made, not timed
+SMALL_STEPS, SMALL_ROWS = 2, 2  # timed steps of a few rows: the fixed part of a step
 
 
 @dataclass(frozen=True)
 class Probe:
-    step: StepCost  # measured seconds per real token
+    step: StepCost  # measured seconds per computed token, and per step
     setup_seconds: float  # model and data loaded into a warm process: a reused trial process's start
     seconds: float  # the probe's own wall time
     steps: int  # training steps timed
+    threads: int = 1  # a trial's torch threads, as timed
+    load: CpuLoad | None = None  # the other processes' CPU while timed (None: not measured)
+
+    def slowdown(self, at_once: int) -> float:
+        """How much slower a trial process works with ``at_once`` trials (Ray workers: niced) sharing this
+        CPU with the other work measured beside the probe, than the probe did alone."""
+        return self.load.slowdown(at_once, self.threads, trial_niceness()) if self.load else 1.0
+
+    def step_at(self, at_once: int) -> StepCost:
+        return self.step.scaled(self.slowdown(at_once))
 
 
 def probe_step_cost(spec: TaskSpec, model_dir: Path, data_dir: Path, train: TrainConfig, threads: int,
                     cache_dir: Path | None = None) -> Probe:
-    """Seconds per real token of a training step and of an evaluation batch, on ``threads`` CPU threads.
+    """Seconds per computed token (padding included) of a training step and of an evaluation batch, and
+    a training step's fixed seconds, on ``threads`` CPU threads.
 
     Only the rows the probe uses are tokenized (max_train/eval_samples cut to them); a causal-LM corpus
     is cut into blocks whole, into ``cache_dir`` (the trials' cache: the work is not lost)."""
@@ -53,40 +70,71 @@ def probe_step_cost(spec: TaskSpec, model_dir: Path, data_dir: Path, train: Trai
         run = setup(spec, model_dir, data_dir, small, seed=0, device=torch.device("cpu"),
                     cache_dir=cache_dir if spec.kind == "causal_lm" else None)
         setup_seconds = time.perf_counter() - started
-        train_seconds, train_tokens, steps = _time_training(run)
-        eval_seconds, eval_tokens = _time_evaluation(run)
-    step = StepCost(train_seconds / train_tokens, eval_seconds / max(eval_tokens, 1), train.method, measured=True)
-    return Probe(step, setup_seconds, time.perf_counter() - started, steps)
+        with CpuLoadMeter() as meter:
+            few, full = _time_training(run)
+            eval_seconds, eval_tokens = _time_evaluation(run)
+    per_token, per_step = split_step_time(few, full)
+    step = StepCost(per_token, eval_seconds / max(eval_tokens, 1), train.method, measured=True, per_step=per_step)
+    return Probe(step, setup_seconds, time.perf_counter() - started, len(full), max(1, threads), meter.load)
 
 
-def _time_training(run) -> tuple[float, int, int]:
-    """Seconds and real tokens of up to STEPS training steps, after an untimed tiny one."""
+Timed = list[tuple[float, int]]  # (seconds, computed tokens) of each timed step
+
+
+def _time_training(run) -> tuple[Timed, Timed]:
+    """Steps of SMALL_ROWS rows, then up to STEPS full training steps, after an untimed tiny one."""
     from sweep.data.collate import count_tokens
     from sweep.train.loop import Segment, train_step  # the loop's own step: forward, backward, clip, update
 
-    batches = list(run.train_loader)
-    run.model.train()
-    warmup = {k: v[:WARMUP_ROWS] for k, v in batches[0].items()}
-    train_step(run, warmup, Segment())
-    seconds, tokens, steps = 0.0, 0, 0
-    for batch in batches[:STEPS]:
+    def timed(batch) -> tuple[float, int]:
         t = time.perf_counter()
         train_step(run, batch, Segment())
-        seconds += time.perf_counter() - t
-        tokens += count_tokens(batch).real
-        steps += 1
-        if seconds >= BUDGET_S:
+        return time.perf_counter() - t, count_tokens(batch).padded
+
+    batches = list(run.train_loader)
+    run.model.train()
+    first = batches[0]
+    train_step(run, _rows(first, 0, WARMUP_ROWS), Segment())
+    starts = range(WARMUP_ROWS, WARMUP_ROWS + SMALL_ROWS * SMALL_STEPS, SMALL_ROWS)
+    few = [timed(_rows(first, start, SMALL_ROWS)) for start in starts if start < len(first["attention_mask"])]
+    full: Timed = []
+    for batch in batches[:STEPS]:
+        full.append(timed(batch))
+        if sum(seconds for seconds, _ in full) >= BUDGET_S:
             break
-    return seconds, tokens, steps
+    return few, full
+
+
+def _rows(batch: dict, start: int, n: int) -> dict:
+    """Rows start..start+n of a collated batch (its padded width kept: counted as computed)."""
+    return {k: v[start:start + n] for k, v in batch.items()}
+
+
+def split_step_time(few: Timed, full: Timed) -> tuple[float, float]:
+    """Seconds per computed token and a step's fixed seconds: the line through the mean step of a few
+    rows and the mean full one. All per token where the few-row steps tell nothing (not fewer tokens
+    than half a full step's, or noise tipped the line below zero)."""
+    full_s, full_t = (sum(x) / len(full) for x in zip(*full))
+    per_token_only = full_s / max(full_t, 1)
+    if not few:
+        return per_token_only, 0.0
+    small_s, small_t = (sum(x) / len(few) for x in zip(*few))
+    if full_t < 2 * small_t:
+        return per_token_only, 0.0
+    per_token = (full_s - small_s) / (full_t - small_t)
+    per_step = small_s - per_token * small_t
+    if per_token <= 0 or per_step <= 0:
+        return per_token_only, 0.0
+    return per_token, per_step
 
 
 def _time_evaluation(run) -> tuple[float, int]:
-    """Seconds and real tokens of one evaluation batch of the primary split (the loop's evaluate)."""
+    """Seconds and computed tokens of one evaluation batch of the primary split (the loop's evaluate)."""
     from sweep.data.collate import count_tokens
     from sweep.train.evaluate import evaluate
 
     loader = run.eval_loaders[run.spec.primary_eval]
-    tokens = sum(count_tokens(batch).real for batch in loader)
+    tokens = sum(count_tokens(batch).padded for batch in loader)
     t = time.perf_counter()
     evaluate(run.model, loader, run.spec, run.device, run.amp_dtype)
     return time.perf_counter() - t, tokens
@@ -128,10 +176,12 @@ def probe_task(sizes: Mapping[str, DataVolume], train: TrainConfig) -> str:
     return max(readable, key=lambda s: trained_rows(s, train) * s.mean_tokens).task
 
 
-def cpu_note(probe: Probe | None, why_not: str) -> str:
+def cpu_note(probe: Probe | None, why_not: str, at_once: int = 1) -> str:
     """What the CPU estimate rests on, for the plan line (or why there is none)."""
     if probe is None:
         return why_not
-    return (f"training measured here: {probe.steps} step(s) at {probe.step.train * 1e3:.2f} ms/token, "
-            f"eval {probe.step.eval * 1e3:.2f} ms/token, probe {probe.seconds:.1f} s; "
-            f"+ ~{COLD_START_S:.0f}s to start each new trial process, a prior")
+    shared = f"; {probe.load.describe(at_once, probe.threads, trial_niceness())}" if probe.load else ""
+    return (f"training measured here: {probe.steps} step(s) at {probe.step.per_step:.2f} s + "
+            f"{probe.step.train * 1e3:.2f} ms/token computed, eval {probe.step.eval * 1e3:.2f} ms/token, "
+            f"probe {probe.seconds:.1f} s{shared}; "
+            f"+ ~{COLD_START_S * probe.slowdown(at_once):.0f}s to start each new trial process, a prior")
