@@ -82,8 +82,8 @@ Timed = list[tuple[float, int]]  # (seconds, computed tokens) of each timed step
 
 def _time_training(run) -> tuple[Timed, Timed]:
     """Steps of SMALL_ROWS rows, then up to STEPS full training steps, after an untimed full one (the
-    optimizer's state, the kernels and the allocator's buffers made: a first step in the driver's
-    process took 0.135 s more than the next)."""
+    optimizer's state, the kernels and the allocator's buffers made: warmed up on two rows, the first
+    probe in a process put a step's fixed part at 0.11-0.135 s, the next ones at ~0.09 s)."""
     from sweep.data.collate import count_tokens
     from sweep.train.loop import Segment, train_step  # the loop's own step: forward, backward, clip, update
 
