@@ -31,8 +31,11 @@ def test_the_probe_times_real_steps_on_a_trials_threads_and_leaves_the_driver_as
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == want  # an unseeded search stays unseeded
     assert torch.get_num_threads() == threads
     assert probe.step.measured and probe.step.method == "full" and 1 <= probe.steps <= 3
-    assert probe.step.train > probe.step.eval > 0  # a forward costs less than forward + backward + update
-    assert probe.step.per_step >= 0
+    # a batch's forward costs less than a training step on it (forward, backward, update); the tiny model's
+    # step is mostly its fixed part, so per token alone the forward may cost more
+    tokens = train.batch_size * train.max_seq_length
+    assert probe.step.per_step + probe.step.train * tokens > probe.step.eval * tokens > 0
+    assert probe.step.per_step >= 0 and probe.step.train > 0
     assert probe.seconds < 30 and "ms/token computed" in cpu_note(probe, "")
 
 
