@@ -16,9 +16,17 @@ from pathlib import Path
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
+def affinity(pid: int = 0) -> set[int]:
+    """The CPUs the scheduler lets process ``pid`` (0: this one) run on; every CPU where the OS cannot say
+    (macOS has no sched_getaffinity)."""
+    if hasattr(os, "sched_getaffinity"):
+        return os.sched_getaffinity(pid)
+    return set(range(os.cpu_count() or 1))
+
+
 def usable_cpus(pid: int = 0, cgroup_root: Path = CGROUP_ROOT) -> float:
     """The CPUs process ``pid`` (0: this one) may use: its affinity, capped by its cgroup's quota."""
-    cpus = float(len(os.sched_getaffinity(pid)))
+    cpus = float(len(affinity(pid)))
     quota = cgroup_quota(proc_cgroups(pid), cgroup_root)
     return min(cpus, quota) if quota is not None else cpus
 

@@ -80,3 +80,14 @@ def test_a_process_busy_beside_the_meter_is_counted():
     if meter.load.cpus < len(os.sched_getaffinity(0)):
         pytest.skip("a cgroup CPU quota: the host's counters are not this container's")
     assert 0.9 <= meter.load.others <= meter.load.cpus
+
+
+def test_without_proc_stat_or_affinity_the_meter_counts_no_other_work(tmp_path, monkeypatch):
+    """macOS has neither /proc/stat nor sched_getaffinity: the plan still times, as if the CPU were its own."""
+    with CpuLoadMeter(tmp_path / "no-proc-stat") as meter:
+        time.sleep(0.05)
+    assert meter.load.others == 0
+    monkeypatch.delattr(os, "sched_getaffinity")
+    with CpuLoadMeter() as meter:
+        time.sleep(0.05)
+    assert 0 < meter.load.cpus <= os.cpu_count()

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sweep.cpus import usable_cpus
+from sweep.cpus import affinity, usable_cpus
 
 PROC_STAT = Path("/proc/stat")
 BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user nice system . . irq softirq steal (idle and iowait are not busy)
@@ -89,16 +89,19 @@ class CpuLoadMeter:
         self.load = CpuLoad(usable_cpus(), 0.0)
 
     def __enter__(self) -> CpuLoadMeter:
-        self._cpus = os.sched_getaffinity(0)
+        self._cpus = affinity()
         self._started = time.monotonic(), time.process_time(), busy_seconds(self.stat, self._cpus)
         return self
 
     def __exit__(self, *exc) -> None:
-        wall, own, busy = (after - before for after, before in zip(
-            (time.monotonic(), time.process_time(), busy_seconds(self.stat, self._cpus)), self._started))
-        if wall <= 0 or busy is None or self.load.cpus < len(self._cpus):  # unreadable, or a quota: see above
+        busy = busy_seconds(self.stat, self._cpus)
+        started, own_started, busy_started = self._started
+        wall = time.monotonic() - started
+        # no /proc/stat (macOS), or a quota (see above): others unknown, counted as none
+        if wall <= 0 or busy is None or busy_started is None or self.load.cpus < len(self._cpus):
             return
-        self.load = CpuLoad(self.load.cpus, min(self.load.cpus, max(0.0, (busy - own) / wall)))
+        own = time.process_time() - own_started
+        self.load = CpuLoad(self.load.cpus, min(self.load.cpus, max(0.0, (busy - busy_started - own) / wall)))
 
 
 def busy_seconds(stat: Path, cpus: set[int]) -> float | None:
