@@ -37,13 +37,13 @@ class Probe:
     setup_seconds: float  # model and data loaded into a warm process: a reused trial process's start
     seconds: float  # the probe's own wall time
     steps: int  # training steps timed
-    threads: int = 1  # a trial's torch threads, as timed
-    load: CpuLoad | None = None  # the other processes' CPU while timed (None: not measured)
+    threads: int  # a trial's torch threads, as timed
+    load: CpuLoad  # the other processes' CPU while timed
 
     def slowdown(self, at_once: int) -> float:
         """How much slower a trial process works with ``at_once`` trials (Ray workers: niced) sharing this
         CPU with the other work measured beside the probe, than the probe did alone."""
-        return self.load.slowdown(at_once, self.threads, trial_niceness()) if self.load else 1.0
+        return self.load.slowdown(at_once, self.threads, trial_niceness())
 
     def step_at(self, at_once: int) -> StepCost:
         return self.step.scaled(self.slowdown(at_once))
@@ -181,8 +181,7 @@ def cpu_note(probe: Probe | None, why_not: str, at_once: int = 1) -> str:
     """What the CPU estimate rests on, for the plan line (or why there is none)."""
     if probe is None:
         return why_not
-    shared = f"; {probe.load.describe(at_once, probe.threads, trial_niceness())}" if probe.load else ""
     return (f"training measured here: {probe.steps} step(s) at {probe.step.per_step:.2f} s + "
             f"{probe.step.train * 1e3:.2f} ms/token computed, eval {probe.step.eval * 1e3:.2f} ms/token, "
-            f"probe {probe.seconds:.1f} s{shared}; "
+            f"probe {probe.seconds:.1f} s; {probe.load.describe(at_once, probe.threads, trial_niceness())}; "
             f"+ ~{COLD_START_S * probe.slowdown(at_once):.0f}s to start each new trial process, a prior")
