@@ -56,19 +56,23 @@ def planned(output: str) -> tuple[dict[str, float], float]:
     return tasks, duration_seconds(makespan.group(1))
 
 
-def measured(output: str, results: Path) -> tuple[dict[str, list[float]], dict[str, list[float]], float]:
-    """Each task's trials' loop and start-up seconds (results.csv) and the sweep's clock at its end."""
-    loops: dict[str, list[float]] = {}
-    startups: dict[str, list[float]] = {}
+def measured(output: str, results: Path) -> tuple[dict[str, dict[str, list[float]]], float]:
+    """Each task's trials' seconds (results.csv): ``loop`` (training and evaluation), ``startup`` (trial start
+    to first batch) and ``rest`` (the rest of the trial's wall time: its checkpoints' saving and its end);
+    and the sweep's clock at its end."""
+    trials: dict[str, dict[str, list[float]]] = {}
     with results.open() as f:
         for row in csv.DictReader(f):
             if row["status"] == "TERMINATED" and row["loop_seconds"]:
-                loops.setdefault(row["task"], []).append(float(row["loop_seconds"]))
-                startups.setdefault(row["task"], []).append(float(row["startup_seconds"] or "nan"))
+                loop, startup = float(row["loop_seconds"]), float(row["startup_seconds"] or "nan")
+                seconds = trials.setdefault(row["task"], {"loop": [], "startup": [], "rest": []})
+                seconds["loop"].append(loop)
+                seconds["startup"].append(startup)
+                seconds["rest"].append(float(row["wall_seconds"]) - loop - startup)
     finished = FINISHED_LINE.search(output)
     if finished is None:
         raise ValueError("the sweep did not print 'sweep finished'")
-    return loops, startups, int(finished.group(1)) * 60 + int(finished.group(2))
+    return trials, int(finished.group(1)) * 60 + int(finished.group(2))
 
 
 def run_sweep(overrides: list[str], folder: Path, load: str, hog_mb: int) -> dict:
@@ -78,7 +82,8 @@ def run_sweep(overrides: list[str], folder: Path, load: str, hog_mb: int) -> dic
     hog = None
     if load == "busy":
         hog_log = folder / "hog.log"
-        hog = subprocess.Popen(hog_command(hog_mb, 3600), stdout=hog_log.open("w"), stderr=subprocess.STDOUT)
+        with hog_log.open("w") as log:
+            hog = subprocess.Popen(hog_command(hog_mb, 3600), stdout=log, stderr=subprocess.STDOUT)
         wait_until_ready(hog, hog_log)
     try:
         started = time.monotonic()
@@ -93,9 +98,11 @@ def run_sweep(overrides: list[str], folder: Path, load: str, hog_mb: int) -> dic
         raise RuntimeError(f"the sweep exited {done.returncode}; its output: {folder / 'sweep.log'}\n"
                            f"{(done.stdout + done.stderr)[-3000:]}")
     plan, makespan = planned(done.stdout)
-    loops, startups, clock = measured(done.stdout, folder / "run" / "results.csv")
-    return {"load": load, "planned_trial_s": plan, "planned_makespan_s": makespan, "loop_s": loops,
-            "startup_s": startups, "makespan_s": clock, "wall_s": round(wall, 1),
+    trials, clock = measured(done.stdout, folder / "run" / "results.csv")
+    return {"load": load, "planned_trial_s": plan, "planned_makespan_s": makespan,
+            **{f"{part}_s": {task: seconds[part] for task, seconds in trials.items()}
+               for part in ("loop", "startup", "rest")},
+            "makespan_s": clock, "wall_s": round(wall, 1),
             "plan_lines": [line for line in done.stdout.splitlines() if line.startswith("plan: ")]}
 
 
@@ -115,6 +122,8 @@ def table(runs: list[dict]) -> list[str]:
             loops = ", ".join(f"{s:.0f}" for s in run["loop_s"].get(task, []))
             lines.append(f"| {run['load']} | {task} trial in training | {planned_s:.0f} s | {loops} s | "
                          f"{ratio.get(task, float('nan')):.2f} |")
+            rests = ", ".join(f"{s:.1f}" for s in run["rest_s"].get(task, []))
+            lines.append(f"| {run['load']} | {task} trial's saves and end (not planned apart) | | {rests} s | |")
         lines.append(f"| {run['load']} | makespan | {run['planned_makespan_s']:.0f} s | {run['makespan_s']:.0f} s | "
                      f"{ratio['makespan']:.2f} |")
     return lines

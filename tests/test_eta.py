@@ -9,7 +9,7 @@ import pytest
 from sweep.plan.eta import Forecast, Overheads
 from sweep.plan.makespan import DEFAULT_SPEEDUP, TrialWork
 
-PRIORS = Overheads(launch=5.0, cold=10.0, warm=1.0)
+PRIORS = Overheads(launch=5.0, cold=10.0, warm=1.0, finish=0.0)  # the end: tests of its own below
 
 
 def cpu_forecast(loops: list[float], slots: int = 2, known: bool = True) -> Forecast:
@@ -22,6 +22,47 @@ def test_before_any_trial_cpu_slots_take_the_trials_in_waves_with_their_start_up
     process. The work over the slots would say 1.5 trials; the slots say 2."""
     forecast = cpu_forecast([30.0, 30.0, 30.0])
     assert forecast.remaining(0.0) == pytest.approx(5 + (10 + 30) + (1 + 30))
+
+
+def test_each_trial_ends_after_its_loop_first_by_the_prior_then_as_the_ended_trials_took():
+    """The end (the last checkpoint saved, the trial's run closed, its process freed): 3 s a trial by the
+    prior; two trials that ended 8 s after their loop's last report make it 8 s for the rest."""
+    trials = [TrialWork("A", seed, 30.0) for seed in range(3)]
+    forecast = Forecast(trials, ["k0", "k1", "k2"], None, 2, 2, True, Overheads(launch=5.0, cold=10.0, warm=1.0,
+                                                                                  finish=3.0))
+    assert forecast.remaining(0.0) == pytest.approx(5 + (10 + 30 + 3) + (1 + 30 + 3))
+    for i in (0, 1):
+        forecast.start(f"t{i}", f"k{i}", now=0.0)
+        forecast.report(f"t{i}", progress=1.0, loop_started=10.0, reported_at=40.0, pid=i)
+    # both loops are done: only their ends are left (the prior), then the third trial on a reused process
+    assert forecast.remaining(40.0) == pytest.approx(3 + (1 + 30 + 3))
+    assert forecast.remaining(45.0) == pytest.approx(0 + (1 + 30 + 3))  # an end past its prior: ending now
+    for i in (0, 1):
+        forecast.finish(f"t{i}", now=48.0)
+    assert forecast.ending() == pytest.approx(8.0)
+    assert forecast.remaining(48.0) == pytest.approx(1 + 30 + 8)
+    forecast.start("t2", "k2", now=48.0)
+    forecast.report("t2", progress=0.5, loop_started=49.0, reported_at=64.0, pid=0)
+    assert forecast.remaining(64.0) == pytest.approx(15 + 8)  # the loop's rest at its own pace, then its end
+
+
+def test_an_end_is_learnt_only_from_a_trial_that_reported_its_loop_done():
+    """A trial stopped early (the rungs), failed or paused ends without its loop's last report: its end
+    says nothing of how long a finished loop takes to end."""
+    forecast = Forecast([TrialWork("A", 0, 30.0), TrialWork("A", 1, 30.0)], ["k0", "k1"], None, 1, 1, True,
+                        Overheads(launch=0.0, cold=0.0, warm=0.0, finish=3.0))
+    forecast.start("t0", "k0", now=0.0)
+    forecast.report("t0", progress=0.5, loop_started=0.0, reported_at=15.0, pid=1)
+    forecast.finish("t0", now=60.0)
+    assert forecast.ending() == 3.0
+    assert forecast.remaining(60.0) == pytest.approx(30 + 3)
+
+
+def test_on_gpus_the_ends_are_part_of_the_work_left():
+    trials = [TrialWork("A", seed, 10.0) for seed in range(4)]
+    forecast = Forecast(trials, [f"k{i}" for i in range(4)], {"A": 1.0}, 2, 2, True,
+                        Overheads(launch=0.0, cold=0.0, warm=0.0, finish=2.0), speedup=DEFAULT_SPEEDUP)
+    assert forecast.remaining(0.0) == pytest.approx(4 * (10 + 2) / 2)
 
 
 def test_an_unmeasured_cpu_shows_no_eta_until_a_trial_shows_its_pace():
@@ -70,7 +111,7 @@ def test_gpu_shares_the_work_left_over_the_gpus_never_less_than_a_running_trial(
     0.5); 4 GPUs. A then runs at 1.9x its prediction: B's trials take 1.9x too."""
     trials = [TrialWork("A", 1, 100.0), TrialWork("B", 1, 10.0), TrialWork("B", 2, 10.0)]
     forecast = Forecast(trials, ["a1", "b1", "b2"], {"A": 2.0, "B": 0.5}, capacity=4, concurrency=3, known=True,
-                        overheads=Overheads(launch=0.0, cold=0.0, warm=0.0))
+                        overheads=Overheads(launch=0.0, cold=0.0, warm=0.0, finish=0.0))
     assert forecast.remaining(0.0) == pytest.approx((2 * 100 / 1.9 + 2 * 20 * 0.5) / 4)
     forecast.start("ta", "a1", now=0.0)
     forecast.report("ta", progress=0.1, loop_started=0.0, reported_at=10.0)  # 100 s at its pace, not 52.6

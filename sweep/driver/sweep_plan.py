@@ -16,7 +16,7 @@ from sweep.config.validate import check_halving_trials
 from sweep.failures import first_line
 from sweep.plan.costs import DataVolume, grid_points, measure_sizes, sweep_trials
 from sweep.plan.dispatch import ClusterGPUs, Dispatch, OnCpu, cluster_gpus, dispatch
-from sweep.plan.eta import COLD_START_S, WARM_START_S, Forecast, Overheads
+from sweep.plan.eta import COLD_START_S, FINISH_S, WARM_START_S, Forecast, Overheads
 from sweep.plan.probe import Probe, cpu_note, probe_step_cost, probe_task, why_no_probe
 from sweep.plan.scale import AutoscalerView, TrialResources
 from sweep.plan.sizes import (
@@ -148,14 +148,14 @@ def _forecast(settings: Settings, chosen: Dispatch, cluster: ClusterGPUs, concur
               probe: Probe | None) -> Forecast:
     """The progress line's ETA: every trial's predicted loop (Tune repeats the grid per search sample);
     on CPU in trial slots, known only where the probe measured this machine, the trial processes'
-    start-ups as slow as their steps on this CPU's share (the same niced processes do both)."""
+    start-ups and ends as slow as their steps on this CPU's share (the same niced processes do all three)."""
     points = grid_points(settings)
     every = list(chosen.order) * settings.sweep.num_samples
     keys = [trial_key({"trial": point_of(t.task, t.seed, points[t.point])}) for t in every]
     if on_cpu:
         slower = probe.slowdown(concurrency) if probe else 1.0
-        starts = Overheads(cold=COLD_START_S * slower, warm=WARM_START_S * slower)
-        return Forecast(every, keys, None, concurrency, concurrency, known=probe is not None, overheads=starts)
+        outside = Overheads(cold=COLD_START_S * slower, warm=WARM_START_S * slower, finish=FINISH_S * slower)
+        return Forecast(every, keys, None, concurrency, concurrency, known=probe is not None, overheads=outside)
     return Forecast(every, keys, chosen.gpus, cluster.total, concurrency, known=True)
 
 

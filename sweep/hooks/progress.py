@@ -96,7 +96,7 @@ class SweepProgress(Callback):
     def _finish(self, trial) -> None:
         self.running.discard(trial.trial_id)
         if self.forecast is not None:
-            self.forecast.finish(trial.trial_id)
+            self.forecast.finish(trial.trial_id, time.time())
         self.done[trial.trial_id] = time.time() - (trial.run_metadata.start_time or self.start)
 
     def on_trial_complete(self, iteration: int, trials: list, trial, **info: Any) -> None:

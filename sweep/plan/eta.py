@@ -1,17 +1,20 @@
 """The sweep's remaining time (the progress line's ETA and the plan's predicted makespan on CPU).
 
-A trial's wall time is its start-up plus its training loop. The loop's duration is predicted per
+A trial's wall time is its start-up, its training loop and its end. The loop's duration is predicted per
 trial (``sweep.plan.costs``: ``TrialWork.gpu_seconds``, taken at the trial's GPU share, or in one CPU
 trial slot where the probe measured it). The start-up is a new trial process's (``cold``: a Ray worker
 importing torch, transformers and Ray Train) for the first trials, a reused process's (``warm``:
 the next model and data) for the rest (Tune reuses trial processes); and Tune's own setup comes
-before the first trial (``launch``). Those are priors, measured on this project's 2-core VM.
+before the first trial (``launch``). The end (``finish``) is the time from the loop's last report to the
+trial's end in the driver: the checkpoint that report saves, the trial's MLflow run closed, its process
+freed, Tune's bookkeeping. Those are priors, measured on this project's 2-core VM.
 
 What the running sweep shows replaces the priors, as real tools do after the first trials:
 * the loops' scale: observed loop seconds / predicted ones, summed over the trials that reported
   (a trial at progress p after L seconds of loop implies L / p; a resumed one says nothing);
 * the cold and warm start-ups: the mean of those seen (a trial's first loop start - its start;
   cold when its process ran no earlier trial);
+* the end: the mean of those seen (a trial's end in the driver - its report at the loop's end);
 * a running trial that reported ends when its own pace says (a resumed one: its rest at the
   predicted pace).
 The trials left are then dispatched as Tune does: on CPU trial slots, greedily in dispatch order
@@ -33,6 +36,9 @@ from sweep.plan.makespan import DEFAULT_SPEEDUP, Speedup, TrialWork
 # started that process earlier, and it takes 9-18 s in all to import torch, transformers and Ray Train;
 # the two together 8.5-17 s (median 10). In a reused process 0.1 s (tiny model) to 0.7 s (MiniLM).
 LAUNCH_S, COLD_START_S, WARM_START_S = 5.0, 5.0, 0.5
+# FINISH_S: see Overheads.finish (measured below, in docs/benchmarks.md's plan rows)
+FINISH_S = 3.0
+LOOP_DONE = 0.999  # a report at this share of the steps is the loop's last
 SIMULATE_AT_MOST = 512  # trials left past this: the work over the slots (the last wave's tail is small then)
 
 
@@ -43,6 +49,9 @@ class Overheads:
     launch: float = LAUNCH_S
     cold: float = COLD_START_S
     warm: float = WARM_START_S
+    # the loop's last report -> the trial's end; before any trial ends it also stands for the checkpoints
+    # saved at the earlier evaluations, which the plan's loop leaves out (a running trial's pace has them)
+    finish: float = FINISH_S
 
 
 @dataclass
@@ -52,6 +61,7 @@ class _Running:
     cold: bool  # a new process (guessed from the start order until a report names its pid)
     loop_started: float | None = None
     end: float | None = None  # its loop's end at its own pace (from its reports)
+    loop_ended: float | None = None  # its report at the loop's last step (then only its end is left)
     resumed_at: tuple[float, float] | None = None  # a resumed trial's last (report time, progress)
 
 
@@ -88,6 +98,7 @@ class Forecast:
         self.observed: dict[str, tuple[float, float]] = {}  # trial id -> (implied loop, predicted loop)
         self.observed_sum = [0.0, 0.0]
         self.startups: dict[bool, list[float]] = {True: [], False: []}  # cold? -> seen start-ups
+        self.finishes: list[float] = []  # seen ends: a trial's end - its loop's last report
 
     # --- what the sweep shows ---------------------------------------------------------------------
 
@@ -116,6 +127,8 @@ class Forecast:
             run.loop_started = loop_started
         if not progress or progress <= 0 or reported_at is None or run.key not in self.loop:
             return
+        if progress >= LOOP_DONE:
+            run.loop_ended = reported_at
         if resumed:  # its loop began mid-way: the rest of it at the predicted pace, and nothing learnt
             run.resumed_at = (reported_at, min(progress, 1.0))
             return
@@ -123,8 +136,11 @@ class Forecast:
         run.end = loop_started + implied
         self._observe(trial_id, implied, self.loop[run.key])
 
-    def finish(self, trial_id: str) -> None:
-        self.running.pop(trial_id, None)
+    def finish(self, trial_id: str, now: float | None = None) -> None:
+        """The trial ended (at ``now``, the driver's clock): from its loop's last report, that is its end."""
+        run = self.running.pop(trial_id, None)
+        if run is not None and run.loop_ended is not None and now is not None:
+            self.finishes.append(max(0.0, now - run.loop_ended))
 
     def _observe(self, trial_id: str, implied: float, predicted: float) -> None:
         old = self.observed.get(trial_id, (0.0, 0.0))
@@ -146,6 +162,10 @@ class Forecast:
             return sum(seen) / len(seen)
         return self.overheads.cold if cold else self.overheads.warm
 
+    def ending(self) -> float:
+        """Seconds from a trial's loop end to its end: the mean of those seen, else the prior."""
+        return sum(self.finishes) / len(self.finishes) if self.finishes else self.overheads.finish
+
     def remaining(self, now: float) -> float | None:
         """Seconds until the last trial ends; None: a CPU no one measured, and no trial's pace seen yet."""
         if not self.known and not self.observed:
@@ -157,6 +177,12 @@ class Forecast:
         return launch + self._over_capacity(rests)
 
     def _rest(self, run: _Running, now: float) -> float:
+        """A running trial's seconds left: its loop's rest (none once past its predicted end), then its end."""
+        if run.loop_ended is not None:
+            return max(0.0, run.loop_ended + self.ending() - now)
+        return self._loop_rest(run, now) + self.ending()
+
+    def _loop_rest(self, run: _Running, now: float) -> float:
         if run.end is not None:
             return max(0.0, run.end - now)
         loop = self.loop.get(run.key, 0.0) * self.scale
@@ -169,12 +195,12 @@ class Forecast:
     def _pending(self) -> list[tuple[Hashable, float]]:
         """The trials not started, in dispatch order, with their predicted wall seconds."""
         seen: dict[Hashable, int] = {}
-        left, started, scale = [], len(self.ever_started), self.scale
+        left, started, scale, ending = [], len(self.ever_started), self.scale, self.ending()
         for key in self.order:
             seen[key] = seen.get(key, 0) + 1
             if seen[key] > self.started_keys.get(key, 0):
                 cold = started + len(left) < self.concurrency
-                left.append((key, self.startup(cold) + self.loop[key] * scale))
+                left.append((key, self.startup(cold) + self.loop[key] * scale + ending))
         return left
 
     def _on_slots(self, rests: list[float]) -> float:
@@ -190,5 +216,5 @@ class Forecast:
         running = sum(rest * self.share.get(run.key, 1.0) for rest, run in zip(rests, self.running.values()))
         cold = max(0, min(self.pending, self.concurrency - len(self.ever_started)))  # first wave not started
         starts = self.startup(False) * self.pending_share + (self.startup(True) - self.startup(False)) * cold
-        work = running + self.pending_loop * self.scale + starts
+        work = running + self.pending_loop * self.scale + starts + self.ending() * self.pending_share
         return max(work / self.capacity, max(rests, default=0.0))

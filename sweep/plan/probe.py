@@ -24,7 +24,7 @@ from sweep.config.settings import TrainConfig
 from sweep.config.tasks import TaskSpec
 from sweep.plan.costs import DataVolume, StepCost, trained_rows
 from sweep.plan.cpu_load import CpuLoad, CpuLoadMeter, trial_niceness
-from sweep.plan.eta import COLD_START_S
+from sweep.plan.eta import COLD_START_S, FINISH_S
 
 BUDGET_S = 2.0  # timed training steps stop once past this (at least one, at most STEPS)
 STEPS = 3
@@ -184,4 +184,5 @@ def cpu_note(probe: Probe | None, why_not: str, at_once: int = 1) -> str:
     return (f"training measured here: {probe.steps} step(s) at {probe.step.per_step:.2f} s + "
             f"{probe.step.train * 1e3:.2f} ms/token computed, eval {probe.step.eval * 1e3:.2f} ms/token, "
             f"probe {probe.seconds:.1f} s; {probe.load.describe(at_once, probe.threads, trial_niceness())}; "
-            f"+ ~{COLD_START_S * probe.slowdown(at_once):.0f}s to start each new trial process, a prior")
+            f"+ ~{COLD_START_S * probe.slowdown(at_once):.0f}s to start each new trial process and "
+            f"~{FINISH_S * probe.slowdown(at_once):.0f}s to end each trial, priors")
