@@ -35,6 +35,7 @@ TOUR = ["task=[SST-2,MRPC]", "model=minilm", f"storage.data_dir={ROOT.parent / '
         "train.lr=1e-4", "sweep.seeds=[38,39]"]
 TASK_LINE = re.compile(r"^plan: (\S+)\s+\d+ trials\s+~(\S+) each in training", re.M)
 MAKESPAN_LINE = re.compile(r"^plan: predicted makespan (\S+) ", re.M)
+END_PRIOR = re.compile(r"~(\S+) to end each trial")
 FINISHED_LINE = re.compile(r"^\[(\d+):(\d+)\] sweep finished", re.M)
 
 
@@ -122,8 +123,12 @@ def table(runs: list[dict]) -> list[str]:
             loops = ", ".join(f"{s:.0f}" for s in run["loop_s"].get(task, []))
             lines.append(f"| {run['load']} | {task} trial in training | {planned_s:.0f} s | {loops} s | "
                          f"{ratio.get(task, float('nan')):.2f} |")
-            rests = ", ".join(f"{s:.1f}" for s in run["rest_s"].get(task, []))
-            lines.append(f"| {run['load']} | {task} trial's saves and end (not planned apart) | | {rests} s | |")
+            rests = run["rest_s"].get(task, [])
+            prior = END_PRIOR.search(" ".join(run["plan_lines"]))
+            end = duration_seconds(prior.group(1)) if prior else float("nan")
+            lines.append(f"| {run['load']} | {task} trial's saves and end | {end:.0f} s | "
+                         f"{', '.join(f'{s:.1f}' for s in rests)} s | "
+                         f"{statistics.median(rests) / end if rests and end > 0 else float('nan'):.2f} |")
         lines.append(f"| {run['load']} | makespan | {run['planned_makespan_s']:.0f} s | {run['makespan_s']:.0f} s | "
                      f"{ratio['makespan']:.2f} |")
     return lines

@@ -36,7 +36,9 @@ from sweep.plan.makespan import DEFAULT_SPEEDUP, Speedup, TrialWork
 # started that process earlier, and it takes 9-18 s in all to import torch, transformers and Ray Train;
 # the two together 8.5-17 s (median 10). In a reused process 0.1 s (tiny model) to 0.7 s (MiniLM).
 LAUNCH_S, COLD_START_S, WARM_START_S = 5.0, 5.0, 0.5
-# FINISH_S: see Overheads.finish (measured below, in docs/benchmarks.md's plan rows)
+# A trial's wall time outside its loop after the loop starts (its checkpoints saved, then its end), MiniLM
+# on the README's tour (4 evaluations a trial): 2.1-4.3 s quiet, 4.7-11 s beside a process busy on one
+# of the 2 cores (scripts/bench_plan.py; the plan slows the prior as much as the steps there: ~6 s).
 FINISH_S = 3.0
 LOOP_DONE = 0.999  # a report at this share of the steps is the loop's last
 SIMULATE_AT_MOST = 512  # trials left past this: the work over the slots (the last wave's tail is small then)
