@@ -84,10 +84,14 @@ def last_line(error: BaseException, limit: int = 500) -> str:
     return lines[-1][:limit] if lines else repr(error)
 
 
+TRACEBACK = "Traceback (most recent call last):"
+
+
 def error_line(error: BaseException) -> str:
-    """One line for the results and the progress: ``Type: message`` (the message's first line)."""
-    lines = str(error).strip().splitlines()
-    text = lines[0] if lines else ""
+    """One line for the results and the progress: ``Type: message`` (the message's first line; of a message
+    that is a whole traceback, as Tune's TuneError carries a callback's, its last line: the root cause)."""
+    lines = [line for line in str(error).strip().splitlines() if line.strip()]
+    text = (lines[-1].strip() if lines[0].startswith(TRACEBACK) else lines[0]) if lines else ""
     name = type(error).__name__
     return (f"{name}: {text}" if text else name)[:500]
 

@@ -36,7 +36,7 @@ def test_the_eta_counts_start_ups_and_slots_then_follows_the_trials_pace(monkeyp
     trials = [trial(seed) for seed in settings.sweep.seeds]
     work = [TrialWork("WNLI", seed, 20.0) for seed in settings.sweep.seeds]
     forecast = Forecast(work, [trial_key(t.config) for t in trials], None, capacity=2, concurrency=2, known=True,
-                        overheads=Overheads(launch=6.0, cold=10.0, warm=1.0))
+                        overheads=Overheads(launch=6.0, cold=10.0, warm=1.0, finish=0.0))
     line = progress.SweepProgress(settings, 3, forecast)
     for t in trials[:2]:
         line.on_trial_start(0, trials, t)
@@ -56,3 +56,64 @@ def test_the_eta_counts_start_ups_and_slots_then_follows_the_trials_pace(monkeyp
     line.on_trial_start(0, trials, trials[2])
     assert line.last_line.endswith("ETA 00:41")
     assert "2/3 done, 1 running" in line.last_line
+
+
+def report_row(t: SimpleNamespace, progress_done: float, loop_started: float, reported_at: float) -> dict:
+    return {"trial_id": t.trial_id, "trial": t.config["trial"], "epoch": 4, "step": 52, "steps_total": 52,
+            "progress": progress_done, "score": 0.5, "eval/acc": 0.5, "loop_started": loop_started,
+            "reported_at": reported_at, "pid": int(t.trial_id[1:]), "train_tokens": 100, "train_seconds": 4.0}
+
+
+def test_the_eta_learns_how_long_a_trial_takes_to_end_after_its_loop(monkeypatch):
+    """The driver's clock at the trial's end against its report at the loop's last step: 7 s here, where
+    the prior said 3; the third trial's estimate carries the 7."""
+    from sweep.hooks import progress
+
+    clock = Clock()
+    monkeypatch.setattr(progress.time, "time", clock)
+    settings = demo_settings()
+    trials = [trial(seed) for seed in settings.sweep.seeds]
+    work = [TrialWork("WNLI", seed, 20.0) for seed in settings.sweep.seeds]
+    forecast = Forecast(work, [trial_key(t.config) for t in trials], None, capacity=2, concurrency=2, known=True,
+                        overheads=Overheads(launch=0.0, cold=0.0, warm=1.0, finish=3.0))
+    line = progress.SweepProgress(settings, 3, forecast)
+    for t in trials[:2]:
+        line.on_trial_start(0, trials, t)
+    assert line.last_line.endswith("ETA 00:47")  # (20 + 3) on each slot, then 1 + 20 + 3
+    clock.now += 20
+    for t in trials[:2]:
+        line.on_trial_result(0, trials, t, report_row(t, 1.0, 1000.0, 1020.0))
+    assert line.last_line.endswith("ETA 00:27")  # 3 s to end, then the third trial
+    clock.now += 7
+    for t in trials[:2]:
+        line.on_trial_complete(0, trials, t)
+    assert forecast.ending() == pytest.approx(7.0)
+    line.on_trial_start(0, trials, trials[2])
+    assert line.last_line.endswith("ETA 00:28")  # 1 + 20 + 7
+
+
+class BrokenForecast(Forecast):
+    """A forecast with a bug in its arithmetic (as a wrong call signature once was, mid-edit)."""
+
+    def remaining(self, now: float) -> float | None:
+        raise ZeroDivisionError("float division by zero")
+
+
+def test_a_failing_eta_is_dropped_with_one_warning_and_the_progress_goes_on(monkeypatch, capsys):
+    """Tune ends its whole run on a callback's error: an ETA's bug must not end a sweep whose trials train."""
+    from sweep.hooks import progress
+
+    monkeypatch.setattr(progress.time, "time", Clock())
+    settings = demo_settings()
+    trials = [trial(seed) for seed in settings.sweep.seeds]
+    work = [TrialWork("WNLI", seed, 20.0) for seed in settings.sweep.seeds]
+    line = progress.SweepProgress(settings, 3, BrokenForecast(work, [trial_key(t.config) for t in trials], None,
+                                                              capacity=2, concurrency=2, known=True))
+    line.on_trial_start(0, trials, trials[0])
+    line.on_trial_result(0, trials, trials[0], report_row(trials[0], 0.5, 1000.0, 1000.0))
+    line.on_trial_complete(0, trials, trials[0])
+    out = capsys.readouterr().out
+    assert out.count("warning: the ETA failed and is left out from here (ZeroDivisionError: float division by "
+                     "zero); the sweep goes on") == 1
+    assert line.forecast is None and line.last_line.endswith("ETA ?")
+    assert "1/3 done, 0 running" in line.last_line

@@ -44,6 +44,20 @@ def test_a_bad_label_is_the_trials_own_error_with_its_line(tmp_path):
     assert line.startswith("DataFormatError: ") and "train.tsv:4" in line and "'maybe'" in line
 
 
+def test_an_error_whose_message_is_a_traceback_is_told_by_its_root_cause():
+    """Tune ends its run on a callback's error with a TuneError whose message is the whole traceback: the
+    sweep's one line said 'TuneError: Traceback (most recent call last):' and nothing of the cause."""
+    from ray.tune.error import TuneError
+
+    message = ("Traceback (most recent call last):\n  File \"tune_controller.py\", line 1442, in _stop_trial\n"
+               "    callback.on_trial_complete(...)\n"
+               "TypeError: finish() takes 2 positional arguments but 3 were given\n")
+    assert error_line(TuneError(message)) == (
+        "TuneError: TypeError: finish() takes 2 positional arguments but 3 were given")
+    assert error_line(ValueError("row 3: no label\nmore")) == "ValueError: row 3: no label"
+    assert error_line(ValueError()) == "ValueError"
+
+
 def test_first_line_is_the_messages_first_line_else_the_type_scrubbed_before_the_cut(monkeypatch):
     """The one-line reason the tracker, the uploads, the plan and the CLI print for a caught error."""
     assert first_line(ValueError("row 3: no label 'maybe'\nTraceback (most recent call last): ...")) == (

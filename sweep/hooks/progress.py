@@ -11,6 +11,8 @@ from typing import Any
 from ray.tune import Callback
 
 from sweep.config.settings import Settings
+from sweep.failures import error_line
+from sweep.plan.eta import Forecast
 from sweep.results.records import rank_key
 from sweep.schedulers.policies import policies_for
 from sweep.trials import Report, trial_key, trial_of
@@ -22,9 +24,9 @@ def _clock(seconds: float) -> str:
 
 
 class SweepProgress(Callback):
-    def __init__(self, settings: Settings, total: int, forecast=None):
+    def __init__(self, settings: Settings, total: int, forecast: Forecast | None = None):
         self.total = total
-        self.forecast = forecast  # sweep.plan.eta.Forecast: the ETA from the trials' costs, then their observed pace
+        self.forecast = forecast  # the ETA from the trials' costs, then their observed pace
         self.epochs = settings.train.epochs
         self.metric = {t.name: t.metric for t in settings.tasks}
         self.mode = {t.name: t.mode for t in settings.tasks}
@@ -38,8 +40,21 @@ class SweepProgress(Callback):
         self.pauses = policies_for(settings.sweep).scheduler.pauses_trials
         self.waiting: str | None = None  # what the sweep waits for from the autoscaler (WaitForNodes sets it)
 
+    def _on_forecast(self, method: str, *args: Any) -> Any:
+        """The forecast's ``method(*args)``. The ETA is for the eye: one that fails is dropped with one warning (the
+        line shows ``ETA ?`` from then on) and the sweep goes on -- Tune ends its run on a callback's error."""
+        if self.forecast is None:
+            return None
+        try:
+            return getattr(self.forecast, method)(*args)
+        except Exception as e:  # noqa: BLE001 - any: the trials' work matters more than their ETA
+            self.forecast = None
+            print(f"warning: the ETA failed and is left out from here ({error_line(e)}); the sweep goes on",
+                  flush=True)
+            return None
+
     def _eta(self) -> str:
-        left = self.forecast.remaining(time.time()) if self.forecast is not None else None
+        left = self._on_forecast("remaining", time.time())
         return "?" if left is None else _clock(left)
 
     def print_line(self) -> None:
@@ -67,16 +82,14 @@ class SweepProgress(Callback):
 
     def on_trial_start(self, iteration: int, trials: list, trial, **info: Any) -> None:
         self.running.add(trial.trial_id)
-        if self.forecast is not None:
-            self.forecast.start(trial.trial_id, trial_key(trial.config), time.time())
+        self._on_forecast("start", trial.trial_id, trial_key(trial.config), time.time())
         self.print_line()
 
     def on_trial_result(self, iteration: int, trials: list, trial, result: dict, **info: Any) -> None:
         task, seed, _ = trial_of(trial.config)
         report = Report.from_row(result)
-        if self.forecast is not None:
-            self.forecast.report(trial.trial_id, self._progress(report), report.loop_started, report.reported_at,
-                                 report.pid, bool(report.resumed))
+        self._on_forecast("report", trial.trial_id, self._progress(report), report.loop_started,
+                          report.reported_at, report.pid, bool(report.resumed))
         value = report.metrics.get(self.metric.get(task))
         if task in self.metric and value is not None:
             old = self.best.get(task)
@@ -95,8 +108,7 @@ class SweepProgress(Callback):
 
     def _finish(self, trial) -> None:
         self.running.discard(trial.trial_id)
-        if self.forecast is not None:
-            self.forecast.finish(trial.trial_id, time.time())
+        self._on_forecast("finish", trial.trial_id, time.time())
         self.done[trial.trial_id] = time.time() - (trial.run_metadata.start_time or self.start)
 
     def on_trial_complete(self, iteration: int, trials: list, trial, **info: Any) -> None:
