@@ -14,9 +14,8 @@ import pytest
 from sweep.plan.costs import StepCost
 from sweep.plan.cpu_load import CpuLoad
 from sweep.plan.dispatch import Dispatch, OnCpu
-from sweep.plan.eta import FINISH_S
 from sweep.plan.makespan import TrialWork
-from sweep.plan.probe import Probe, cpu_note
+from sweep.plan.probe import Probe, cpu_note, end_seconds
 from sweep.results.records import TrialRecord, write_results
 
 BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench_plan.py"
@@ -47,17 +46,18 @@ def test_the_bench_reads_the_plan_lines_the_sweep_prints():
 
 
 def test_the_table_sets_each_trials_end_against_the_prior_the_plan_line_names(monkeypatch):
-    """The plan line's note (``cpu_note``) names the end's prior at the probe's slowdown (beside one busy CPU
-    of two, two trials at once at Ray's niceness: about x2); the table reads it back."""
+    """The plan line's note (``cpu_note``) names each trial's end: its checkpoints at the probe's save time,
+    at the probe's slowdown (beside one busy CPU of two, two trials at once at Ray's niceness: about x2);
+    the table reads it back."""
     bench = bench_module()
     monkeypatch.delenv("RAY_worker_niceness", raising=False)
     probe = Probe(StepCost(train=1e-3, eval=2e-4, measured=True, per_step=0.1), setup_seconds=0.5, seconds=5.0,
-                  steps=3, threads=1, load=CpuLoad(cpus=2.0, others=1.0))
-    end = round(FINISH_S * probe.slowdown(2))
-    assert end > FINISH_S
+                  steps=3, threads=1, load=CpuLoad(cpus=2.0, others=1.0), save_seconds=0.5)
+    end = round(end_seconds(probe, 4, 2))
+    assert end > 4 * 0.5
     run = {"load": "busy", "planned_trial_s": {"MRPC": 53.0}, "planned_makespan_s": 95.0, "makespan_s": 100,
            "loop_s": {"MRPC": [55.0]}, "rest_s": {"MRPC": [2.0, 3.0]},
-           "plan_lines": plan_lines(95.0, cpu_note(probe, "", at_once=2))}
+           "plan_lines": plan_lines(95.0, cpu_note(probe, "", at_once=2, saves=4))}
     table = "\n".join(bench.table([run]))
     assert f"| busy | MRPC trial's saves and end | {end} s | 2.0, 3.0 s | {2.5 / end:.2f} |" in table, table
 

@@ -27,7 +27,8 @@ def test_the_probe_times_real_steps_on_a_trials_threads_and_leaves_the_driver_as
     random.seed(5)
     np.random.seed(5)
     torch.manual_seed(5)
-    probe = probe_step_cost(load_task("RTE"), tiny_roberta_dir, data, train, threads=1)
+    cache = tmp_path / "cache"
+    probe = probe_step_cost(load_task("RTE"), tiny_roberta_dir, data, train, threads=1, cache_dir=cache)
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == want  # an unseeded search stays unseeded
     assert torch.get_num_threads() == threads
     assert probe.step.measured and probe.step.method == "full" and 1 <= probe.steps <= 3
@@ -37,6 +38,9 @@ def test_the_probe_times_real_steps_on_a_trials_threads_and_leaves_the_driver_as
     assert probe.step.per_step + probe.step.train * tokens > probe.step.eval * tokens > 0
     assert probe.step.per_step >= 0 and probe.step.train > 0
     assert probe.seconds < 30 and "ms/token computed" in cpu_note(probe, "")
+    # a checkpoint was saved and timed beside the trials' cache, then removed
+    assert 0 < probe.save_seconds < probe.seconds and list(cache.iterdir()) == []
+    assert "to end each trial (4 checkpoint(s))" in cpu_note(probe, "", 1, saves=4)
 
 
 def test_a_steps_fixed_part_and_its_part_per_token_are_told_apart():

@@ -11,13 +11,13 @@ from pathlib import Path
 
 from sweep.cluster.connect import alive_node_resources, beside_the_driver, only_the_drivers_node
 from sweep.cluster.stage_nodes import ProgressRelay, Staging, ship_sources, stage_all_nodes
-from sweep.config.settings import AUTO, Settings
+from sweep.config.settings import AUTO, Settings, with_hparams
 from sweep.config.validate import check_halving_trials
 from sweep.failures import first_line
-from sweep.plan.costs import DataVolume, grid_points, measure_sizes, sweep_trials
+from sweep.plan.costs import DataVolume, evaluations, grid_points, measure_sizes, sweep_trials, trained_rows
 from sweep.plan.dispatch import ClusterGPUs, Dispatch, OnCpu, cluster_gpus, dispatch
 from sweep.plan.eta import COLD_START_S, FINISH_S, WARM_START_S, Forecast, Overheads
-from sweep.plan.probe import Probe, cpu_note, probe_step_cost, probe_task, why_no_probe
+from sweep.plan.probe import Probe, cpu_note, end_seconds, probe_step_cost, probe_task, why_no_probe
 from sweep.plan.scale import AutoscalerView, TrialResources
 from sweep.plan.sizes import (
     SweepStorage,
@@ -90,13 +90,13 @@ def plan_sweep(settings: Settings, sources: DriverSources, out_dir: Path) -> Swe
     concurrency = min(max(p.max_concurrent for p in tasks.values()), total)
     if probe is not None:  # the trials at once share this CPU, beside its other work: their cost at that share
         chosen = dispatch(settings, sweep_trials(settings, sizes, params, step=probe.step_at(concurrency)), cluster)
-    forecast = _forecast(settings, chosen, cluster, concurrency, on_cpu, probe)
+    forecast = _forecast(settings, sizes, chosen, cluster, concurrency, on_cpu, probe)
     plan = SweepPlan(total, nodes, autoscaler, storage, tasks, chosen, concurrency, forecast, staging)
     cpu = None
     if on_cpu:
         cpus = max(p.size.cpus_per_worker for p in tasks.values())
         makespan = forecast.remaining(0.0) if probe is not None else None
-        cpu = OnCpu(concurrency, cpus, makespan, cpu_note(probe, why_not, concurrency))
+        cpu = OnCpu(concurrency, cpus, makespan, cpu_note(probe, why_not, concurrency, _saves(settings, sizes, chosen)))
     print_plan(settings, plan, chosen.describe(sizes, params, settings.train, cpu))
     return plan
 
@@ -144,8 +144,19 @@ def _probe(settings: Settings, sources: DriverSources, sizes: dict[str, DataVolu
         return None, f"the timing probe failed ({first_line(e)})"
 
 
-def _forecast(settings: Settings, chosen: Dispatch, cluster: ClusterGPUs, concurrency: int, on_cpu: bool,
-              probe: Probe | None) -> Forecast:
+def _saves(settings: Settings, sizes: dict[str, DataVolume], chosen: Dispatch) -> float:
+    """Checkpoints a trial saves, on average over the sweep's trials: one per evaluation (a grid point may
+    change the epochs or the rows)."""
+    points = grid_points(settings)
+    counts = []
+    for t in chosen.order:
+        train = with_hparams(settings.train, points[t.point])
+        counts.append(evaluations(trained_rows(sizes[t.task], train), train))
+    return sum(counts) / len(counts) if counts else 0.0
+
+
+def _forecast(settings: Settings, sizes: dict[str, DataVolume], chosen: Dispatch, cluster: ClusterGPUs,
+              concurrency: int, on_cpu: bool, probe: Probe | None) -> Forecast:
     """The progress line's ETA: every trial's predicted loop (Tune repeats the grid per search sample);
     on CPU in trial slots, known only where the probe measured this machine, the trial processes'
     start-ups and ends as slow as their steps on this CPU's share (the same niced processes do all three)."""
@@ -154,7 +165,8 @@ def _forecast(settings: Settings, chosen: Dispatch, cluster: ClusterGPUs, concur
     keys = [trial_key({"trial": point_of(t.task, t.seed, points[t.point])}) for t in every]
     if on_cpu:
         slower = probe.slowdown(concurrency) if probe else 1.0
-        outside = Overheads(cold=COLD_START_S * slower, warm=WARM_START_S * slower, finish=FINISH_S * slower)
+        end = end_seconds(probe, _saves(settings, sizes, chosen), concurrency) if probe else FINISH_S
+        outside = Overheads(cold=COLD_START_S * slower, warm=WARM_START_S * slower, finish=end)
         return Forecast(every, keys, None, concurrency, concurrency, known=probe is not None, overheads=outside)
     return Forecast(every, keys, chosen.gpus, cluster.total, concurrency, known=True)
 

@@ -5,9 +5,10 @@ trial (``sweep.plan.costs``: ``TrialWork.gpu_seconds``, taken at the trial's GPU
 trial slot where the probe measured it). The start-up is a new trial process's (``cold``: a Ray worker
 importing torch, transformers and Ray Train) for the first trials, a reused process's (``warm``:
 the next model and data) for the rest (Tune reuses trial processes); and Tune's own setup comes
-before the first trial (``launch``). The end (``finish``) is the time from the loop's last report to the
-trial's end in the driver: the checkpoint that report saves, the trial's MLflow run closed, its process
-freed, Tune's bookkeeping. Those are priors, measured on this project's 2-core VM.
+before the first trial (``launch``). Those are priors, measured on this project's 2-core VM. The end
+(``finish``) is the time from the loop's last report to the trial's end in the driver: the checkpoint that
+report saves, the trial's MLflow run closed, its process freed, Tune's bookkeeping; on CPU the plan sets
+it from a checkpoint's save timed by the probe (``sweep.plan.probe.end_seconds``), elsewhere a prior.
 
 What the running sweep shows replaces the priors, as real tools do after the first trials:
 * the loops' scale: observed loop seconds / predicted ones, summed over the trials that reported
@@ -36,10 +37,12 @@ from sweep.plan.makespan import DEFAULT_SPEEDUP, Speedup, TrialWork
 # started that process earlier, and it takes 9-18 s in all to import torch, transformers and Ray Train;
 # the two together 8.5-17 s (median 10). In a reused process 0.1 s (tiny model) to 0.7 s (MiniLM).
 LAUNCH_S, COLD_START_S, WARM_START_S = 5.0, 5.0, 0.5
-# A trial's wall time outside its loop after the loop starts (its checkpoints saved, then its end), MiniLM
-# on the README's tour (4 evaluations a trial): 2.1-4.3 s quiet, 4.7-11 s beside a process busy on one
-# of the 2 cores (scripts/bench_plan.py; the plan slows the prior as much as the steps there: ~6 s).
-FINISH_S = 3.0
+# A trial's wall time outside its loop after the loop starts: a checkpoint saved at each evaluation, then
+# its end. MiniLM on the README's tour (4 evaluations, 272 MB a checkpoint with Adam's state): 2.1-4.3 s
+# quiet, 4.7-11 s beside a process busy on one of the 2 cores (scripts/bench_plan.py); the demo's tiny
+# RoBERTa: 0.3-0.4 s beside that process. On CPU the probe times a save (sweep.plan.probe.end_seconds:
+# END_S plus the saves); FINISH_S stands for it where nothing was measured (trials on GPUs).
+FINISH_S, END_S = 3.0, 0.2
 LOOP_DONE = 0.999  # a report at this share of the steps is the loop's last
 SIMULATE_AT_MOST = 512  # trials left past this: the work over the slots (the last wave's tail is small then)
 

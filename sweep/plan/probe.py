@@ -6,6 +6,9 @@ adapters, optimizer, collator, the real rows' token lengths), on as many torch t
 CPUs, times a training step or three on real batches and one evaluation batch, and puts the driver's
 random state back. A few seconds: MiniLM on 1 thread, ~1.1 s per batch of 16 RTE rows.
 
+It also saves the trial's checkpoint once (the model, the tokenizer, the optimizer's state: what a trial
+writes at each evaluation) and times it: a trial's end after its loop is mostly those saves.
+
 A step's time is a fixed part (the optimizer's update of every weight, clipping) plus a part per token
 computed; two steps of a few rows beside the full ones tell them apart. Per token alone, the plan of
 the README's tour said 14 s for an SST-2 trial (13 tokens a row) from MRPC's steps (52): it took 34 s.
@@ -14,6 +17,7 @@ the README's tour said 14 s for an SST-2 trial (13 tokens a row) from MRPC's ste
 from __future__ import annotations
 
 import random
+import tempfile
 import time
 from collections.abc import Mapping
 from contextlib import contextmanager
@@ -24,7 +28,7 @@ from sweep.config.settings import TrainConfig
 from sweep.config.tasks import TaskSpec
 from sweep.plan.costs import DataVolume, StepCost, trained_rows
 from sweep.plan.cpu_load import CpuLoad, CpuLoadMeter, trial_niceness
-from sweep.plan.eta import COLD_START_S, FINISH_S
+from sweep.plan.eta import COLD_START_S, END_S
 
 BUDGET_S = 2.0  # timed training steps stop once past this (at least one, at most STEPS)
 STEPS = 3
@@ -39,6 +43,7 @@ class Probe:
     steps: int  # training steps timed
     threads: int  # a trial's torch threads, as timed
     load: CpuLoad  # the other processes' CPU while timed
+    save_seconds: float = 0.0  # one checkpoint saved (a trial saves one at each evaluation)
 
     def slowdown(self, at_once: int) -> float:
         """How much slower a trial process works with ``at_once`` trials (Ray workers: niced) sharing this
@@ -72,9 +77,24 @@ def probe_step_cost(spec: TaskSpec, model_dir: Path, data_dir: Path, train: Trai
         with CpuLoadMeter() as meter:
             few, full = _time_training(run)
             eval_seconds, eval_tokens = _time_evaluation(run)
+            save_seconds = _time_save(run, cache_dir)
     per_token, per_step = split_step_time(few, full)
     step = StepCost(per_token, eval_seconds / max(eval_tokens, 1), train.method, measured=True, per_step=per_step)
-    return Probe(step, setup_seconds, time.perf_counter() - started, len(full), max(1, threads), meter.load)
+    return Probe(step, setup_seconds, time.perf_counter() - started, len(full), max(1, threads), meter.load,
+                 save_seconds)
+
+
+def _time_save(run, near: Path | None) -> float:
+    """Seconds to save the trial's checkpoint as the loop does (``sweep.train.loop.save``), into a
+    folder that is removed after (beside the trials' cache where there is one: the same disk)."""
+    from sweep.train.loop import save
+
+    if near is not None:
+        near.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="probe-checkpoint-", dir=near) as folder:
+        t = time.perf_counter()
+        save(run, Path(folder))
+        return time.perf_counter() - t
 
 
 Timed = list[tuple[float, int]]  # (seconds, computed tokens) of each timed step
@@ -177,12 +197,21 @@ def probe_task(sizes: Mapping[str, DataVolume], train: TrainConfig) -> str:
     return max(readable, key=lambda s: trained_rows(s, train) * s.mean_tokens).task
 
 
-def cpu_note(probe: Probe | None, why_not: str, at_once: int = 1) -> str:
-    """What the CPU estimate rests on, for the plan line (or why there is none)."""
+def end_seconds(probe: Probe, saves: float, at_once: int) -> float:
+    """A trial's time after its loop starts outside its training and evaluation: ``saves`` checkpoints
+    (one per evaluation) and its end (END_S), as slow as the steps with ``at_once`` trials (the same
+    niced process)."""
+    return (END_S + saves * probe.save_seconds) * probe.slowdown(at_once)
+
+
+def cpu_note(probe: Probe | None, why_not: str, at_once: int = 1, saves: float = 0.0) -> str:
+    """What the CPU estimate rests on, for the plan line (or why there is none); ``saves``: checkpoints
+    a trial saves (its evaluations)."""
     if probe is None:
         return why_not
     return (f"training measured here: {probe.steps} step(s) at {probe.step.per_step:.2f} s + "
             f"{probe.step.train * 1e3:.2f} ms/token computed, eval {probe.step.eval * 1e3:.2f} ms/token, "
-            f"probe {probe.seconds:.1f} s; {probe.load.describe(at_once, probe.threads, trial_niceness())}; "
-            f"+ ~{COLD_START_S * probe.slowdown(at_once):.0f}s to start each new trial process and "
-            f"~{FINISH_S * probe.slowdown(at_once):.0f}s to end each trial, priors")
+            f"a checkpoint saved in {probe.save_seconds:.2f} s, probe {probe.seconds:.1f} s; "
+            f"{probe.load.describe(at_once, probe.threads, trial_niceness())}; "
+            f"+ ~{COLD_START_S * probe.slowdown(at_once):.0f}s to start each new trial process, a prior, and "
+            f"~{end_seconds(probe, saves, at_once):.0f}s to end each trial ({saves:.3g} checkpoint(s))")
