@@ -40,7 +40,7 @@ def test_the_probe_times_real_steps_on_a_trials_threads_and_leaves_the_driver_as
     assert probe.seconds < 30 and "ms/token computed" in cpu_note(probe, "")
     # a checkpoint was saved and timed beside the trials' cache, then removed
     assert 0 < probe.save_seconds < probe.seconds and list(cache.iterdir()) == []
-    assert "to end each trial (4 checkpoint(s))" in cpu_note(probe, "", 1, saves=4)
+    assert "to end each trial with its 4 checkpoint(s)" in cpu_note(probe, "", 1, saves=4)
 
 
 def test_a_steps_fixed_part_and_its_part_per_token_are_told_apart():

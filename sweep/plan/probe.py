@@ -214,4 +214,4 @@ def cpu_note(probe: Probe | None, why_not: str, at_once: int = 1, saves: float =
             f"a checkpoint saved in {probe.save_seconds:.2f} s, probe {probe.seconds:.1f} s; "
             f"{probe.load.describe(at_once, probe.threads, trial_niceness())}; "
             f"+ ~{COLD_START_S * probe.slowdown(at_once):.0f}s to start each new trial process, a prior, and "
-            f"~{end_seconds(probe, saves, at_once):.0f}s to end each trial ({saves:.3g} checkpoint(s))")
+            f"~{end_seconds(probe, saves, at_once):.0f}s to end each trial with its {saves:.3g} checkpoint(s)")
