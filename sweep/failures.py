@@ -91,7 +91,10 @@ def error_line(error: BaseException) -> str:
     """One line for the results and the progress: ``Type: message`` (the message's first line; of a message
     that is a whole traceback, as Tune's TuneError carries a callback's, its last line: the root cause)."""
     lines = [line for line in str(error).strip().splitlines() if line.strip()]
-    text = (lines[-1].strip() if lines[0].startswith(TRACEBACK) else lines[0]) if lines else ""
+    if lines and lines[0].startswith(TRACEBACK):  # the exception's first line follows the last (indented) frame
+        frames = [i for i, line in enumerate(lines) if line[:1].isspace()]
+        lines = lines[frames[-1] + 1:] if frames and frames[-1] + 1 < len(lines) else lines[-1:]
+    text = lines[0].strip() if lines else ""
     name = type(error).__name__
     return (f"{name}: {text}" if text else name)[:500]
 

@@ -159,3 +159,4 @@ def test_what_tune_raises_out_of_fit_is_one_sweep_failed_line(tmp_path):
         ray.shutdown()
     line = str(failed.value)
     assert line.startswith("Tune's run ended on ") and "\n" not in line, line
+    assert "RuntimeError: the results store went away" in line, line  # the cause, not "Traceback (most ..."

@@ -54,6 +54,8 @@ def test_an_error_whose_message_is_a_traceback_is_told_by_its_root_cause():
                "TypeError: finish() takes 2 positional arguments but 3 were given\n")
     assert error_line(TuneError(message)) == (
         "TuneError: TypeError: finish() takes 2 positional arguments but 3 were given")
+    two_lines = message.replace("given\n", "given\nand a second line of its message\n")
+    assert error_line(TuneError(two_lines)) == error_line(TuneError(message))
     assert error_line(ValueError("row 3: no label\nmore")) == "ValueError: row 3: no label"
     assert error_line(ValueError()) == "ValueError"
 
