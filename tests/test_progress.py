@@ -27,7 +27,9 @@ def trial(seed: int) -> SimpleNamespace:
                            last_result=None, status="RUNNING")
 
 
-def test_the_eta_counts_start_ups_and_slots_then_follows_the_trials_pace(monkeypatch, capsys):
+def watched_sweep(monkeypatch, overheads: Overheads, forecast_class: type[Forecast] = Forecast):
+    """The demo's three WNLI trials of 20 s predicted, 2 at once, under the test's clock: the progress line,
+    its forecast, the trials and the clock."""
     from sweep.hooks import progress
 
     clock = Clock()
@@ -35,9 +37,13 @@ def test_the_eta_counts_start_ups_and_slots_then_follows_the_trials_pace(monkeyp
     settings = demo_settings()  # WNLI, seeds 38-40, 4 epochs
     trials = [trial(seed) for seed in settings.sweep.seeds]
     work = [TrialWork("WNLI", seed, 20.0) for seed in settings.sweep.seeds]
-    forecast = Forecast(work, [trial_key(t.config) for t in trials], None, capacity=2, concurrency=2, known=True,
-                        overheads=Overheads(launch=6.0, cold=10.0, warm=1.0, finish=0.0))
-    line = progress.SweepProgress(settings, 3, forecast)
+    forecast = forecast_class(work, [trial_key(t.config) for t in trials], None, capacity=2, concurrency=2,
+                              known=True, overheads=overheads)
+    return progress.SweepProgress(settings, 3, forecast), forecast, trials, clock
+
+
+def test_the_eta_counts_start_ups_and_slots_then_follows_the_trials_pace(monkeypatch, capsys):
+    line, forecast, trials, clock = watched_sweep(monkeypatch, Overheads(launch=6.0, cold=10.0, warm=1.0, finish=0.0))
     for t in trials[:2]:
         line.on_trial_start(0, trials, t)
     assert line.last_line.endswith("ETA 00:51")  # 2 x (10 + 20) start together, then 1 + 20 on a reused process
@@ -67,16 +73,7 @@ def report_row(t: SimpleNamespace, progress_done: float, loop_started: float, re
 def test_the_eta_learns_how_long_a_trial_takes_to_end_after_its_loop(monkeypatch):
     """The driver's clock at the trial's end against its report at the loop's last step: 7 s here, where
     the prior said 3; the third trial's estimate carries the 7."""
-    from sweep.hooks import progress
-
-    clock = Clock()
-    monkeypatch.setattr(progress.time, "time", clock)
-    settings = demo_settings()
-    trials = [trial(seed) for seed in settings.sweep.seeds]
-    work = [TrialWork("WNLI", seed, 20.0) for seed in settings.sweep.seeds]
-    forecast = Forecast(work, [trial_key(t.config) for t in trials], None, capacity=2, concurrency=2, known=True,
-                        overheads=Overheads(launch=0.0, cold=0.0, warm=1.0, finish=3.0))
-    line = progress.SweepProgress(settings, 3, forecast)
+    line, forecast, trials, clock = watched_sweep(monkeypatch, Overheads(launch=0.0, cold=0.0, warm=1.0, finish=3.0))
     for t in trials[:2]:
         line.on_trial_start(0, trials, t)
     assert line.last_line.endswith("ETA 00:47")  # (20 + 3) on each slot, then 1 + 20 + 3
@@ -101,14 +98,7 @@ class BrokenForecast(Forecast):
 
 def test_a_failing_eta_is_dropped_with_one_warning_and_the_progress_goes_on(monkeypatch, capsys):
     """Tune ends its whole run on a callback's error: an ETA's bug must not end a sweep whose trials train."""
-    from sweep.hooks import progress
-
-    monkeypatch.setattr(progress.time, "time", Clock())
-    settings = demo_settings()
-    trials = [trial(seed) for seed in settings.sweep.seeds]
-    work = [TrialWork("WNLI", seed, 20.0) for seed in settings.sweep.seeds]
-    line = progress.SweepProgress(settings, 3, BrokenForecast(work, [trial_key(t.config) for t in trials], None,
-                                                              capacity=2, concurrency=2, known=True))
+    line, _, trials, _ = watched_sweep(monkeypatch, Overheads(), BrokenForecast)
     line.on_trial_start(0, trials, trials[0])
     line.on_trial_result(0, trials, trials[0], report_row(trials[0], 0.5, 1000.0, 1000.0))
     line.on_trial_complete(0, trials, trials[0])
