@@ -89,7 +89,8 @@ TRACEBACK = "Traceback (most recent call last):"
 
 def error_line(error: BaseException) -> str:
     """One line for the results and the progress: ``Type: message`` (the message's first line; of a message
-    that is a whole traceback, as Tune's TuneError carries a callback's, its last line: the root cause)."""
+    that is a whole traceback, as Tune's TuneError carries a callback's, the first line of the exception
+    after its last frame: the root cause)."""
     lines = [line for line in str(error).strip().splitlines() if line.strip()]
     if lines and lines[0].startswith(TRACEBACK):  # the exception's first line follows the last (indented) frame
         frames = [i for i, line in enumerate(lines) if line[:1].isspace()]

@@ -43,7 +43,7 @@ class Probe:
     steps: int  # training steps timed
     threads: int  # a trial's torch threads, as timed
     load: CpuLoad  # the other processes' CPU while timed
-    save_seconds: float = 0.0  # one checkpoint saved (a trial saves one at each evaluation)
+    save_seconds: float  # one checkpoint saved (a trial saves one at each evaluation)
 
     def slowdown(self, at_once: int) -> float:
         """How much slower a trial process works with ``at_once`` trials (Ray workers: niced) sharing this
