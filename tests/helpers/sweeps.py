@@ -15,20 +15,24 @@ TRAIN_WORKER = "RayTrainWorker"  # a DDP trial's workers
 
 def sweep_killed_after(done: int, *args: str, cwd: Path, cache: Path) -> int:
     """``python -m sweep ARGS`` killed (driver, its local Ray, every process of its session: SIGKILL, as
-    a lost machine) once its progress line says ``done`` trials have finished; how many had."""
+    a lost machine) once its progress line says ``done`` trials have finished; how many had. A sweep that
+    ends before that fails the test with its output's tail (what it printed is the only trace of why)."""
     env = {**os.environ, "SWEEP_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "sweep", *args], cwd=cwd, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    finished = 0
+    finished, printed = 0, []
     try:
         for line in proc.stdout:
+            printed.append(line)
             if " done, " in line:
                 finished = int(line.split("]", 1)[1].split("/")[0])
                 if finished >= done:
-                    break
+                    return finished
+        code = proc.wait(timeout=60)  # its output closed: it ended by itself
     finally:
         kill_session(proc)
-    return finished
+    raise AssertionError(f"the sweep ended (exit {code}) with {finished} trial(s) done, before it could be killed "
+                         f"after {done}; its output's end:\n{''.join(printed[-40:])}")
 
 
 def sweep_cmd(*args: str, cwd: Path, cache: Path, timeout: float = 300) -> subprocess.CompletedProcess:
