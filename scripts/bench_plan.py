@@ -119,13 +119,13 @@ def table(runs: list[dict]) -> list[str]:
     lines = ["| load | what | planned | measured | measured / planned |", "|---|---|---|---|---|"]
     for run in runs:
         ratio = ratios(run)
+        prior = END_PRIOR.search(" ".join(run["plan_lines"]))  # the end each trial was planned
+        end = duration_seconds(prior.group(1)) if prior else float("nan")
         for task, planned_s in run["planned_trial_s"].items():
             loops = ", ".join(f"{s:.0f}" for s in run["loop_s"].get(task, []))
             lines.append(f"| {run['load']} | {task} trial in training | {planned_s:.0f} s | {loops} s | "
                          f"{ratio.get(task, float('nan')):.2f} |")
             rests = run["rest_s"].get(task, [])
-            prior = END_PRIOR.search(" ".join(run["plan_lines"]))
-            end = duration_seconds(prior.group(1)) if prior else float("nan")
             lines.append(f"| {run['load']} | {task} trial's saves and end | {end:.0f} s | "
                          f"{', '.join(f'{s:.1f}' for s in rests)} s | "
                          f"{statistics.median(rests) / end if rests and end > 0 else float('nan'):.2f} |")

@@ -90,13 +90,14 @@ def plan_sweep(settings: Settings, sources: DriverSources, out_dir: Path) -> Swe
     concurrency = min(max(p.max_concurrent for p in tasks.values()), total)
     if probe is not None:  # the trials at once share this CPU, beside its other work: their cost at that share
         chosen = dispatch(settings, sweep_trials(settings, sizes, params, step=probe.step_at(concurrency)), cluster)
-    forecast = _forecast(settings, sizes, chosen, cluster, concurrency, on_cpu, probe)
+    saves = _saves(settings, sizes, chosen)  # checkpoints a trial saves: its end, on the plan line and in the ETA
+    forecast = _forecast(settings, chosen, cluster, concurrency, on_cpu, probe, saves)
     plan = SweepPlan(total, nodes, autoscaler, storage, tasks, chosen, concurrency, forecast, staging)
     cpu = None
     if on_cpu:
         cpus = max(p.size.cpus_per_worker for p in tasks.values())
         makespan = forecast.remaining(0.0) if probe is not None else None
-        cpu = OnCpu(concurrency, cpus, makespan, cpu_note(probe, why_not, concurrency, _saves(settings, sizes, chosen)))
+        cpu = OnCpu(concurrency, cpus, makespan, cpu_note(probe, why_not, concurrency, saves))
     print_plan(settings, plan, chosen.describe(sizes, params, settings.train, cpu))
     return plan
 
@@ -155,8 +156,8 @@ def _saves(settings: Settings, sizes: dict[str, DataVolume], chosen: Dispatch) -
     return sum(counts) / len(counts) if counts else 0.0
 
 
-def _forecast(settings: Settings, sizes: dict[str, DataVolume], chosen: Dispatch, cluster: ClusterGPUs,
-              concurrency: int, on_cpu: bool, probe: Probe | None) -> Forecast:
+def _forecast(settings: Settings, chosen: Dispatch, cluster: ClusterGPUs, concurrency: int, on_cpu: bool,
+              probe: Probe | None, saves: float) -> Forecast:
     """The progress line's ETA: every trial's predicted loop (Tune repeats the grid per search sample);
     on CPU in trial slots, known only where the probe measured this machine, the trial processes'
     start-ups and ends as slow as their steps on this CPU's share (the same niced processes do all three)."""
@@ -165,7 +166,7 @@ def _forecast(settings: Settings, sizes: dict[str, DataVolume], chosen: Dispatch
     keys = [trial_key({"trial": point_of(t.task, t.seed, points[t.point])}) for t in every]
     if on_cpu:
         slower = probe.slowdown(concurrency) if probe else 1.0
-        end = end_seconds(probe, _saves(settings, sizes, chosen), concurrency) if probe else FINISH_S
+        end = end_seconds(probe, saves, concurrency) if probe else FINISH_S
         outside = Overheads(cold=COLD_START_S * slower, warm=WARM_START_S * slower, finish=end)
         return Forecast(every, keys, None, concurrency, concurrency, known=probe is not None, overheads=outside)
     return Forecast(every, keys, chosen.gpus, cluster.total, concurrency, known=True)
