@@ -52,7 +52,7 @@ def tracked_config(settings: Settings) -> dict[str, Any]:
     return {k: v for k, v in asdict(settings).items() if k != "composed"}
 
 
-def start_tracking(settings: Settings, out_dir: Path | None = None):
+def start_tracking(settings: Settings, out_dir: Path | None = None, sources=None):
     """The parent MLflow run (or None with tracking=none); an unreachable store fails here, first.
 
     With ``out_dir``, calls the store does not answer later wait in ``out_dir/mlflow-unsent/`` and
@@ -70,12 +70,15 @@ def start_tracking(settings: Settings, out_dir: Path | None = None):
     spool_dir = Path(out_dir) / SPOOL_DIR if out_dir is not None else None
     tracker = SweepTracker(uri, experiment, spool_dir)
     reopen = saved_parent(Path(out_dir), uri, experiment) if out_dir is not None and settings.resume else None
-    parent = tracker.start(tracked_config(settings), reopen=reopen)
+    provenance = sources.provenance() if sources is not None else {}  # the commit shas trained on, as params
+    parent = tracker.start({**tracked_config(settings), **({"sources": provenance} if provenance else {})},
+                           reopen=reopen)
     if out_dir is not None:
         tracker.save(Path(out_dir))
     verb = "continuing MLflow run" if tracker.reopened else "MLflow run"
     print(f"tracking: {verb} {parent} in experiment {experiment!r} at {uri}")
-    return tracker, TrialTracking(uri, tracker.experiment_id, parent, experiment, str(spool_dir) if spool_dir else None)
+    return tracker, TrialTracking(uri, tracker.experiment_id, parent, experiment, str(spool_dir) if spool_dir else None,
+                                  provenance)
 
 
 def restore_records(settings: Settings, out_dir: Path) -> None:
@@ -116,13 +119,15 @@ def register(settings: Settings, tracker, best: dict[str, TrialRecord], out_dir:
 
     spec = {t.name: t for t in settings.tasks}
     unlearned = {s.task for s in summaries or () if s.learned is False}
+    synthetic = settings.storage.synthetic_data and not settings.tracking.synthetic_champion
     for task, record in best.items():
         if not record.run_id:
             print(f"registry: {task}: the best trial has no MLflow run; not registered")
             continue
         try:
             result = register_best(tracker.uri, settings.model.name, spec[task], record.run_id,
-                                   out_dir / "best" / task, record.score, learned=task not in unlearned)
+                                   out_dir / "best" / task, record.score, learned=task not in unlearned,
+                                   synthetic=synthetic)
         except Exception as e:  # the sweep's work is done: a registry that fails loses none of it
             why = ("does not answer" if unreachable(e)
                    else f"refused it ({scrub(error_line(e))})")
@@ -132,6 +137,8 @@ def register(settings: Settings, tracker, best: dict[str, TrialRecord], out_dir:
         before = f"{result.previous_champion_score:.4f}" if result.previous_champion_score is not None else "none"
         verdict = ("now champion" if result.promoted
                    else "not promoted: it learned nothing (within noise of the trivial score)" if task in unlearned
+                   else "not promoted: trained on synthetic data (tracking.synthetic_champion=true allows it)"
+                   if synthetic
                    else f"not promoted: the champion scores {before}, this {record.score:.4f}")
         print(f"registry: {result.name} version {result.version}, {verdict} (previous champion: {before})")
 
@@ -173,6 +180,9 @@ def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkp
     # seeds_per_point > 1: the best config (its seeds' aggregate) gives the best model, not the luckiest seed
     aggregate = settings.sweep.aggregate if settings.sweep.seeds_per_point > 1 else None
     best = best_per_task(records, settings.tasks, aggregate)
+    provenance = sources.provenance() if sources is not None else {}
+    for r in records:  # every row and export says what it was trained on
+        r.sources = provenance
     for task, record in best.items():
         exported = export_best(record, out_dir / "best" / task, settings.model.name,
                                model_writer(settings, sources, task))
@@ -193,6 +203,8 @@ def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkp
     plot = plot_seed_scores(records, settings.tasks, out_dir / "seed_scores.png",
                             {task: known.score for task, known in trivial.items()})
     print(format_summary(summaries))
+    if sources is not None and sources.synthetic:
+        print("data: SYNTHETIC (storage.synthetic_data=true): generated rows; these scores say nothing of the model")
     for summary in summaries:
         if summary.learned is False:
             print(format_unlearned(summary, settings.train, best[summary.task].hparams, registry=tracker is not None))
@@ -327,7 +339,7 @@ def run(settings: Settings | DictConfig, out_dir: str | os.PathLike[str] | None 
     with hold_out_dir(out):  # one sweep per out_dir (OutDirInUseError), before anything is written
         sources = check_sources(settings)
         check_method_and_tests(settings, sources)
-        tracker, tracking = start_tracking(settings, out)  # an unreachable store before any trial
+        tracker, tracking = start_tracking(settings, out, sources)  # an unreachable store before any trial
         from sweep.driver.tuner import run_tune
 
         try:

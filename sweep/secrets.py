@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN")
 SECRET_NAME_PARTS = ("SECRET", "TOKEN", "PASSWORD", "KEY")
@@ -44,13 +45,38 @@ def _environment() -> dict[str, str]:
     return dict(os.environ)
 
 
+def hub_token_files(env: dict[str, str]) -> list[Path]:
+    """Where ``hf auth login`` keeps the Hugging Face token (huggingface_hub's own order), without importing it."""
+    home = Path(os.path.expanduser(env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or "~/.cache",
+                                                                        "huggingface")))
+    token = Path(os.path.expanduser(env["HF_TOKEN_PATH"])) if env.get("HF_TOKEN_PATH") else home / "token"
+    return [token, token.parent / "stored_tokens"]
+
+
+def _stored_hub_tokens(env: dict[str, str]) -> set[str]:
+    values = set()
+    for path in hub_token_files(env):
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if path.name == "token":  # the token itself
+            values.add(text.strip())
+        else:  # stored_tokens: an ini file, a section per token name with its "hf_token = ..." line
+            values.update(line.split("=", 1)[1].strip() for line in text.splitlines()
+                          if line.split("=", 1)[0].strip() == "hf_token")
+    return {v for v in values if _could_be_secret(v)}
+
+
 def secret_values() -> set[str]:
-    """Values of the environment's credentials: AWS keys and any variable named like a secret."""
+    """Values of the environment's credentials: AWS keys, any variable named like a secret (HF_TOKEN among
+    them), and the Hugging Face token ``hf auth login`` stored."""
+    env = _environment()
     return {
         value
-        for name, value in _environment().items()
+        for name, value in env.items()
         if (name in SECRET_ENV or any(part in name.upper() for part in SECRET_NAME_PARTS)) and _could_be_secret(value)
-    }
+    } | _stored_hub_tokens(env)
 
 
 def scrub(text: str) -> str:

@@ -133,6 +133,31 @@ def test_an_mlflow_server_restarted_mid_sweep_loses_nothing(own_disk_cluster):
         server.kill()
 
 
+def test_the_hub_is_fetched_once_per_node_and_a_node_without_it_gets_the_drivers_copy(own_disk_cluster):
+    """`model=roberta-base task=RTE` from the stand-in Hub on a cluster: the driver's node fetches each file once,
+    the worker node (its own Hugging Face cache) once more and its trials share that copy; a node that cannot
+    reach the Hub takes the driver's copy through Ray and makes no request."""
+    from tests.helpers.hub_repos import fetched
+
+    cluster, hub = own_disk_cluster, own_disk_cluster.hub
+    offline = cluster.add_worker(1, 0, env={"HF_ENDPOINT": "http://127.0.0.1:9"})  # nothing listens there
+    try:
+        done = cluster.sweep("model=roberta-base", "task=RTE", "storage.synthetic_data=false", "sweep.seeds=[1,2]",
+                             "train.epochs=1", "tracking=none", f"cluster.storage_path={cluster.shared / 'hub'}",
+                             "cluster.shared_storage=true", name="hub")
+    finally:
+        cluster.remove_worker(offline)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    gets = fetched(hub, "model", "roberta-base") | fetched(hub, "dataset", "nyu-mll/glue")
+    assert "model.safetensors" in gets and "rte/train-00000-of-00001.parquet" in gets
+    assert set(gets.values()) == {2}, gets  # the head's and the GPU node's, never the trials' or the offline node's
+    assert f"staging: node {offline[:8]}: hf://roberta-base@" in done.stdout and "received from the driver" in \
+        done.stdout, done.stdout[-3000:]
+    records = load_records(cluster.driver / "hub" / "results.json")
+    assert len(records) == 2 and {r.node for r in records} == {cluster.worker_node} and all(r.ok for r in records)
+    assert {r.sources["model.sha"] for r in records} == {hub.repos[("model", "roberta-base")].sha}
+
+
 def test_a_node_that_joins_mid_sweep_stages_there_and_the_driver_shows_it(own_disk_cluster):
     """The head alone at the start (no GPU) with a GPU node type declared: the sweep waits; a GPU
     node with its own disk joins; the trial there receives the driver's data and its staging line

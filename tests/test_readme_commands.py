@@ -4,7 +4,9 @@ virtualenv as ``.venv``), each block in its own ``bash -euo pipefail`` that star
 one left off (its environment and working folder: `. .venv/bin/activate` carries on, as in one
 terminal). Sweeps get small settings appended (``SMALL``); a ``background`` block (a server) is started
 and must answer its URL; a ``not run`` block is skipped for its stated reason (tests/test_readme_blocks.py
-checks the reasons are there). A command that stops working fails here."""
+checks the reasons are there). A command that stops working fails here. The Hugging Face Hub the tour
+reads GLUE from is a stand-in on localhost (tests/helpers/stand_in_hub.py) holding nyu-mll/glue's SST-2 and
+MRPC made from the real rows of ``../shared/data``; ``make demo`` reads nothing from it."""
 
 from __future__ import annotations
 
@@ -29,6 +31,8 @@ from sweep.export_layout import MADE_BY
 from sweep.results.records import rank_key
 from sweep.trials import TRAINING_STATE
 from tests.helpers.doc_blocks import Block, bash_blocks, commands, with_overrides
+from tests.helpers.hub_repos import fetched, glue_files
+from tests.helpers.stand_in_hub import StandInHub
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
@@ -109,7 +113,10 @@ def test_every_readme_command_runs_as_written(tmp_path: Path, shared_data_dir: P
     clone = fresh_clone(tmp_path)
     state = tmp_path / "state"
     state.mkdir()
-    env = {**os.environ, "PWD": str(clone), "SWEEP_CACHE_DIR": str(cache_dir), "HF_HUB_OFFLINE": "1"}
+    hub = StandInHub()
+    glue = hub.add_repo("nyu-mll/glue", glue_files(shared_data_dir, ("SST-2", "MRPC")), repo_type="dataset")
+    hub.start()
+    env = {**hub.env(tmp_path / "hf-home"), "PWD": str(clone), "SWEEP_CACHE_DIR": str(cache_dir)}
     env.pop("VIRTUAL_ENV", None)  # as a new terminal: the README activates the venv itself
     for name in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "ARGS", "PYTEST_ADDOPTS"):  # `make test ARGS=...`'s
         env.pop(name, None)
@@ -131,6 +138,7 @@ def test_every_readme_command_runs_as_written(tmp_path: Path, shared_data_dir: P
     finally:
         for proc in servers:
             stop(proc)
+        hub.stop()
     printed |= {command: log.read_text() for command, log in logs.items()}
 
     # What each step is there for, beyond its exit status.
@@ -138,6 +146,10 @@ def test_every_readme_command_runs_as_written(tmp_path: Path, shared_data_dir: P
     assert_the_demo_kept_exactly_the_best_model(demo_out, printed["make demo"])
     tour = clone / "runs" / "tour"
     assert [row["task"] for row in csv.DictReader((tour / "summary.csv").open())] == ["SST-2", "MRPC"]
+    rows = list(csv.DictReader((tour / "results.csv").open()))
+    assert {(r["source.data.repo"], r["source.data.sha"]) for r in rows} == {("nyu-mll/glue", glue)}  # the Hub's rows
+    assert fetched(hub, "dataset", "nyu-mll/glue") == {f"{c}/{s}-00000-of-00001.parquet": 1  # once, no test split
+                                                       for c in ("sst2", "mrpc") for s in ("train", "validation")}
     ui = next(text for command, text in printed.items() if command.startswith("sweep ui"))
     assert re.search(r"^runs: http://127\.0\.0\.1:5000/\S+", ui, re.MULTILINE), ui
     answer = next(text for command, text in printed.items() if command.startswith("sweep infer"))

@@ -28,6 +28,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from sweep.cluster.connect import alive_nodes, beside_the_driver
 from sweep.config.settings import Settings
+from sweep.storage.hub_sources import HubPins
 from sweep.storage.staging import LocalSources, SourcePins
 
 RELAY_EVERY_S = 2.0  # how often the driver prints the nodes' progress lines while it waits
@@ -41,6 +42,8 @@ class Staging:
     pins: SourcePins | None = None  # storage=s3: the object versions the driver's preflight pinned
     shipments: Shipments | None = None  # storage=local: the driver's folders, for nodes that lack them
     relay: Any = None  # the ProgressRelay actor: the nodes' lines reach the driver's terminal
+    hub: HubPins | None = None  # storage=local: the Hub's commits the driver pinned, fetched once per node
+    driver_node: str | None = None  # several nodes, ship_to_nodes: a node without the Hub takes the driver's copy
 
 
 @dataclass(frozen=True)
@@ -133,8 +136,33 @@ def stage_here(settings: Settings, staging: Staging, say: Callable[[str], None] 
     say = say or (relay.post.remote if relay is not None else None)
     progress = (lambda line: say(f"node {node[:8]}: {line}")) if say is not None else None
     received = receive_sources(settings, staging.shipments, where, progress)
-    sources = ensure_local(settings, staging.pins, progress)
+    other = staging.driver_node not in (None, node)  # the driver's own node has nothing more to give
+    fallback = _driver_copy(settings, staging.driver_node, progress) if other else None
+    sources = ensure_local(settings, staging.pins, progress, staging.hub, fallback)
     return NodeStaging(node, socket.gethostname(), sources.downloaded, time.monotonic() - started, received, sources)
+
+
+def _pack_pin(pin):
+    from sweep.storage.hub import pack_pin
+
+    return pack_pin(pin)
+
+
+def _driver_copy(settings: Settings, driver_node: str, progress: Callable[[str], None] | None):
+    """A Hub pin this node cannot fetch (no network, no token), taken from the driver's cache through Ray's
+    object store instead (storage.ship_to_nodes): the node's cache then holds it as if fetched."""
+    from sweep.storage.hub import unpack_pin
+    from sweep.storage.staging import GiB
+
+    def take(pin, why) -> None:
+        pack = ray.remote(num_cpus=0, max_retries=0)(_pack_pin)
+        blob = ray.get(pack.options(scheduling_strategy=NodeAffinitySchedulingStrategy(driver_node, soft=False))
+                       .remote(pin))
+        unpack_pin(blob, pin, int(settings.storage.max_unpack_gb * GiB))
+        if progress is not None:
+            progress(f"{pin.uri}: {len(blob) / 2**20:.1f} MiB received from the driver ({why})")
+
+    return take
 
 
 def stage_this_node(settings: Settings, staging: Staging, say: Callable[[str], None] | None = None) -> NodeStaging:

@@ -47,7 +47,8 @@ class BuilderConfig:
 @dataclass
 class ModelConfig:
     name: str = "???"
-    hub_id: Optional[str] = None
+    hub_id: Optional[str] = None  # the Hugging Face Hub repo (model=hub: any id, the name taken from it)
+    revision: str = "main"  # a branch, tag or commit of hub_id: resolved once, on the driver, to a commit sha
     path: Optional[str] = None
     package: Optional[str] = None
     builder: Optional[BuilderConfig] = None
@@ -187,6 +188,7 @@ class StorageConfig:
     progress_every_s: float = 10.0  # a long download's progress line, this often (0: every chunk)
     output_prefix: Optional[str] = None  # s3://bucket/prefix: best models + results go there after the sweep
     ship_to_nodes: bool = True  # storage=local: send data_dir / model folders to nodes that do not see them
+    synthetic_data: bool = False  # generated GLUE-layout rows instead of real data (the demo, tests): only when asked
 
 
 @dataclass
@@ -196,6 +198,7 @@ class TrackingConfig:
     experiment: Optional[str] = None
     required: bool = True
     copy_every_s: float = 300.0  # with storage.output_prefix: the records copied there at least this often
+    synthetic_champion: bool = False  # a model trained on synthetic data may become champion
 
 
 @dataclass

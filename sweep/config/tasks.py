@@ -29,8 +29,10 @@ GLUE_TASKS = ("CoLA", "SST-2", "MRPC", "STS-B", "QQP", "MNLI", "QNLI", "RTE", "W
 GLUE_DIAGNOSTIC = ("diagnostic", "diagnostic.tsv")
 KINDS = ("classification", "regression", "causal_lm")
 MODES = ("max", "min")
-# Keys of the task group itself (not of one task): ``task.path`` is the text task's corpus folder.
-GROUP_SETTINGS = ("path",)
+# Keys of the task group itself (not of one task): ``task.path`` is the text task's corpus folder; the rest
+# describe ``task=hub``'s dataset (conf/task/hub.yaml).
+GROUP_SETTINGS = ("path", "dataset", "dataset_config", "dataset_revision", "text_columns", "label_column", "labels",
+                  "train_split", "eval_split")
 SPLIT_PLACEHOLDER = "{split}"
 
 
@@ -38,13 +40,22 @@ class TaskConfigError(ValueError):
     """A task's config is malformed (a shipped or user-written task YAML)."""
 
 
+GLUE_REPO = "nyu-mll/glue"
+
+
 @dataclass(frozen=True)
 class HFLayout:
-    """The same task as the Hugging Face hub's ``nyu-mll/glue`` stores it."""
+    """The same task as a Hugging Face Hub dataset stores it (GLUE: ``nyu-mll/glue``): with no
+    ``storage.data_dir`` the sweep reads it from there, at ``revision`` resolved once to a commit."""
 
-    config: str  # sub-folder name on the hub: cola, sst2, mnli, ...
+    config: str  # the config's folder in the repo: cola, sst2, mnli, wikitext-2-raw-v1, data, ...
     text_columns: tuple[str, ...]
-    label_names: tuple[str, ...] | None  # hub label index -> our label string (None: regression)
+    label_names: tuple[str, ...] | None  # hub label index -> our label string (None: regression, causal LM)
+    repo: str = GLUE_REPO
+    revision: str = "main"
+    label_column: str = "label"
+    # our split -> the repo's (train -> train, dev -> validation); empty: train, and validation[_<split>]
+    splits: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -114,7 +125,7 @@ def task_from_config(cfg: Mapping[str, Any] | Any) -> TaskSpec:
     labels = _labels(d, kind, bad)
     text_columns = tuple(d.get("text_columns") or ())
     header, columns = _columns(d, kind, text_columns, bad)
-    hf = _hf_layout(d.get("hf"))
+    hf = _hf_layout(d.get("hf"), bad)
     return TaskSpec(
         name=name,
         kind=kind,
@@ -178,14 +189,22 @@ def _test_files(files: Any, bad: Bad) -> dict[str, str]:
     return {str(split): f for split, f in files.items()}
 
 
-def _hf_layout(hf: Mapping[str, Any] | None) -> HFLayout | None:
+def _hf_layout(hf: Mapping[str, Any] | None, bad: Bad) -> HFLayout | None:
     if not hf:
         return None
     names = hf.get("label_names")
+    for key in ("repo", "config", "revision"):
+        value = hf.get(key, "x")
+        if not isinstance(value, str) or not value.strip("/"):
+            raise bad(f"hf.{key}", f"needs a non-empty string, got {value!r}")
     return HFLayout(
-        config=str(hf["config"]),
+        config=str(hf["config"]).strip("/"),
         text_columns=tuple(hf.get("text_columns") or ()),
         label_names=tuple(str(x) for x in names) if names else None,
+        repo=str(hf.get("repo") or GLUE_REPO),
+        revision=str(hf.get("revision") or "main"),
+        label_column=str(hf.get("label_column") or "label"),
+        splits={str(k): str(v) for k, v in (hf.get("splits") or {}).items()},
     )
 
 
@@ -259,6 +278,10 @@ def load_task(name: str, **group_settings: Any) -> TaskSpec:
 
 def tasks_from_config(task_node: Mapping[str, Any] | Any) -> list[TaskSpec]:
     """All tasks selected in a composed config (``cfg.task`` maps task name -> spec)."""
+    if OmegaConf.is_config(task_node):
+        unset = [k for k in GROUP_SETTINGS if k in task_node.keys() and OmegaConf.is_missing(task_node, k)]
+        if unset:  # task=hub without its dataset or labels
+            raise TaskConfigError(f"task.{unset[0]}: required with this task ({_example(unset[0])})")
     unknown = [k for k, v in task_node.items() if not _is_mapping(v) and k not in GROUP_SETTINGS]
     if unknown:
         raise TaskConfigError(f"task.{unknown[0]}: not a task; tasks are configured as task.<NAME>.<key>")
@@ -266,6 +289,12 @@ def tasks_from_config(task_node: Mapping[str, Any] | Any) -> list[TaskSpec]:
     if not specs:
         raise TaskConfigError("task: no task selected; e.g. task=WNLI, task=[WNLI,RTE] or task=glue")
     return specs
+
+
+def _example(key: str) -> str:
+    examples = {"dataset": "task.dataset=ORG/NAME, a dataset repo on the Hugging Face Hub",
+                "labels": "the label names in index order, e.g. 'task.labels=[negative,positive]'"}
+    return examples.get(key, f"task.{key}=...")
 
 
 def _is_mapping(node: Any) -> bool:

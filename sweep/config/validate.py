@@ -289,6 +289,10 @@ def _check_storage(st: StorageConfig) -> None:
     _check_choice("storage.kind", st.kind)
     _check(st.max_unpack_gb > 0, "storage.max_unpack_gb", f"must be > 0, got {st.max_unpack_gb}")
     _check(st.progress_every_s >= 0, "storage.progress_every_s", f"must be >= 0, got {st.progress_every_s}")
+    if st.synthetic_data:
+        _check(st.kind == "local" and st.data_dir is None, "storage.synthetic_data",
+               f"is generated rows instead of data: not with {'storage=s3' if st.kind == 's3' else 'storage.data_dir'} "
+               "(drop one of the two)")
     if st.kind == "s3":
         _check(bool(st.bucket), "storage.bucket", "is required with storage=s3, e.g. storage.bucket=my-bucket")
         _check(bool(st.data_key and st.data_key.strip("/")), "storage.data_key", "must name an object or prefix")
@@ -431,6 +435,17 @@ def _no_credentials(storage: Any) -> Any:
     return storage
 
 
+def _named_model(model: Any) -> Any:
+    """model=hub: a Hub id is required, and the model's name is the id's last part unless one is given."""
+    if OmegaConf.is_missing(model, "hub_id"):
+        raise ConfigError("model.hub_id: model=hub needs the Hub repo, "
+                          "e.g. model.hub_id=google/electra-small-discriminator")
+    if model.get("name") is not None:
+        return model
+    _check(bool(model.get("hub_id")), "model.name", "is required (or model.hub_id, whose last part names it)")
+    return OmegaConf.merge(model, {"name": str(model.hub_id).rstrip("/").rsplit("/", 1)[-1]})
+
+
 def validate(cfg: DictConfig) -> Settings:
     """Validate a composed config and return it typed; raises ConfigError naming the bad key."""
     missing = [k for k in ("task", "model", "train", "sweep") if k not in cfg]
@@ -441,7 +456,7 @@ def validate(cfg: DictConfig) -> Settings:
         raise ConfigError(str(e)) from None
     settings = Settings(
         tasks=tasks,
-        model=_typed("model", ModelConfig, cfg.model),
+        model=_typed("model", ModelConfig, _named_model(cfg.model)),
         train=_with_method_lr(_typed("train", TrainConfig, cfg.train)),
         sweep=_flat_spaces(_typed("sweep", SweepConfig, cfg.sweep)),
         resources=_typed("resources", ResourcesConfig, cfg.get("resources", {})),

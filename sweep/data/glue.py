@@ -37,7 +37,7 @@ from transformers import PreTrainedTokenizerBase
 
 from sweep.config.tasks import GLUE_DIAGNOSTIC, TaskSpec
 from sweep.data.cache import cache_stats, cached_dataset, content_key, tokenizer_identity
-from sweep.data.task_files import split_file_names, task_folder
+from sweep.data.task_files import hub_split, split_file_names, task_folder
 from sweep.errors import DataFormatError
 
 log = logging.getLogger(__name__)
@@ -64,13 +64,6 @@ def load_task_data(spec: TaskSpec, data_dir: str | Path, skip_malformed: bool = 
     if layout == "disk":
         return _load_saved_task(spec, folder)
     return _load_parquet_task(spec, folder)
-
-
-def _hf_split(spec: TaskSpec, split: str) -> str:
-    """Our split name -> the hub's: dev -> validation, MNLI's matched -> validation_matched."""
-    if split == "train":
-        return "train"
-    return "validation" if len(spec.eval_files) == 1 else f"validation_{split}"
 
 
 def _features(spec: TaskSpec) -> Features:
@@ -284,11 +277,11 @@ def _load_saved_task(spec: TaskSpec, folder: Path) -> DatasetDict:
     saved = load_from_disk(str(folder))
     out = {}
     for split in split_file_names(spec):
-        name = _hf_split(spec, split)
+        name = hub_split(spec, split)
         if name not in saved:
             raise DataFormatError(
                 f"{folder}: no split {name!r} in this save_to_disk folder (splits found: {list(saved)}); "
-                f"expected {[_hf_split(spec, s) for s in split_file_names(spec)]}"
+                f"expected {[hub_split(spec, s) for s in split_file_names(spec)]}"
             )
         ds = saved[name]
         digest = _hash_files(Path(f["filename"]) for f in ds.cache_files)
@@ -300,7 +293,7 @@ def _load_saved_task(spec: TaskSpec, folder: Path) -> DatasetDict:
 def _load_parquet_task(spec: TaskSpec, folder: Path) -> DatasetDict:
     out = {}
     for split in split_file_names(spec):
-        name = _hf_split(spec, split)
+        name = hub_split(spec, split)
         files = sorted(folder.glob(f"{name}-*.parquet"))
         if not files:
             found = sorted(p.name for p in folder.glob("*.parquet"))
@@ -313,7 +306,7 @@ def _load_parquet_task(spec: TaskSpec, folder: Path) -> DatasetDict:
 
 def _from_hub_table(spec: TaskSpec, table: pa.Table, source: str, fingerprint: str) -> Dataset:
     """Rename the hub's text columns and map its label indices onto ours."""
-    wanted = [*spec.hf.text_columns, "label"]
+    wanted = [*spec.hf.text_columns, spec.hf.label_column]
     missing = [c for c in wanted if c not in table.column_names]
     if missing:
         raise DataFormatError(f"{source}: missing column(s) {missing}; columns found: {table.column_names}")
@@ -321,7 +314,7 @@ def _from_hub_table(spec: TaskSpec, table: pa.Table, source: str, fingerprint: s
         raise DataFormatError(f"{source}: empty split, no data rows")
     texts = [pc.fill_null(table.column(c).cast(pa.string()), "") for c in spec.hf.text_columns]
     columns = dict(zip(("text_a", "text_b") if spec.is_pair else ("text_a",), texts))
-    columns["label"] = _hub_labels(spec, table.column("label"), source)
+    columns["label"] = _hub_labels(spec, table.column(spec.hf.label_column), source)
     return _to_dataset(columns, spec, fingerprint)
 
 

@@ -65,6 +65,16 @@ def find_layout(spec: TaskSpec, data_dir: Path) -> tuple[str, Path]:
     raise DataFormatError(f"no data for task {spec.name}: looked in {looked}; expected {expected}")
 
 
+def hub_split(spec: TaskSpec, split: str) -> str:
+    """Our split name -> the hub's: dev -> validation, MNLI's matched -> validation_matched (or as the
+    task's ``hf.splits`` maps it)."""
+    if split in spec.hf.splits:
+        return spec.hf.splits[split]
+    if split == "train":
+        return "train"
+    return "validation" if len(spec.eval_files) == 1 else f"validation_{split}"
+
+
 def is_hf_dir(d: Path) -> bool:
     return (d / "dataset_dict.json").is_file() or any(d.glob("*.parquet"))
 

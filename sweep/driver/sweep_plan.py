@@ -70,10 +70,13 @@ def plan_sweep(settings: Settings, sources: DriverSources, out_dir: Path) -> Swe
     fixed = {spec.name: plan_trials(settings, nodes, autoscaler, wanted=total, task=spec.name)
              for spec in settings.tasks if settings.resources.gpus_for(spec.name) != AUTO}  # no node holds one: now
     here = autoscaler is None and only_the_drivers_node()  # no other node, and none can join: stage it here
+    several = many_nodes(len(nodes), autoscaler, settings.cluster.node_types)
     staging = Staging(
         pins=sources.pins,
         # storage=local on nodes with their own disks: the driver's folders travel through Ray to those that lack them
-        shipments=ship_sources(settings) if many_nodes(len(nodes), autoscaler, settings.cluster.node_types) else {},
+        shipments=ship_sources(settings) if several else {},
+        hub=sources.hub,  # each node fetches the driver's pins; one that cannot reach the Hub asks the driver
+        driver_node=beside_the_driver().node_id if several and settings.storage.ship_to_nodes else None,
         # the nodes' staging lines, at the start and from nodes that join later; beside the driver, which outlives them
         relay=None if here else ProgressRelay.options(scheduling_strategy=beside_the_driver()).remote(),
     )
@@ -179,8 +182,10 @@ def print_plan(settings: Settings, plan: SweepPlan, describe: list[str]) -> None
         print(f"plan: {line}")
     scale = plan.first.scale
     grows = f" (+ up to {scale.fits_at_max - scale.fits_now} trial(s) on launched nodes)" if scale else ""
+    synthetic = " on SYNTHETIC data" if settings.storage.synthetic_data else ""  # never mistaken for a result
     print(f"sweep: {plan.total} trials ({len(settings.tasks)} task(s) x {len(settings.sweep.seeds)} seed(s)"
-          f"{' x grid' if settings.sweep.grid else ''}), up to {plan.concurrency} at once on {len(plan.nodes)} node(s)"
+          f"{' x grid' if settings.sweep.grid else ''}){synthetic}"
+          f", up to {plan.concurrency} at once on {len(plan.nodes)} node(s)"
           f"{grows}; " + _describe_sizes(plan.tasks))
 
 

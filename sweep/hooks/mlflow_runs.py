@@ -236,7 +236,8 @@ class TrialRuns(Callback):
             name = run_name(task, seed, self._named(hparams), trial_id, self.sampled)
             self.loggers[trial_id] = TrialLogger(
                 t.uri, t.experiment_id, t.parent_run_id, run_name=name,
-                params={"task": task, "seed": seed, **asdict(self._train(config))},
+                params={"task": task, "seed": seed, **asdict(self._train(config)),
+                        **{f"sources.{k}": v for k, v in t.sources.items()}},
                 # where it runs comes with its first report; never this driver's own host until then
                 tags={"sweep.trial_id": trial_id, "sweep.hparams": str(hparams or {}),
                       "host": "", "node": "", "device": ""},

@@ -1,9 +1,10 @@
-"""Where a model comes from, all offline.
+"""Where a model comes from: a local folder, or the Hugging Face Hub.
 
-A model config (``conf/model/*.yaml``) names one of four sources, tried in this order:
-an explicit folder (``model.path``), a staged copy (``<staged_dir>/<name>``), a tiny model built
-here from ``builder`` params (cached by a hash of them), or the ``model/`` folder of an installed
-Python package. The Hugging Face hub is never contacted: a hub-only model must be staged.
+A model config (``conf/model/*.yaml``) names its sources, tried in this order: an explicit folder
+(``model.path``), a staged copy (``<staged_dir>/<name>``), a tiny model built here from ``builder``
+params (cached by a hash of them), the ``model/`` folder of an installed Python package, and last
+the Hub (``hub_id`` at ``revision``: ``sweep.storage.hub`` fetches it into the Hugging Face cache;
+this module is told the folder it fetched).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from sweep.errors import ModelSourceError
 from sweep.files import is_model_folder, require_model_folder
 
 STAGE_HINT = "set model.path=DIR, or stage it with storage=local storage.model_dir=DIR"
+HUB = "hub"  # model_source's answer when the model comes from the Hugging Face Hub
 
 
 # Resolving a model config to a local folder.
@@ -64,32 +66,47 @@ def _package_dir(name: str, package: str) -> Path:
     return _require_model_dir(Path(spec.submodule_search_locations[0]) / "model", name, f"package {package}:")
 
 
-def resolve_model_dir(
-    model_cfg: Mapping[str, Any] | Any, cache_dir: Path, staged_dir: Path | None = None, build: bool = True
-) -> Path | None:
-    """The local folder of a model: model.path, a staged copy, a cached tiny build, or a package.
-
-    ``build=False`` (the command's check before anything is written): a tiny model is not built
-    (None), every other source is checked as it would be found."""
+def model_source(model_cfg: Mapping[str, Any] | Any, staged_dir: Path | None = None) -> str:
+    """Which source gives the model: path, staged, builder, package or hub (the first the config names)."""
     cfg = _as_dict(model_cfg)
     name = cfg.get("name") or "<unnamed>"
-    if cfg.get("path"):
-        return _require_model_dir(Path(cfg["path"]).expanduser(), name, "model.path")
     staged = Path(staged_dir) / name if staged_dir is not None else None
-    if staged is not None and staged.exists():
-        return _require_model_dir(staged, name, "staged copy")
-    if cfg.get("builder"):
-        if not build:
-            return None
-        return _builder_dir(name, dict(cfg["builder"]), cache_dir)
-    if cfg.get("package"):
-        return _package_dir(name, cfg["package"])
+    for source, given in (("path", cfg.get("path")), ("staged", staged is not None and staged.exists()),
+                          ("builder", cfg.get("builder")), ("package", cfg.get("package")), (HUB, cfg.get("hub_id"))):
+        if given:
+            return source
     looked = f"{staged} (missing)" if staged is not None else "no staged model dir configured"
     raise ModelSourceError(
-        f"model {name!r} has no local copy (looked at: model.path unset; {looked}). "
-        f"It is a hub model ({cfg.get('hub_id') or name}) and the Hugging Face hub is not reachable "
-        f"offline: {STAGE_HINT} (a folder DIR/{name} written by save_pretrained)."
+        f"model {name!r} has no source (looked at: model.path unset; {looked}; no builder, package or hub_id): "
+        f"{STAGE_HINT} (a folder DIR/{name} written by save_pretrained), or set model.hub_id=ORG/NAME"
     )
+
+
+def resolve_model_dir(
+    model_cfg: Mapping[str, Any] | Any, cache_dir: Path, staged_dir: Path | None = None, build: bool = True,
+    hub_dir: Path | None = None,
+) -> Path | None:
+    """The local folder of a model: model.path, a staged copy, a cached tiny build, a package, or the
+    Hub's copy ``hub_dir`` (fetched by ``sweep.storage.hub``).
+
+    ``build=False`` (the command's check before anything is written): a tiny model is not built and a
+    Hub model not fetched (None), every other source is checked as it would be found."""
+    cfg = _as_dict(model_cfg)
+    name = cfg.get("name") or "<unnamed>"
+    source = model_source(cfg, staged_dir)
+    if source == "path":
+        return _require_model_dir(Path(cfg["path"]).expanduser(), name, "model.path")
+    if source == "staged":
+        return _require_model_dir(Path(staged_dir) / name, name, "staged copy")
+    if source == "package":
+        return _package_dir(name, cfg["package"])
+    if not build:
+        return None
+    if source == "builder":
+        return _builder_dir(name, dict(cfg["builder"]), cache_dir)
+    if hub_dir is None:
+        raise ValueError(f"model {name!r} comes from the Hub: pass the folder sweep.storage.hub fetched")
+    return _require_model_dir(Path(hub_dir), name, f"the Hub's {cfg['hub_id']}:")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -56,6 +56,8 @@ class TrialRecord:
     started_at: float = 0.0  # unix time the trial began (its process start, for a process's first trial)
     # sweep.scheduler=pbt: the values it trained with, from which step, and the trial it cloned (trials.pbt_schedule)
     schedule: list[dict[str, Any]] = field(default_factory=list)
+    # where the base model and the data came from (the Hub's commit shas, S3's ETags, synthetic): DriverSources
+    sources: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -188,11 +190,12 @@ def _judge(summary: TaskSummary, trivial: TrivialScore | None) -> None:
 
 
 def _flat_row(r: TrialRecord) -> dict[str, Any]:
-    row = {k: v for k, v in asdict(r).items() if k not in ("hparams", "metrics", "schedule")}
+    row = {k: v for k, v in asdict(r).items() if k not in ("hparams", "metrics", "schedule", "sources")}
     if r.schedule:  # one cell: "lr=1e-05 from 0; lr=1.2e-05 from 40 (cloned t_00002)"
         row["schedule"] = format_schedule(r.schedule)
     row.update({f"hp.{k}": v for k, v in sorted(r.hparams.items())})
     row.update({f"metric.{k}": v for k, v in sorted(r.metrics.items())})
+    row.update({f"source.{k}": v for k, v in sorted(r.sources.items())})
     return row
 
 
@@ -267,6 +270,7 @@ def _export_folder(record: TrialRecord, checkpoint: Path, target: Path, model_na
         "metrics": record.metrics,
         "best_epoch": record.best_epoch,
         "trial_id": record.trial_id,
+        "sources": record.sources,  # the base model's and the data's commit shas (or ETags, or synthetic)
     }
     needed = folder_size(checkpoint)
     with writing(f"the best model of {record.task}", target.parent, needed, key="out_dir"), \

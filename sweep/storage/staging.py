@@ -1,8 +1,10 @@
 """Where a sweep's base model and data come from, made local on the machine that needs them.
 
-``storage=local``: the data is a folder (``storage.data_dir``) or, when none is given, synthetic
-data in the GLUE layout generated once into the cache; the model is ``model.path``, a staged
-folder under ``storage.model_dir``, a tiny model built offline, or a model shipped in a package.
+``storage=local``: the data is a folder (``storage.data_dir``), else each task's dataset on the Hugging
+Face Hub (``sweep.storage.hub_sources``), or, only when asked (``storage.synthetic_data=true``), synthetic
+data in the GLUE layout generated once into the cache; the model is ``model.path``, a staged folder under
+``storage.model_dir``, a tiny model built offline, a model shipped in a package, else the Hub's
+``model.hub_id``. The Hub's revisions are pinned on the driver (``HubPins``) and travel down as the S3 pins do.
 
 ``storage=s3``: the model (``storage.model_key``, default the model's name) and the data
 (``storage.data_key``, default ``glue_data``) are objects in ``storage.bucket``. The driver's
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from filelock import FileLock
@@ -24,6 +26,7 @@ from filelock import FileLock
 from sweep.config.settings import Settings, StorageConfig
 from sweep.errors import StagingError
 from sweep.files import atomic_folder, is_model_folder
+from sweep.storage.hub_sources import Fallback, HubPins, fetch_all, hub_pins
 
 __all__ = ["StagingError", "LocalSources", "SourcePins", "DriverSources", "ensure_local", "preflight", "cache_root",
            "check_local_files"]
@@ -55,6 +58,25 @@ class DriverSources:
 
     pins: SourcePins | None = None  # storage=s3: the object versions every node stages
     local: LocalSources | None = None  # storage=local: the folders on the driver's machine
+    hub: HubPins = field(default_factory=HubPins)  # the Hub's commits every node fetches (storage=local)
+    synthetic: bool = False  # the data is generated rows (storage.synthetic_data): no result means anything
+
+    def provenance(self) -> dict[str, str]:
+        """Where the model and the data came from, at which commit or version: the parent and trial runs'
+        params (``sources.*``), results.csv and each export's sweep_made_by.json."""
+        out: dict[str, str] = {}
+        for role, pin in (("model", self.hub.model), *(("data", p) for p in self.hub.data)):
+            if pin is not None:
+                key = role if role == "model" or len(self.hub.data) == 1 else f"data.{pin.repo_id}"
+                out.update({f"{key}.source": "hub", f"{key}.repo": pin.repo_id, f"{key}.revision": pin.revision,
+                            f"{key}.sha": pin.sha})
+        if self.pins is not None:
+            for role, source in (("model", self.pins.model), ("data", self.pins.data)):
+                if source is not None:
+                    out.update({f"{role}.source": "s3", f"{role}.uri": source.uri, f"{role}.etag": source.etag})
+        if self.synthetic:
+            out["data.source"] = "synthetic"
+        return out
 
 
 def cache_root(storage: StorageConfig) -> Path:
@@ -84,15 +106,18 @@ def synthetic_data_dir(cache_dir: Path) -> Path:
 
 
 def local_data_dir(storage: StorageConfig, data_dir: str | None = None) -> Path:
-    """``storage.data_dir`` (or ``data_dir``: where this node finds it) checked, else the synthetic data."""
+    """``storage.data_dir`` (or ``data_dir``: where this node finds it) checked, or the synthetic data when
+    asked for (storage.synthetic_data=true). Data from the Hub is ``hub_sources``'."""
     data_dir = data_dir or storage.data_dir
     if data_dir is None:
+        if not storage.synthetic_data:
+            raise ValueError("no storage.data_dir and no synthetic data asked for: the data comes from the Hub")
         return synthetic_data_dir(cache_root(storage))
     path = Path(os.path.expanduser(data_dir)).resolve()
     if not path.is_dir():
         raise StagingError(
             f"storage.data_dir: {path} is not a folder; point it at a folder holding "
-            "glue_data/<TASK>/ (and wikitext-2/), or leave it unset for the synthetic demo data"
+            "glue_data/<TASK>/ (and wikitext-2/), or leave it unset to read each task's dataset from the Hub"
         )
     return path
 
@@ -207,7 +232,8 @@ def check_local_files(settings: Settings) -> None:
     storage = settings.storage
     staged = Path(os.path.expanduser(storage.model_dir)) if storage.model_dir else None
     resolve_model_dir(asdict(settings.model), cache_root(storage), staged, build=False)
-    data_dir = local_data_dir(storage) if storage.data_dir is not None else None  # None: synthetic, made later
+    hub_pins(settings)  # the Hub's repos, revisions and files (or the cache's, offline): resolved once, here
+    data_dir = local_data_dir(storage) if storage.data_dir is not None else None  # None: the Hub's or synthetic
     for spec in settings.tasks:
         if spec.kind == "causal_lm" and (data_dir is not None or spec.path is not None):
             check_corpus(spec, data_dir or Path("."))  # a text task's own task.path needs no data_dir
@@ -225,12 +251,15 @@ def missing_folder_error(missing: dict[str, str], where: str) -> StagingError:
 
 
 def ensure_local(settings: Settings, pins: SourcePins | None = None,
-                 progress: Callable[[str], None] | None = None) -> LocalSources:
+                 progress: Callable[[str], None] | None = None, hub: HubPins | None = None,
+                 fallback: Fallback | None = None) -> LocalSources:
     """The model and data folders on this machine (a no-op when they are already there).
 
     ``pins``: with storage=s3, the object versions to stage (the driver's preflight; a sweep always
-    passes them). A caller staging on its own (a script, ``storage=s3`` outside a sweep) passes
-    none and the preflight runs here first. ``progress`` gets a line now and then while a long S3
+    passes them). ``hub``: the Hub's commits the driver pinned (storage=local), fetched here once per
+    node; ``fallback`` fills this node's cache from the driver where it cannot reach the Hub. A caller
+    staging on its own (a script, ``storage=s3`` outside a sweep) passes none and the preflight (or the
+    Hub's resolution) runs here first. ``progress`` gets a line now and then while a long S3
     download runs (default: printed).
     """
     if settings.storage.kind == "s3":
@@ -239,10 +268,15 @@ def ensure_local(settings: Settings, pins: SourcePins | None = None,
     from sweep.storage.shipping import folders_here
 
     cache = cache_root(settings.storage)
+    fetched = fetch_all(settings, hub if hub is not None else hub_pins(settings), cache, fallback)
+    if fetched.downloaded and progress is not None:
+        progress(f"{fetched.downloaded / 2**20:.1f} MiB fetched from the Hub")
     folders = folders_here(settings, cache)  # the driver's folders this node lacks, as shipped here
     staged = Path(os.path.expanduser(folders.model_dir)) if folders.model_dir else None
-    model_dir = resolve_model_dir({**asdict(settings.model), "path": folders.model_path}, cache, staged)
-    return LocalSources(model_dir=model_dir, data_dir=local_data_dir(settings.storage, folders.data_dir))
+    model_dir = resolve_model_dir({**asdict(settings.model), "path": folders.model_path}, cache, staged,
+                                  hub_dir=fetched.model_dir)
+    data_dir = fetched.data_dir or local_data_dir(settings.storage, folders.data_dir)
+    return LocalSources(model_dir=model_dir, data_dir=data_dir, downloaded=fetched.downloaded)
 
 
 def check_sources(settings: Settings) -> DriverSources:
@@ -257,7 +291,16 @@ def check_sources(settings: Settings) -> DriverSources:
             if source is not None:
                 print(f"storage: {source.uri} ({source.form}, {source.size / 2**20:.1f} MiB, ETag {source.etag[:12]})")
         return DriverSources(pins=pins)
-    local = ensure_local(settings)
+    hub = hub_pins(settings)
+    for pin in hub.all():
+        size = f", {pin.size / 2**20:.1f} MiB" if pin.size else ", from the cache (offline)"
+        print(f"{'model' if pin.repo_type == 'model' else 'data'}: {pin.uri} (revision {pin.revision}, "
+              f"{len(pin.files)} files{size})", flush=True)
+    synthetic = settings.storage.synthetic_data
+    if synthetic:
+        print("data: SYNTHETIC rows (storage.synthetic_data=true): generated, not real; the scores say nothing of "
+              "the model, and it does not become champion", flush=True)
+    local = ensure_local(settings, hub=hub, progress=lambda line: print(f"staging: {line}", flush=True))
     check_tasks_here(settings, local)  # every missing task file before any trial starts
     check_output_bucket(settings.storage)
-    return DriverSources(local=local)
+    return DriverSources(local=local, hub=hub, synthetic=synthetic)

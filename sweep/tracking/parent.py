@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +82,7 @@ class TrialTracking:
     parent_run_id: str
     experiment_name: str | None = None  # finds the experiment again in another server (replay)
     spool_dir: str | None = None  # where calls the store did not take wait (None: they raise)
+    sources: dict[str, str] = field(default_factory=dict)  # every trial run's sources.* params (commit shas)
 
 
 def saved_parent(out_dir: Path, uri: str, experiment: str) -> str | None:

@@ -59,12 +59,14 @@ def register_best(
     model_dir: Path,
     score: float,
     learned: bool = True,
+    synthetic: bool = False,
 ) -> RegistrationResult:
     """Log ``model_dir`` as an MLflow Model on ``run_id`` (once: the flavor's files are the only copy),
     register it as a new version of ``<model_name>-<task>`` and move alias ``champion`` to it only if
     it beats the champion's score (``spec.mode``). ``learned=False`` (its score is within noise of the
     task's trivial score, ``sweep.results.chance``): registered and tagged so, never champion; a model
-    answering as a constant would must not be what a server loads by the alias."""
+    answering as a constant would must not be what a server loads by the alias. ``synthetic=True`` (trained on
+    generated rows): registered and tagged ``data=synthetic``, never champion."""
     mode = spec.mode
     if mode not in ("max", "min"):
         raise ValueError(f"mode: got {mode!r}, allowed: max, min")
@@ -77,11 +79,13 @@ def register_best(
     tags = {"score": repr(float(score)), "metric": spec.metric, "mode": mode}
     if not learned:  # the registry UI and a later sweep see why this version never became champion
         tags["learned"] = "false"
+    if synthetic:
+        tags["data"] = "synthetic"
     with tracking_at(uri):  # a sqlite registry finds the logged model through MLflow's global URI (its own TODO)
         version = with_retries(client.create_model_version, name, source=logged.model_uri, run_id=run_id, tags=tags,
                                model_id=logged.model_id)
     previous = _champion_score(client, name)
-    promoted = learned and (previous is None or _better(score, previous, mode))
+    promoted = learned and not synthetic and (previous is None or _better(score, previous, mode))
     if promoted:
         with_retries(client.set_registered_model_alias, name, CHAMPION, version.version)
     return RegistrationResult(name, str(version.version), promoted, previous)

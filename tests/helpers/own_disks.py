@@ -9,6 +9,7 @@ Ray cluster test.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,9 +37,14 @@ class OwnDiskSweeps(OwnDiskCluster):
 
 
 @pytest.fixture(scope="module")
-def own_disk_cluster(tmp_path_factory: pytest.TempPathFactory):
+def own_disk_cluster(tmp_path_factory: pytest.TempPathFactory, tiny_roberta_dir: Path):
     """One cluster for a test module (starting it takes ~20 s): a head, one worker node of 2 CPUs and
-    1 (fake) GPU on its own disk; ``env["AWS_ENDPOINT_URL"]`` is the moto_server every node reaches."""
+    1 (fake) GPU on its own disk; ``env["AWS_ENDPOINT_URL"]`` is the moto_server every node reaches, and
+    ``hub`` a stand-in Hugging Face Hub (tests/helpers/hub_repos.py) every node reaches, each node's Hugging
+    Face cache in the driver's folder (so the worker's is its own)."""
+    from sweep.data.synthetic import write_synthetic_glue
+    from tests.helpers.hub_repos import hub_with_sources
+
     refused = namespace_refused()
     if refused:
         pytest.skip(f"a node with its own disk needs a mount namespace: {refused}")
@@ -46,10 +52,16 @@ def own_disk_cluster(tmp_path_factory: pytest.TempPathFactory):
     (root / "driver").mkdir()
     (root / "shared").mkdir()
     moto, server = start_moto(root / "moto.log")
-    cluster = OwnDiskSweeps(root, root / "driver", root / "shared", extra_env=s3_environment(server.endpoint))
+    hub = hub_with_sources(tiny_roberta_dir, write_synthetic_glue(root / "hub-data", ["RTE"], n_train=64, n_dev=32))
+    hub_env = {key: value for key, value in hub.env(root / "driver" / "hf-home").items()
+               if key.startswith("HF_") and os.environ.get(key) != value}
+    cluster = OwnDiskSweeps(root, root / "driver", root / "shared",
+                            extra_env={**s3_environment(server.endpoint), **hub_env, "HF_TOKEN": None})
+    cluster.hub = hub
     try:
         yield cluster.start()
     finally:
         cluster.stop()
+        hub.stop()
         moto.terminate()
         moto.wait(timeout=10)
