@@ -119,7 +119,7 @@ def register(settings: Settings, tracker, best: dict[str, TrialRecord], out_dir:
 
     spec = {t.name: t for t in settings.tasks}
     unlearned = {s.task for s in summaries or () if s.learned is False}
-    synthetic = settings.storage.synthetic_data and not settings.tracking.synthetic_champion
+    synthetic = settings.storage.synthetic and not settings.tracking.synthetic_champion
     for task, record in best.items():
         if not record.run_id:
             print(f"registry: {task}: the best trial has no MLflow run; not registered")

@@ -16,7 +16,8 @@ _compose = compose_config
 
 
 # Options that cannot run without one value of the user's (each is an error without it, tested below).
-NEEDS = {"storage=s3": ["storage.bucket=my-bucket"]}
+NEEDS = {"storage=s3": ["storage.bucket=my-bucket"], "model=hub": ["model.hub_id=google/electra-small-discriminator"],
+         "task=hub": ["task.dataset=me/reviews", "task.labels=[negative,positive]"]}
 
 
 def _options(group: str) -> list[str]:
@@ -373,7 +374,7 @@ def test_the_command_line_check_lets_every_kind_of_good_argument_through(tmp_pat
         (["-m", "experiment=demo", "train.max_seq_length=64,600"],
          "train.max_seq_length: 600 is more than tiny-roberta holds (512 positions)"),
         (["train.lr=[1"], "train.lr=[1: not a valid override ("),
-        (["model.nosuch=1"], "model.nosuch: no such key (keys of model: name, hub_id, path, package, builder)"),
+        (["model.nosuch=1"], "model.nosuch: no such key (keys of model: name, hub_id, revision, path, package, builder)"),
         (["nosuch=1"], "nosuch: no such key (keys of the config: task, model, train, sweep, resources, storage, "
                        "tracking, cluster, out_dir, resume)"),
         (["sweep.grid.lr=[1e-5,2e-5]"],

@@ -64,11 +64,10 @@ def test_a_local_source_comes_before_the_hub(tmp_path):
     assert data_on_hub(compose_settings("task=RTE", "storage.synthetic_data=true")) == []
 
 
-def test_synthetic_data_is_asked_for_and_never_with_real_data(tmp_path):
-    assert compose_settings("experiment=demo").storage.synthetic_data
-    assert not compose_settings("task=WNLI").storage.synthetic_data
-    with pytest.raises(ConfigError, match="storage.synthetic_data: .*not with storage.data_dir"):
-        compose_settings("storage.synthetic_data=true", f"storage.data_dir={tmp_path}")
+def test_synthetic_data_is_asked_for_and_a_data_folder_comes_first(tmp_path):
+    assert compose_settings("experiment=demo").storage.synthetic
+    assert not compose_settings("task=WNLI").storage.synthetic
+    assert not compose_settings("experiment=demo", f"storage.data_dir={tmp_path}").storage.synthetic  # real rows
 
 
 def test_a_text_task_without_a_folder_or_hub_dataset_is_one_line():

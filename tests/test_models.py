@@ -193,12 +193,18 @@ def test_staged_copy_is_used(tmp_path: Path) -> None:
     assert resolve_model_dir(model_cfg("roberta-base"), tmp_path, staged) == staged / "roberta-base"
 
 
-def test_hub_only_model_without_copy_explains_staging(tmp_path: Path) -> None:
+def test_a_hub_model_without_a_local_copy_comes_from_the_hub_and_one_without_any_source_says_what_to_give(
+        tmp_path: Path, tiny_roberta_dir: Path) -> None:
+    from sweep.models.local_folder import HUB, model_source
+
+    assert model_source(model_cfg("roberta-base"), tmp_path / "staged") == HUB
+    assert model_source(model_cfg("minilm")) == "package"  # a local source before the Hub
+    assert resolve_model_dir(model_cfg("roberta-base"), tmp_path, hub_dir=tiny_roberta_dir) == tiny_roberta_dir
     with pytest.raises(ModelSourceError) as err:
-        resolve_model_dir(model_cfg("roberta-base"), tmp_path, tmp_path / "staged")
+        resolve_model_dir({"name": "mine"}, tmp_path, tmp_path / "staged")
     message = str(err.value)
-    assert "'roberta-base'" in message and "model.path" in message and "storage.model_dir" in message
-    assert str(tmp_path / "staged" / "roberta-base") in message and "offline" in message
+    assert "'mine' has no source" in message and "model.path" in message and "storage.model_dir" in message
+    assert str(tmp_path / "staged" / "mine") in message and "model.hub_id" in message
 
 
 def test_package_not_installed_says_what_to_install(tmp_path: Path) -> None:

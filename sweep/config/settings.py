@@ -188,7 +188,13 @@ class StorageConfig:
     progress_every_s: float = 10.0  # a long download's progress line, this often (0: every chunk)
     output_prefix: Optional[str] = None  # s3://bucket/prefix: best models + results go there after the sweep
     ship_to_nodes: bool = True  # storage=local: send data_dir / model folders to nodes that do not see them
-    synthetic_data: bool = False  # generated GLUE-layout rows instead of real data (the demo, tests): only when asked
+    # generated GLUE-layout rows instead of the Hub's when no data_dir is given (the demo, tests): only when asked
+    synthetic_data: bool = False
+
+    @property
+    def synthetic(self) -> bool:
+        """Whether the sweep trains on generated rows: asked for, and no data folder or bucket given instead."""
+        return self.synthetic_data and self.kind == "local" and self.data_dir is None
 
 
 @dataclass

@@ -289,10 +289,6 @@ def _check_storage(st: StorageConfig) -> None:
     _check_choice("storage.kind", st.kind)
     _check(st.max_unpack_gb > 0, "storage.max_unpack_gb", f"must be > 0, got {st.max_unpack_gb}")
     _check(st.progress_every_s >= 0, "storage.progress_every_s", f"must be >= 0, got {st.progress_every_s}")
-    if st.synthetic_data:
-        _check(st.kind == "local" and st.data_dir is None, "storage.synthetic_data",
-               f"is generated rows instead of data: not with {'storage=s3' if st.kind == 's3' else 'storage.data_dir'} "
-               "(drop one of the two)")
     if st.kind == "s3":
         _check(bool(st.bucket), "storage.bucket", "is required with storage=s3, e.g. storage.bucket=my-bucket")
         _check(bool(st.data_key and st.data_key.strip("/")), "storage.data_key", "must name an object or prefix")

@@ -182,7 +182,7 @@ def print_plan(settings: Settings, plan: SweepPlan, describe: list[str]) -> None
         print(f"plan: {line}")
     scale = plan.first.scale
     grows = f" (+ up to {scale.fits_at_max - scale.fits_now} trial(s) on launched nodes)" if scale else ""
-    synthetic = " on SYNTHETIC data" if settings.storage.synthetic_data else ""  # never mistaken for a result
+    synthetic = " on SYNTHETIC data" if settings.storage.synthetic else ""  # never mistaken for a result
     print(f"sweep: {plan.total} trials ({len(settings.tasks)} task(s) x {len(settings.sweep.seeds)} seed(s)"
           f"{' x grid' if settings.sweep.grid else ''}){synthetic}"
           f", up to {plan.concurrency} at once on {len(plan.nodes)} node(s)"

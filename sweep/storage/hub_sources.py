@@ -55,7 +55,7 @@ def data_on_hub(settings: Settings) -> list[TaskSpec]:
     """The tasks whose data comes from the Hub: no storage.data_dir, no synthetic data, and not a text
     task given its own folder (task.path)."""
     storage = settings.storage
-    if storage.kind != "local" or storage.data_dir is not None or storage.synthetic_data:
+    if storage.kind != "local" or storage.data_dir is not None or storage.synthetic:
         return []
     on_hub = [spec for spec in settings.tasks if spec.path is None]
     lacking = [spec.name for spec in on_hub if spec.hf is None]

@@ -296,7 +296,7 @@ def check_sources(settings: Settings) -> DriverSources:
         size = f", {pin.size / 2**20:.1f} MiB" if pin.size else ", from the cache (offline)"
         print(f"{'model' if pin.repo_type == 'model' else 'data'}: {pin.uri} (revision {pin.revision}, "
               f"{len(pin.files)} files{size})", flush=True)
-    synthetic = settings.storage.synthetic_data
+    synthetic = settings.storage.synthetic
     if synthetic:
         print("data: SYNTHETIC rows (storage.synthetic_data=true): generated, not real; the scores say nothing of "
               "the model, and it does not become champion", flush=True)
