@@ -203,7 +203,7 @@ def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkp
     plot = plot_seed_scores(records, settings.tasks, out_dir / "seed_scores.png",
                             {task: known.score for task, known in trivial.items()})
     print(format_summary(summaries))
-    if sources is not None and sources.synthetic:
+    if settings.storage.synthetic:
         print("data: SYNTHETIC (storage.synthetic_data=true): generated rows; these scores say nothing of the model")
     for summary in summaries:
         if summary.learned is False:
@@ -337,7 +337,7 @@ def run(settings: Settings | DictConfig, out_dir: str | os.PathLike[str] | None 
     from sweep.lock import hold_out_dir
 
     with hold_out_dir(out):  # one sweep per out_dir (OutDirInUseError), before anything is written
-        sources = check_sources(settings)
+        sources = check_sources(settings, out)
         check_method_and_tests(settings, sources)
         tracker, tracking = start_tracking(settings, out, sources)  # an unreachable store before any trial
         from sweep.driver.tuner import run_tune

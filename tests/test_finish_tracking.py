@@ -124,3 +124,36 @@ def test_a_sweep_that_learned_nothing_warns_and_registers_no_champion(tmp_path: 
     assert [(s.task, s.learned) for s in summaries] == [("WNLI", False), ("RTE", True)]
     parent = client.get_run(tracker.run_id).data.metrics
     assert parent["WNLI.learned"] == 0.0 and parent["WNLI.trivial"] == pytest.approx(trivial)
+
+
+
+def test_a_model_trained_on_synthetic_rows_is_registered_never_champion_unless_told(tmp_path: Path, cache_dir: Path,
+                                                                                     capsys) -> None:
+    """storage.synthetic_data=true (no data folder): the summary says SYNTHETIC, the version is registered and
+    tagged data=synthetic, never champion; tracking.synthetic_champion=true lets it be."""
+    from sweep.app import finish
+    from sweep.tracking import CHAMPION
+    from sweep.train.tiny_exports import export_tiny_classifier
+
+    checkpoint = str(export_tiny_classifier(tmp_path / "checkpoint", cache_dir))
+    for run, told in (("asked", []), ("told", ["tracking.synthetic_champion=true"])):
+        settings = compose_settings("task=RTE", "model=tiny-roberta", "sweep.seeds=[38]", "storage.synthetic_data=true",
+                                    f"storage.cache_dir={cache_dir}", f"tracking.experiment=synthetic-{run}", *told)
+        uri = f"sqlite:///{tmp_path}/{run}.db"
+        tracker = SweepTracker(uri, f"synthetic-{run}", spool_dir=tmp_path / run / "mlflow-unsent")
+        tracker.start({"task": "RTE"})
+        trial = TrialLogger(uri, tracker.experiment_id, tracker.run_id, "RTE-seed38", {"task": "RTE"})
+        trial.start()
+        trial.end("FINISHED")
+        record = TrialRecord(task="RTE", seed=38, score=0.99, metrics={"acc": 0.99}, checkpoint=checkpoint,
+                             run_id=trial.run_id)
+        finish(settings, [record], tmp_path / run, [], tracker=tracker)
+        printed = capsys.readouterr().out
+        assert "data: SYNTHETIC (storage.synthetic_data=true)" in printed
+        aliases = MlflowClient(tracking_uri=uri).get_registered_model("tiny-roberta-RTE").aliases
+        version = MlflowClient(tracking_uri=uri).get_model_version("tiny-roberta-RTE", "1")
+        if told:
+            assert "now champion" in printed and CHAMPION in aliases and "data" not in version.tags
+        else:
+            assert "not promoted: trained on synthetic data (tracking.synthetic_champion=true allows it)" in printed
+            assert CHAMPION not in aliases and version.tags["data"] == "synthetic"

@@ -96,3 +96,43 @@ def test_wikitext_names_its_hub_dataset():
     hf = compose_settings("task=wikitext-2-raw", "model=tiny-gpt2").tasks[0].hf
     assert (hf.repo, hf.config, dict(hf.splits)) == ("Salesforce/wikitext", "wikitext-2-raw-v1",
                                                      {"train": "train", "valid": "validation", "test": "test"})
+
+
+def test_the_hub_data_folder_links_glue_configs_and_writes_wikitext_rows_as_its_files(tmp_path):
+    """nyu-mll/glue's rte/ read as the Hub's parquet layout; Salesforce/wikitext's rows (each a line of the
+    file) written as wiki.{train,valid,test}.raw, whichever splits the task trains and evaluates on."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sweep.config.tasks import load_task
+    from sweep.data.glue import load_task_data
+    from sweep.data.task_files import check_corpus, split_files
+    from sweep.storage.hub import HubPin
+    from sweep.storage.hub_data import hub_data_dir
+
+    glue, wiki = tmp_path / "glue-snapshot", tmp_path / "wiki-snapshot"
+    for split, labels in (("train", [0, 1, 1]), ("validation", [1, 0])):
+        (glue / "rte").mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"sentence1": [f"a {i}" for i in labels], "sentence2": ["b"] * len(labels),
+                                 "label": labels, "idx": list(range(len(labels)))}),
+                       glue / "rte" / f"{split}-00000-of-00001.parquet")
+    for split in ("train", "validation", "test"):
+        (wiki / "wikitext-2-raw-v1").mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"text": ["", f" = {split} = \n", f" the {split} text .\n"]}),
+                       wiki / "wikitext-2-raw-v1" / f"{split}-00000-of-00001.parquet")
+    rte, corpus = load_task("RTE"), load_task("wikitext-2-raw")
+    def pin(name: str, repo: str, snapshot) -> HubPin:
+        files = tuple(str(p.relative_to(snapshot)) for p in snapshot.rglob("*.parquet"))
+        return HubPin(repo, "dataset", "main", name[0] * 40, files, 0, f"task.{name}")
+
+    tasks = [(rte, pin("RTE", "nyu-mll/glue", glue), glue), (corpus, pin("wiki", "Salesforce/wikitext", wiki), wiki)]
+    data = hub_data_dir(tasks, tmp_path / "cache")
+    assert hub_data_dir(tasks, tmp_path / "cache") == data  # made once
+    rows = load_task_data(rte, data)
+    assert list(rows["train"]["label"]) == [0, 1, 1] and list(rows["dev"]["text_a"]) == ["a 1", "a 0"]
+    check_corpus(corpus, data)
+    files = split_files(corpus, data)
+    assert [p.name for p in files["train"]] == ["wiki.train.raw"]
+    assert (data / "wikitext-2-raw" / "wiki.valid.raw").read_text() == "\n = validation = \n the validation text .\n"
+    chosen = load_task("wikitext-2-raw")  # a task trained on valid, evaluated on test, reads the same folder
+    assert (data / "wikitext-2-raw" / "wiki.test.raw").is_file() and chosen.folder == "wikitext-2-raw"

@@ -164,3 +164,28 @@ def test_the_private_repo_is_read_with_its_token(hub, tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == hub.repos[("model", PRIVATE)].sha
     assert compose_settings("model=hub", f"model.hub_id={PRIVATE}").model.name == "private-model"
+
+
+def test_a_resumed_sweep_asks_for_the_commits_it_pinned_not_the_branch(hub, tmp_path):
+    """check_sources keeps the commits in out_dir; with resume=true it asks the Hub for those commits again
+    (a branch that moved since does not change what the sweep trains on)."""
+    code = ("import sys; from pathlib import Path; from sweep.config.validate import compose_settings\n"
+            "from sweep.storage.staging import check_sources\n"
+            "s = compose_settings('task=RTE', 'model=roberta-base', 'tracking=none', *sys.argv[2:])\n"
+            "print(check_sources(s, Path(sys.argv[1])).hub.model.sha)\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    env = online(hub, tmp_path)
+    first = subprocess.run([sys.executable, "-c", code, str(out)], env=env, capture_output=True, text=True,
+                           timeout=180)
+    assert first.returncode == 0, first.stderr
+    kept = json.loads((out / "hub-pins.json").read_text())
+    sha = hub.repos[("model", "roberta-base")].sha
+    assert kept == {"model:roberta-base@main": sha,
+                    "dataset:nyu-mll/glue@main": hub.repos[("dataset", "nyu-mll/glue")].sha}
+    asked = len(hub.requests)
+    again = subprocess.run([sys.executable, "-c", code, str(out), "resume=true"], env=env, capture_output=True,
+                           text=True, timeout=180)
+    assert again.returncode == 0 and again.stdout.split()[-1] == sha, again.stderr
+    resolved = [r for r in hub.requests[asked:] if r.startswith("GET /api/models/roberta-base/revision/")]
+    assert resolved and all(r.split("/revision/")[1].split("?")[0] == sha for r in resolved), resolved

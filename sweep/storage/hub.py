@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from filelock import FileLock
@@ -91,13 +91,14 @@ _RESOLVED: dict[tuple[str, str, str, str], HubPin] = {}
 
 
 def resolve(repo_id: str, repo_type: str, revision: str, setting: str, select: Select, lacks: Lacks,
-            hint: str) -> HubPin:
+            hint: str, at: str | None = None) -> HubPin:
     """The repo at ``revision`` pinned to its commit, with the files ``select`` picks; ``hint``: what the user
-    can give instead (model.path=DIR). Resolved once per process: the sweep uses what the command checked."""
-    key = (repo_id, repo_type, revision, endpoint())
+    can give instead (model.path=DIR). ``at``: the commit a resumed sweep pinned before (``revision`` may have
+    moved since). Resolved once per process: the sweep uses what the command checked."""
+    key = (repo_id, repo_type, at or revision, endpoint())
     if key not in _RESOLVED:
         how = _from_cache if offline() else _from_hub
-        pin = how(repo_id, repo_type, revision, setting, select, hint)
+        pin = replace(how(repo_id, repo_type, at or revision, setting, select, hint), revision=revision)
         missing = lacks(list(pin.files))
         if missing:
             where = (f"the cached copy of {repo_id}@{pin.sha[:12]}" if pin.size == 0

@@ -54,10 +54,13 @@ def _write_corpus(spec: TaskSpec, pin: HubPin, snapshot: Path, folder: Path) -> 
 
     folder.mkdir(parents=True, exist_ok=True)
     column = spec.hf.text_columns[0] if spec.hf.text_columns else "text"
-    for split, name in {"train": spec.train_file, **spec.eval_files}.items():
-        if name is None:  # held out of the train text
-            continue
-        parts = hub_files.split_files(pin.files, spec.hf.config, hub_split(spec, split))
+    if spec.split_file and spec.hf.splits:  # every split, named as the task's pattern names it: wiki.valid.raw
+        files = {spec.split_file.replace("{split}", ours): theirs for ours, theirs in spec.hf.splits.items()}
+    else:
+        files = {name: hub_split(spec, split) for split, name in {"train": spec.train_file, **spec.eval_files}.items()
+                 if name is not None}  # a split of file None is held out of the train text
+    for name, split in files.items():
+        parts = hub_files.split_files(pin.files, spec.hf.config, split)
         table = pa.concat_tables(pq.read_table(snapshot / part, columns=[column]) for part in parts)
         rows = table.column(column).fill_null("").to_pylist()
         with open(folder / name, "w", encoding="utf-8", newline="") as f:

@@ -10,7 +10,7 @@ a node fetches them (``fetch_all``) and builds the data folder from them (``swee
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -40,6 +40,14 @@ class HubPins:
     def data_for(self, spec: TaskSpec) -> HubPin:
         return next(p for p in self.data if (p.repo_id, p.revision) == (spec.hf.repo, spec.hf.revision))
 
+    def commits(self) -> dict[str, str]:
+        """``model:roberta-base@main`` -> its commit: what a resumed sweep pins again (``hub_pins(saved=)``)."""
+        return {_key(p.repo_type, p.repo_id, p.revision): p.sha for p in self.all()}
+
+
+def _key(repo_type: str, repo_id: str, revision: str) -> str:
+    return f"{repo_type}:{repo_id}@{revision}"
+
 
 def model_on_hub(settings: Settings) -> bool:
     """Whether the model comes from the Hub: no model.path, staged copy, builder or package names it."""
@@ -66,21 +74,25 @@ def data_on_hub(settings: Settings) -> list[TaskSpec]:
     return on_hub
 
 
-def hub_pins(settings: Settings) -> HubPins:
+def hub_pins(settings: Settings, saved: Mapping[str, str] | None = None) -> HubPins:
     """On the driver, before Ray starts: every Hub source resolved to a commit and its files checked (one
-    line each for a missing repo, revision or file; offline, the cache's copy or the one line)."""
+    line each for a missing repo, revision or file; offline, the cache's copy or the one line). ``saved``:
+    the commits a sweep pinned before (``HubPins.commits``): a resumed sweep trains on the same ones."""
+    saved = saved or {}
     model = None
     if model_on_hub(settings):
-        model = resolve(settings.model.hub_id, "model", settings.model.revision, "model.hub_id",
-                        hub_files.model_files, hub_files.model_lacks, MODEL_HINT)
+        hub_id, revision = settings.model.hub_id, settings.model.revision
+        model = resolve(hub_id, "model", revision, "model.hub_id", hub_files.model_files, hub_files.model_lacks,
+                        MODEL_HINT, at=saved.get(_key("model", hub_id, revision)))
     repos: dict[tuple[str, str], list[TaskSpec]] = {}
     for spec in data_on_hub(settings):
         repos.setdefault((spec.hf.repo, spec.hf.revision), []).append(spec)
-    data = tuple(_dataset_pin(repo, revision, specs) for (repo, revision), specs in repos.items())
+    data = tuple(_dataset_pin(repo, revision, specs, saved.get(_key("dataset", repo, revision)))
+                 for (repo, revision), specs in repos.items())
     return HubPins(model, data)
 
 
-def _dataset_pin(repo: str, revision: str, specs: list[TaskSpec]) -> HubPin:
+def _dataset_pin(repo: str, revision: str, specs: list[TaskSpec], at: str | None) -> HubPin:
     wanted = [(spec.hf.config, split) for spec in specs for split in _hub_splits(spec)]
     setting = f"task.{specs[0].name}" if len(specs) == 1 else "task (" + ", ".join(s.name for s in specs) + ")"
 
@@ -89,13 +101,16 @@ def _dataset_pin(repo: str, revision: str, specs: list[TaskSpec]) -> HubPin:
                 for split in _hub_splits(spec) if not hub_files.split_files(selected, spec.hf.config, split)]
 
     return resolve(repo, "dataset", revision, setting, lambda files: hub_files.dataset_files(files, wanted),
-                   lacks, DATA_HINT)
+                   lacks, DATA_HINT, at=at)
 
 
 def _hub_splits(spec: TaskSpec) -> list[str]:
-    """The repo's split names a task reads (train, validation, MNLI's validation_matched, WikiText's test)."""
+    """The repo's split names a task reads (train, validation, MNLI's validation_matched); a corpus chosen by
+    split names (WikiText: task.wikitext-2.train_split=valid) gets every split its hf.splits maps."""
     from sweep.data.task_files import hub_split
 
+    if spec.kind == "causal_lm" and spec.split_file and spec.hf.splits:
+        return list(spec.hf.splits.values())
     return [hub_split(spec, split) for split in ("train", *spec.eval_files)]
 
 

@@ -16,6 +16,7 @@ that makes no request when its node already holds them.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -25,7 +26,7 @@ from filelock import FileLock
 
 from sweep.config.settings import Settings, StorageConfig
 from sweep.errors import StagingError
-from sweep.files import atomic_folder, is_model_folder
+from sweep.files import atomic_folder, is_model_folder, write_json
 from sweep.storage.hub_sources import Fallback, HubPins, fetch_all, hub_pins
 
 __all__ = ["StagingError", "LocalSources", "SourcePins", "DriverSources", "ensure_local", "preflight", "cache_root",
@@ -279,11 +280,16 @@ def ensure_local(settings: Settings, pins: SourcePins | None = None,
     return LocalSources(model_dir=model_dir, data_dir=data_dir, downloaded=fetched.downloaded)
 
 
-def check_sources(settings: Settings) -> DriverSources:
+HUB_PINS = "hub-pins.json"  # in out_dir: the Hub commits a sweep trained on, pinned again by its resume
+
+
+def check_sources(settings: Settings, out_dir: Path | None = None) -> DriverSources:
     """Every missing source before any trial or GPU is asked for; what was found travels down as a value.
 
-    Local storage: the folders here, each task's files read. S3: credentials, endpoint, bucket and
-    every key checked, their versions pinned (the nodes stage them; the driver downloads nothing).
+    Local storage: the folders here, each task's files read, the Hub's revisions pinned (with ``out_dir``
+    the pins are kept there, and a resumed sweep takes them again, whatever the revision's branch did since).
+    S3: credentials, endpoint, bucket and every key checked, their versions pinned (the nodes stage them;
+    the driver downloads nothing).
     """
     if settings.storage.kind == "s3":
         pins = preflight(settings)
@@ -291,7 +297,11 @@ def check_sources(settings: Settings) -> DriverSources:
             if source is not None:
                 print(f"storage: {source.uri} ({source.form}, {source.size / 2**20:.1f} MiB, ETag {source.etag[:12]})")
         return DriverSources(pins=pins)
-    hub = hub_pins(settings)
+    kept = Path(out_dir) / HUB_PINS if out_dir is not None else None
+    saved = json.loads(kept.read_text()) if kept is not None and settings.resume and kept.is_file() else None
+    hub = hub_pins(settings, saved)
+    if kept is not None and hub:
+        write_json(kept, hub.commits(), key="out_dir", indent=1)
     for pin in hub.all():
         size = f", {pin.size / 2**20:.1f} MiB" if pin.size else ", from the cache (offline)"
         print(f"{'model' if pin.repo_type == 'model' else 'data'}: {pin.uri} (revision {pin.revision}, "

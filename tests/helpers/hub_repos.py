@@ -33,7 +33,7 @@ def glue_files(data_dir: Path, tasks: tuple[str, ...] = ("RTE",)) -> dict[str, b
     from sweep.data.glue import load_task_data
     from sweep.data.task_files import hub_split
 
-    out = {"README.md": b"# GLUE, as the stand-in Hub serves it\n"}
+    out = {"README.md": glue_card(tasks)}
 
     def parquet(spec, rows, labels) -> bytes:
         texts = (rows["text_a"], rows["text_b"]) if spec.is_pair else (rows["text_a"],)
@@ -54,6 +54,22 @@ def glue_files(data_dir: Path, tasks: tuple[str, ...] = ("RTE",)) -> dict[str, b
         test = hub_split(spec, spec.primary_eval).replace("validation", "test")
         out[f"{spec.hf.config}/{test}-00000-of-00001.parquet"] = parquet(spec, dev, [-1] * len(dev))
     return out
+
+
+def glue_card(tasks: tuple[str, ...]) -> bytes:
+    """The README whose YAML maps each config to its parquet files, as nyu-mll/glue's does (``datasets.load_dataset``
+    reads it)."""
+    from sweep.config.tasks import load_task
+    from sweep.data.task_files import hub_split
+
+    lines = ["---", "configs:"]
+    for name in tasks:
+        spec = load_task(name)
+        lines += [f"- config_name: {spec.hf.config}", "  data_files:"]
+        for split in ("train", *spec.eval_files):
+            theirs = hub_split(spec, split)
+            lines += [f"  - split: {theirs}", f"    path: {spec.hf.config}/{theirs}-*"]
+    return ("\n".join([*lines, "---", "# GLUE, as the stand-in Hub serves it", ""])).encode()
 
 
 def hub_with_sources(model_dir: Path, data_dir: Path) -> StandInHub:
