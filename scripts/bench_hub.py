@@ -2,7 +2,7 @@
 Hugging Face cache; against what run_glue.py does to get the same model and rows (``from_pretrained`` and
 ``load_dataset("nyu-mll/glue", "rte")`` in a fresh process), in the same run.
 
-A stand-in Hub on localhost (tests/helpers/stand_in_hub.py) holds a roberta-base-shaped repo (``--size full``: a
+A stand-in Hub on localhost (sweep/testing/stand_in_hub.py) holds a roberta-base-shaped repo (``--size full``: a
 randomly initialised model of roberta-base's shape, 125M parameters, ~499 MB of safetensors; ``tiny``: the tiny
 RoBERTa) beside the formats a sweep must not fetch, and nyu-mll/glue's RTE (``../shared/data``, else synthetic).
 The sweep is ``sweep task=RTE model=roberta-base train=quick 'sweep.seeds=[1,2]'``, stopped once a trial runs.
@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # tests.helpers: the stand-in Hub and its repos
 
 COMMAND = ["task=RTE", "model=roberta-base", "train=quick", "sweep.seeds=[1,2]"]
 RUN_GLUE = ("import time; t = time.monotonic()\n"
@@ -117,8 +116,8 @@ def main() -> None:
     parser.add_argument("--size", choices=("full", "tiny"), default="full")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    from tests.helpers.hub_repos import glue_files, model_files
-    from tests.helpers.stand_in_hub import StandInHub
+    from sweep.testing.hub_repos import glue_files, model_files
+    from sweep.testing.stand_in_hub import StandInHub
 
     with tempfile.TemporaryDirectory(prefix="bench-hub-") as tmp:
         work = Path(tmp)

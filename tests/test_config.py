@@ -374,7 +374,8 @@ def test_the_command_line_check_lets_every_kind_of_good_argument_through(tmp_pat
         (["-m", "experiment=demo", "train.max_seq_length=64,600"],
          "train.max_seq_length: 600 is more than tiny-roberta holds (512 positions)"),
         (["train.lr=[1"], "train.lr=[1: not a valid override ("),
-        (["model.nosuch=1"], "model.nosuch: no such key (keys of model: name, hub_id, revision, path, package, builder)"),
+        (["model.nosuch=1"],
+         "model.nosuch: no such key (keys of model: name, hub_id, revision, path, package, builder)"),
         (["nosuch=1"], "nosuch: no such key (keys of the config: task, model, train, sweep, resources, storage, "
                        "tracking, cluster, out_dir, resume)"),
         (["sweep.grid.lr=[1e-5,2e-5]"],

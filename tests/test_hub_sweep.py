@@ -1,4 +1,4 @@
-"""The Hugging Face Hub as a source, end to end against a stand-in Hub on localhost (tests/helpers/stand_in_hub.py):
+"""The Hugging Face Hub as a source, end to end against a stand-in Hub on localhost (sweep/testing/stand_in_hub.py):
 `sweep task=RTE model=roberta-base` with nothing else reads the model and GLUE's rows from the Hub, each file
 fetched once; the same command offline runs from the cache; an empty cache offline, a gated or private repo,
 a revision or repo that does not exist are one line each, exit 2, before anything is written; the token is in
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.hub_repos import GATED, NOT_FETCHED, PRIVATE, PRIVATE_TOKEN, fetched, hub_with_sources
+from sweep.testing.hub_repos import GATED, NOT_FETCHED, PRIVATE, PRIVATE_TOKEN, fetched, hub_with_sources
 
 COMMAND = ["task=RTE", "model=roberta-base", "train=quick", "sweep.seeds=[1,2]"]  # the issue's command, as typed
 TOKEN = "hf_sweep_test_token_never_written_0042"
@@ -113,12 +113,14 @@ def refused(*args: str, env: dict[str, str], cwd: Path) -> str:
     return lines[0]
 
 
+@pytest.mark.ray  # `sweep` itself: it would start a local Ray if it did not refuse
 def test_an_empty_cache_offline_is_one_line_naming_the_repo_and_what_to_do(tmp_path):
     line = refused(*COMMAND, env=offline(tmp_path), cwd=tmp_path / "work")
     assert "model.hub_id: model repo roberta-base@main is not in the Hugging Face cache" in line
     assert "HF_HUB_OFFLINE=1" in line and "model.path=DIR" in line
 
 
+@pytest.mark.ray  # `sweep` itself: it would start a local Ray if it did not refuse
 def test_a_cached_model_offline_without_cached_data_names_the_dataset(hub, tmp_path):
     from huggingface_hub import snapshot_download  # noqa: F401  (the child fetches; this only checks it imports)
 
@@ -131,12 +133,14 @@ def test_a_cached_model_offline_without_cached_data_names_the_dataset(hub, tmp_p
     assert "storage.data_dir=DIR" in line
 
 
+@pytest.mark.ray  # `sweep` itself: it would start a local Ray if it did not refuse
 def test_a_gated_repo_without_a_token_is_one_line(hub, tmp_path):
     line = refused(*COMMAND, "model=hub", f"model.hub_id={GATED}", env=online(hub, tmp_path), cwd=tmp_path / "w")
     assert f"model.hub_id: the model repo '{GATED}' on {hub.endpoint} is gated and no token was given" in line
     assert "HF_TOKEN" in line
 
 
+@pytest.mark.ray  # `sweep` itself: it would start a local Ray if it did not refuse
 def test_a_private_repo_with_another_token_is_one_line_and_the_token_is_not_in_it(hub, tmp_path):
     line = refused(*COMMAND, "model=hub", f"model.hub_id={PRIVATE}", env=online(hub, tmp_path, HF_TOKEN=TOKEN),
                    cwd=tmp_path / "w")
@@ -144,6 +148,7 @@ def test_a_private_repo_with_another_token_is_one_line_and_the_token_is_not_in_i
     assert TOKEN not in line and PRIVATE_TOKEN not in line
 
 
+@pytest.mark.ray  # `sweep` itself: it would start a local Ray if it did not refuse
 def test_a_revision_or_repo_that_does_not_exist_is_one_line(hub, tmp_path):
     line = refused(*COMMAND, "model.revision=v9.9", env=online(hub, tmp_path), cwd=tmp_path / "a")
     assert "has no revision 'v9.9' (a branch, tag or commit sha); set model.revision=..." in line

@@ -5,7 +5,7 @@ one left off (its environment and working folder: `. .venv/bin/activate` carries
 terminal). Sweeps get small settings appended (``SMALL``); a ``background`` block (a server) is started
 and must answer its URL; a ``not run`` block is skipped for its stated reason (tests/test_readme_blocks.py
 checks the reasons are there). A command that stops working fails here. The Hugging Face Hub the tour
-reads GLUE from is a stand-in on localhost (tests/helpers/stand_in_hub.py) holding nyu-mll/glue's SST-2 and
+reads GLUE from is a stand-in on localhost (sweep/testing/stand_in_hub.py) holding nyu-mll/glue's SST-2 and
 MRPC made from the real rows of ``../shared/data``; ``make demo`` reads nothing from it."""
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ import pytest
 from sweep.config.tasks import load_task
 from sweep.export_layout import MADE_BY
 from sweep.results.records import rank_key
+from sweep.testing.hub_repos import fetched, glue_files
+from sweep.testing.stand_in_hub import StandInHub
 from sweep.trials import TRAINING_STATE
 from tests.helpers.doc_blocks import Block, bash_blocks, commands, with_overrides
-from tests.helpers.hub_repos import fetched, glue_files
-from tests.helpers.stand_in_hub import StandInHub
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 

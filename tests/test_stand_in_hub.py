@@ -1,4 +1,4 @@
-"""The stand-in Hub (tests/helpers/stand_in_hub.py) as huggingface_hub sees it: downloads, repo info, the errors
+"""The stand-in Hub (sweep/testing/stand_in_hub.py) as huggingface_hub sees it: downloads, repo info, the errors
 of gated, private and missing things, and the GETs it counts. huggingface_hub runs in a child process, as it reads
 HF_ENDPOINT once, on import."""
 
@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.helpers.stand_in_hub import StandInHub
+from sweep.testing.stand_in_hub import StandInHub
 
 TOKEN = "hf_stand_in_secret"
 CONFIG = json.dumps({"model_type": "roberta", "hidden_size": 16, "num_hidden_layers": 1}).encode()

@@ -276,7 +276,12 @@ def ensure_local(settings: Settings, pins: SourcePins | None = None,
     staged = Path(os.path.expanduser(folders.model_dir)) if folders.model_dir else None
     model_dir = resolve_model_dir({**asdict(settings.model), "path": folders.model_path}, cache, staged,
                                   hub_dir=fetched.model_dir)
-    data_dir = fetched.data_dir or local_data_dir(settings.storage, folders.data_dir)
+    if fetched.data_dir is not None:
+        data_dir = fetched.data_dir
+    elif folders.data_dir or settings.storage.synthetic or any(spec.path is None for spec in settings.tasks):
+        data_dir = local_data_dir(settings.storage, folders.data_dir)
+    else:  # every task reads the folder its task.path names: no data folder is read
+        data_dir = cache
     return LocalSources(model_dir=model_dir, data_dir=data_dir, downloaded=fetched.downloaded)
 
 

@@ -40,10 +40,10 @@ class OwnDiskSweeps(OwnDiskCluster):
 def own_disk_cluster(tmp_path_factory: pytest.TempPathFactory, tiny_roberta_dir: Path):
     """One cluster for a test module (starting it takes ~20 s): a head, one worker node of 2 CPUs and
     1 (fake) GPU on its own disk; ``env["AWS_ENDPOINT_URL"]`` is the moto_server every node reaches, and
-    ``hub`` a stand-in Hugging Face Hub (tests/helpers/hub_repos.py) every node reaches, each node's Hugging
+    ``hub`` a stand-in Hugging Face Hub (sweep/testing/hub_repos.py) every node reaches, each node's Hugging
     Face cache in the driver's folder (so the worker's is its own)."""
     from sweep.data.synthetic import write_synthetic_glue
-    from tests.helpers.hub_repos import hub_with_sources
+    from sweep.testing.hub_repos import hub_with_sources
 
     refused = namespace_refused()
     if refused:

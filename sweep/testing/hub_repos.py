@@ -1,4 +1,4 @@
-"""The repos the Hub tests serve from the stand-in Hub (tests/helpers/stand_in_hub.py): a roberta-base-shaped
+"""The repos the Hub tests serve from the stand-in Hub (sweep/testing/stand_in_hub.py): a roberta-base-shaped
 model (a tiny RoBERTa built offline, in safetensors, beside the formats a sweep must not fetch), nyu-mll/glue's
 RTE in the Hub's parquet layout, a gated and a private repo."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from tests.helpers.stand_in_hub import StandInHub
+from sweep.testing.stand_in_hub import StandInHub
 
 # What the real roberta-base holds beside safetensors: a sweep fetches none of them.
 NOT_FETCHED = {"pytorch_model.bin": b"\0" * 4096, "tf_model.h5": b"\0" * 4096, "flax_model.msgpack": b"\0" * 4096,
