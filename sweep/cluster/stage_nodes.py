@@ -44,6 +44,7 @@ class Staging:
     relay: Any = None  # the ProgressRelay actor: the nodes' lines reach the driver's terminal
     hub: HubPins | None = None  # storage=local: the Hub's commits the driver pinned, fetched once per node
     driver_node: str | None = None  # several nodes, ship_to_nodes: a node without the Hub takes the driver's copy
+    driver_snapshots: dict[str, str] | None = None  # each Hub pin's uri -> the folder the driver fetched it into
 
 
 @dataclass(frozen=True)
@@ -137,18 +138,18 @@ def stage_here(settings: Settings, staging: Staging, say: Callable[[str], None] 
     progress = (lambda line: say(f"node {node[:8]}: {line}")) if say is not None else None
     received = receive_sources(settings, staging.shipments, where, progress)
     other = staging.driver_node not in (None, node)  # the driver's own node has nothing more to give
-    fallback = _driver_copy(settings, staging.driver_node, progress) if other else None
+    fallback = _driver_copy(settings, staging, progress) if other else None
     sources = ensure_local(settings, staging.pins, progress, staging.hub, fallback)
     return NodeStaging(node, socket.gethostname(), sources.downloaded, time.monotonic() - started, received, sources)
 
 
-def _pack_pin(pin):
+def _pack_pin(pin, snapshot: str | None):
     from sweep.storage.hub import pack_pin
 
-    return pack_pin(pin)
+    return pack_pin(pin, snapshot)
 
 
-def _driver_copy(settings: Settings, driver_node: str, progress: Callable[[str], None] | None):
+def _driver_copy(settings: Settings, staging: Staging, progress: Callable[[str], None] | None):
     """A Hub pin this node cannot fetch (no network, no token), taken from the driver's cache through Ray's
     object store instead (storage.ship_to_nodes): the node's cache then holds it as if fetched."""
     from sweep.storage.hub import unpack_pin
@@ -156,11 +157,12 @@ def _driver_copy(settings: Settings, driver_node: str, progress: Callable[[str],
 
     def take(pin, why) -> None:
         pack = ray.remote(num_cpus=0, max_retries=0)(_pack_pin)
-        blob = ray.get(pack.options(scheduling_strategy=NodeAffinitySchedulingStrategy(driver_node, soft=False))
-                       .remote(pin))
+        on_the_drivers_node = NodeAffinitySchedulingStrategy(staging.driver_node, soft=False)
+        blob = ray.get(pack.options(scheduling_strategy=on_the_drivers_node)
+                       .remote(pin, (staging.driver_snapshots or {}).get(pin.uri)))
         unpack_pin(blob, pin, int(settings.storage.max_unpack_gb * GiB))
         if progress is not None:
-            progress(f"{pin.uri}: {len(blob) / 2**20:.1f} MiB received from the driver ({why})")
+            progress(f"{pin.uri}: {len(blob) / 2**20:.1f} MiB received from the driver (this node could not fetch it)")
 
     return take
 

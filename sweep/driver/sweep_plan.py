@@ -28,6 +28,7 @@ from sweep.plan.sizes import (
     sweep_storage,
     trial_count,
 )
+from sweep.storage.hub import snapshot_folder
 from sweep.storage.staging import DriverSources, cache_root
 from sweep.trials import point_of, trial_key
 
@@ -77,6 +78,7 @@ def plan_sweep(settings: Settings, sources: DriverSources, out_dir: Path) -> Swe
         shipments=ship_sources(settings) if several else {},
         hub=sources.hub,  # each node fetches the driver's pins; one that cannot reach the Hub asks the driver
         driver_node=beside_the_driver().node_id if several and settings.storage.ship_to_nodes else None,
+        driver_snapshots={pin.uri: str(snapshot_folder(pin)) for pin in sources.hub.all()},
         # the nodes' staging lines, at the start and from nodes that join later; beside the driver, which outlives them
         relay=None if here else ProgressRelay.options(scheduling_strategy=beside_the_driver()).remote(),
     )

@@ -41,6 +41,7 @@ class HubPin:
     size: int  # the files' bytes (0 where only the cache was read)
     setting: str  # the option that named it (model.hub_id, task.RTE): every line names it
     endpoint: str = ""  # the Hub the driver resolved it on (HF_ENDPOINT): every node fetches from the same one
+    cached: bool = False  # resolved from the driver's cache (offline, or the Hub did not answer)
 
     @property
     def uri(self) -> str:
@@ -101,7 +102,7 @@ def resolve(repo_id: str, repo_type: str, revision: str, setting: str, select: S
         pin = replace(how(repo_id, repo_type, at or revision, setting, select, hint), revision=revision)
         missing = lacks(list(pin.files))
         if missing:
-            where = (f"the cached copy of {repo_id}@{pin.sha[:12]}" if pin.size == 0
+            where = (f"the cached copy of {repo_id}@{pin.sha[:12]}" if pin.cached
                      else f"{repo_id}@{revision} on {endpoint()}")
             raise HubError(f"{setting}: {where} has no {', '.join(missing)}; {hint}")
         _RESOLVED[key] = pin
@@ -180,7 +181,7 @@ def _from_cache(repo_id: str, repo_type: str, revision: str, setting: str, selec
             f"and the Hub cannot be asked ({why}): run once where the Hub is reachable (HF_HUB_OFFLINE unset), "
             f"or {hint}")
     present = sorted(str(p.relative_to(snapshot)) for p in snapshot.rglob("*") if p.is_file())
-    return HubPin(repo_id, repo_type, revision, sha, tuple(select(present)), 0, setting, endpoint())
+    return HubPin(repo_id, repo_type, revision, sha, tuple(select(present)), 0, setting, endpoint(), cached=True)
 
 
 @dataclass(frozen=True)
@@ -252,13 +253,14 @@ class HubNotReachable(HubError):
     """This node cannot fetch a pin (no network, no token): a multi-node sweep takes the driver's copy."""
 
 
-def pack_pin(pin: HubPin) -> bytes:
-    """This machine's copy of a pin's files as an uncompressed tar (the cache's links followed): what the
-    driver sends a node that cannot reach the Hub."""
+def pack_pin(pin: HubPin, snapshot: Path | None = None) -> bytes:
+    """This machine's copy of a pin's files (``snapshot``: the folder the driver fetched them into, else this
+    process's cache) as an uncompressed tar, the cache's links followed: what the driver sends a node that
+    cannot reach the Hub."""
     import io
     import tarfile
 
-    snapshot = snapshot_folder(pin)
+    snapshot = Path(snapshot) if snapshot is not None else snapshot_folder(pin)
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", dereference=True) as tar:
         for name in pin.files:

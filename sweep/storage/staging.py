@@ -308,7 +308,7 @@ def check_sources(settings: Settings, out_dir: Path | None = None) -> DriverSour
     if kept is not None and hub:
         write_json(kept, hub.commits(), key="out_dir", indent=1)
     for pin in hub.all():
-        size = f", {pin.size / 2**20:.1f} MiB" if pin.size else ", from the cache (offline)"
+        size = ", from the cache" if pin.cached else f", {pin.size / 2**20:.1f} MiB"
         print(f"{'model' if pin.repo_type == 'model' else 'data'}: {pin.uri} (revision {pin.revision}, "
               f"{len(pin.files)} files{size})", flush=True)
     synthetic = settings.storage.synthetic
