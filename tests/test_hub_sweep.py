@@ -68,6 +68,7 @@ def test_a_sweep_reads_model_and_glue_from_the_hub_once_then_runs_offline_from_t
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     model_sha, glue_sha = hub.repos[("model", "roberta-base")].sha, hub.repos[("dataset", "nyu-mll/glue")].sha
     assert "2/2 done" in first.stdout and "SYNTHETIC" not in first.stdout
+    assert "HTTP Request" not in first.stdout + first.stderr  # no line per request of the Hub's client
     needed = sorted(set(hub.repos[("model", "roberta-base")].files) - set(NOT_FETCHED))  # config, tokenizer, weights
     assert f"model: hf://roberta-base@{model_sha[:12]} (revision main, {len(needed)} files" in first.stdout
     assert fetched(hub, "model", "roberta-base") == {f: 1 for f in needed}  # not .bin, .h5, .msgpack, onnx/

@@ -11,6 +11,7 @@ the cache holds every pinned file it makes no request at all. The token is huggi
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Callable
@@ -51,6 +52,13 @@ class HubPin:
 
 Select = Callable[[list[str]], list[str]]  # the repo's files -> the files a sweep needs
 Lacks = Callable[[list[str]], list[str]]  # the picked files -> what is missing for them to be usable
+
+
+def quiet_http() -> None:
+    """No line per HTTP request: huggingface_hub's client (httpx2) logs each at INFO, which Hydra's root logger
+    prints; the download's own progress bar stays."""
+    for name in ("httpx2", "httpx", "httpcore"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def offline() -> bool:
@@ -97,6 +105,7 @@ def resolve(repo_id: str, repo_type: str, revision: str, setting: str, select: S
     can give instead (model.path=DIR). ``at``: the commit a resumed sweep pinned before (``revision`` may have
     moved since). Resolved once per process: the sweep uses what the command checked."""
     key = (repo_id, repo_type, at or revision, endpoint())
+    quiet_http()
     if key not in _RESOLVED:
         how = _from_cache if offline() else _from_hub
         pin = replace(how(repo_id, repo_type, at or revision, setting, select, hint), revision=revision)
@@ -197,6 +206,7 @@ def fetch(pin: HubPin) -> Fetched:
     if _complete(pin, snapshot):
         _record_ref(pin)
         return Fetched(snapshot, 0)
+    quiet_http()
     locks = cache_dir() / ".locks"
     locks.mkdir(parents=True, exist_ok=True)
     with FileLock(str(locks / f"sweep-{pin.repo_type}-{pin.repo_id.replace('/', '--')}-{pin.sha}.lock")):
