@@ -61,11 +61,12 @@ class DriverSources:
     local: LocalSources | None = None  # storage=local: the folders on the driver's machine
     hub: HubPins = field(default_factory=HubPins)  # the Hub's commits every node fetches (storage=local)
     synthetic: bool = False  # the data is generated rows (storage.synthetic_data): no result means anything
+    local_origins: dict[str, str] = field(default_factory=dict)  # the sources that are folders here: which
 
     def provenance(self) -> dict[str, str]:
         """Where the model and the data came from, at which commit or version: the parent and trial runs'
         params (``sources.*``), results.csv and each export's sweep_made_by.json."""
-        out: dict[str, str] = {}
+        out: dict[str, str] = dict(self.local_origins)
         for role, pin in (("model", self.hub.model), *(("data", p) for p in self.hub.data)):
             if pin is not None:
                 key = role if role == "model" or len(self.hub.data) == 1 else f"data.{pin.repo_id}"
@@ -318,4 +319,18 @@ def check_sources(settings: Settings, out_dir: Path | None = None) -> DriverSour
     local = ensure_local(settings, hub=hub, progress=lambda line: print(f"staging: {line}", flush=True))
     check_tasks_here(settings, local)  # every missing task file before any trial starts
     check_output_bucket(settings.storage)
-    return DriverSources(local=local, hub=hub, synthetic=synthetic)
+    return DriverSources(local=local, hub=hub, synthetic=synthetic, local_origins=local_origins(settings, hub, local))
+
+
+def local_origins(settings: Settings, hub: HubPins, local: LocalSources) -> dict[str, str]:
+    """The sources that are not the Hub's, as provenance: ``model.source`` path | staged | builder | package
+    with its folder, ``data.source`` folder with its path (the Hub's carry their commits instead)."""
+    from sweep.models.local_folder import model_source
+
+    out = {}
+    if hub.model is None:
+        staged = Path(os.path.expanduser(settings.storage.model_dir)) if settings.storage.model_dir else None
+        out = {"model.source": model_source(asdict(settings.model), staged), "model.folder": str(local.model_dir)}
+    if settings.storage.data_dir is not None:
+        out |= {"data.source": "folder", "data.folder": str(local.data_dir)}
+    return out
