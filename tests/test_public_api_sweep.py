@@ -42,5 +42,9 @@ def test_run_from_python_is_the_commands_sweep(local_ray, synthetic_glue_dir, ca
     experiment = client.get_experiment_by_name("from-python")
     (parent,) = client.search_runs([experiment.experiment_id], "tags.sweep.model = 'tiny-roberta'")
     expected = clean_params(OmegaConf.to_container(compose(*overrides, "out_dir=runs/py"), resolve=True))
-    assert parent.info.status == "FINISHED" and parent.data.params == expected
+    params = {k: v for k, v in parent.data.params.items() if not k.startswith("sources.")}
+    assert parent.info.status == "FINISHED" and params == expected
+    # ... and where the model and the data came from (docs/sources.md)
+    assert (parent.data.params["sources.model.source"], parent.data.params["sources.data.source"],
+            parent.data.params["sources.data.folder"]) == ("builder", "folder", str(synthetic_glue_dir))
     assert parent.data.params["out_dir"] == "runs/py" and parent.data.params["train.lr"] == "0.005"
