@@ -80,7 +80,11 @@ def test_readme_line_from_another_folder_a_killed_task_fails_in_one_line_and_the
         done.set()
         kill_session(proc)
     assert proc.returncode == EXIT_TASK_FAILED, (stdout[-3000:], stderr[-3000:])
-    assert attempts(killed) == 2, killed  # the first attempt and its one retry (sweep.max_failures=1)
+    # The attempts as Tune counts them: the first and its one retry (sweep.max_failures=1). The processes killed
+    # can be more (3 in 4 of 12 runs here): an actor killed while Tune hands it the trial, or a cached one it
+    # hands the retry to, is started again without counting a failure.
+    assert (stdout + stderr).count("Trial task failed for trial ") == 2, (stdout[-3000:], stderr[-3000:])
+    assert attempts(killed) >= 2, killed  # every attempt was killed
     assert "Traceback" not in stdout + stderr
     rows = {row["task"]: row for row in csv.DictReader((work / "out" / "results.csv").open())}
     assert rows["MRPC"]["status"] == "TERMINATED" and rows["RTE"]["status"] == "ERROR"
