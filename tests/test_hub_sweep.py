@@ -123,8 +123,6 @@ def test_an_empty_cache_offline_is_one_line_naming_the_repo_and_what_to_do(tmp_p
 
 @pytest.mark.ray  # `sweep` itself: it would start a local Ray if it did not refuse
 def test_a_cached_model_offline_without_cached_data_names_the_dataset(hub, tmp_path):
-    from huggingface_hub import snapshot_download  # noqa: F401  (the child fetches; this only checks it imports)
-
     warm = subprocess.run([sys.executable, "-c", "from huggingface_hub import snapshot_download as s; "
                            "s('roberta-base', allow_patterns=['config.json', 'model.safetensors'])"],
                           env=online(hub, tmp_path), capture_output=True, text=True, timeout=120)
