@@ -135,6 +135,10 @@ def register(settings: Settings, tracker, best: dict[str, TrialRecord], out_dir:
                   f"stays in {out_dir / 'best' / task}; run the same command with resume=true to register it")
             continue
         before = f"{result.previous_champion_score:.4f}" if result.previous_champion_score is not None else "none"
+        if result.earlier:
+            print(f"registry: {result.name} version {result.version}, registered by an earlier launch of this sweep "
+                  f"({'champion' if result.promoted else 'not champion'}); not registered again")
+            continue
         verdict = ("now champion" if result.promoted
                    else "not promoted: it learned nothing (within noise of the trivial score)" if task in unlearned
                    else "not promoted: trained on synthetic data (tracking.synthetic_champion=true allows it)"
@@ -183,10 +187,10 @@ def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkp
     provenance = sources.provenance() if sources is not None else {}
     for r in records:  # every row and export says what it was trained on
         r.sources = provenance
-    for task, record in best.items():
-        exported = export_best(record, out_dir / "best" / task, settings.model.name,
-                               model_writer(settings, sources, task))
-        print(f"best {task}: seed {record.seed}, {metric[task]} {record.score:.4f} -> {exported}")
+    for task, record in list(best.items()):
+        exported = export_one(settings, record, out_dir, sources, metric[task])
+        if exported is None:  # one line said why; the other tasks' models and every record are still kept
+            del best[task]
     if settings.sweep.keep_checkpoints == "best" and checkpoint_folders:
         from sweep.remote_files import remove_folder
 
@@ -233,6 +237,25 @@ def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkp
 
         print(look_line(tracker.uri, tracker.experiment_id, out_dir))  # runs: sweep ui out_dir=... (or the URL)
     return summaries
+
+
+def export_one(settings: Settings, record: TrialRecord, out_dir: Path, sources, metric: str) -> Path | None:
+    """The best model of ``record.task`` into ``out_dir/best/<task>``; a checkpoint storage lost is one line
+    (None), never a traceback after the trials' work (the records are written whatever happens here)."""
+    from sweep.failures import error_line
+
+    task = record.task
+    if record.checkpoint_note:
+        print(f"best {task}: seed {record.seed}: {record.checkpoint_note}")
+    try:
+        exported = export_best(record, out_dir / "best" / task, settings.model.name,
+                               model_writer(settings, sources, task))
+    except (FileNotFoundError, OSError) as e:
+        print(f"best {task}: not exported: the best trial's checkpoint (seed {record.seed}) is not in storage "
+              f"({error_line(e)}); its scores are in results.csv. Run the sweep again to train it")
+        return None
+    print(f"best {task}: seed {record.seed}, {metric} {record.score:.4f} -> {exported}")
+    return exported
 
 
 def report_expected_max(records: list[TrialRecord], settings: Settings, out_dir: Path) -> None:
@@ -339,22 +362,39 @@ def run(settings: Settings | DictConfig, out_dir: str | os.PathLike[str] | None 
     with hold_out_dir(out):  # one sweep per out_dir (OutDirInUseError), before anything is written
         sources = check_sources(settings, out)
         check_method_and_tests(settings, sources)
-        tracker, tracking = start_tracking(settings, out, sources)  # an unreachable store before any trial
-        from sweep.driver.tuner import run_tune
-
+        # one driver per sweep, on any cluster: the lease in its ledger, before the records are restored
+        lease = sweep_ledger(settings, out).take_lease().keep()
         try:
-            records, checkpoint_folders = run_tune(settings, out, tracking, sources)
-            summaries = finish(settings, records, out, checkpoint_folders, tracker, sources)
-            if settings.storage.output_prefix:
-                upload_outputs(settings, out)
-            return summaries
-        except BaseException as e:
-            if tracker is not None and tracker.run_id is not None:
-                # stopped by a signal (SweepStopped): KILLED, for resume=true to finish
-                tracker.fail("KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")  # never masks e
-            if isinstance(e, KeyboardInterrupt) and tracker is not None and settings.storage.output_prefix:
-                keep_records(settings, tracker.uri, out)  # a suspended RayJob's head goes next
-            raise
+            return run_holding_the_lease(settings, out, sources)
+        finally:
+            lease.release()
+
+
+def sweep_ledger(settings: Settings, out_dir: Path):
+    """The sweep's ledger (sweep/ledger.py) in its storage path: ``cluster.storage_path``, else out_dir/ray."""
+    from sweep.ledger import Ledger
+
+    return Ledger(settings.cluster.storage_path or str(out_dir / "ray"))
+
+
+def run_holding_the_lease(settings: Settings, out: Path, sources) -> list[TaskSummary]:
+    """The sweep from the MLflow parent on, its lease held."""
+    tracker, tracking = start_tracking(settings, out, sources)  # an unreachable store before any trial
+    from sweep.driver.tuner import run_tune
+
+    try:
+        records, checkpoint_folders = run_tune(settings, out, tracking, sources)
+        summaries = finish(settings, records, out, checkpoint_folders, tracker, sources)
+        if settings.storage.output_prefix:
+            upload_outputs(settings, out)
+        return summaries
+    except BaseException as e:
+        if tracker is not None and tracker.run_id is not None:
+            # stopped by a signal (SweepStopped): KILLED, for resume=true to finish
+            tracker.fail("KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")  # never masks e
+        if isinstance(e, KeyboardInterrupt) and tracker is not None and settings.storage.output_prefix:
+            keep_records(settings, tracker.uri, out)  # a suspended RayJob's head goes next
+        raise
 
 
 def check_method_and_tests(settings: Settings, sources) -> None:

@@ -23,14 +23,18 @@ FILE_MODE, FOLDER_MODE = 0o644, 0o755  # what a published file or folder is: any
 
 
 @contextmanager
-def atomic_file(path: str | Path, mode: str = "w") -> Iterator[IO]:
-    """Open a temporary beside ``path`` for writing; it becomes ``path`` when the block ends cleanly."""
+def atomic_file(path: str | Path, mode: str = "w", fsync: bool = False) -> Iterator[IO]:
+    """Open a temporary beside ``path`` for writing; it becomes ``path`` when the block ends cleanly.
+    ``fsync``: its bytes are on the disk before the rename (a record a power cut must not lose)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, mode, **({} if "b" in mode else {"newline": ""})) as f:
             yield f
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
         os.chmod(tmp, FILE_MODE)  # mkstemp's 0600 would hide a shared file from other users
         os.replace(tmp, path)
     except BaseException:

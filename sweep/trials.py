@@ -21,11 +21,9 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from sweep.files import write_json
-from sweep.remote_files import is_remote
+from sweep.remote_files import JsonFolder
 
 FOLDER = "history"
 EVAL_PREFIX = "eval/"  # a report's key for each eval metric: eval/accuracy, eval/eval_loss, ...
@@ -201,6 +199,12 @@ def trial_of(config: dict[str, Any]) -> tuple[str, int, dict[str, Any]]:
     return point["task"], int(point["seed"]), {**(point.get("grid") or {}), **(config.get("hparams") or {})}
 
 
+def sweep_trial_id(tune_trial_id: str, config: dict[str, Any] | None) -> str:
+    """The id a trial reports with (names its history, Train run and MLflow run): Tune's, or on a resumed
+    launch the id of the earlier launch's trial it goes on as (``continues``, from the ledger)."""
+    return ((config or {}).get("continues") or {}).get("trial_id") or tune_trial_id
+
+
 def trial_key(config: dict[str, Any]) -> str:
     """The dispatch point a trial runs (task, seed, grid values), as one hashable key."""
     return json.dumps(config["trial"], sort_keys=True)
@@ -216,62 +220,25 @@ class TrialHistories:
 
     def __init__(self, root: str) -> None:
         self.root = str(root).rstrip("/")
-        self._fs = None
+        self.files = JsonFolder(self.root)
 
     def __reduce__(self):  # travels to the trials as its root alone (a pyarrow filesystem is per process)
         return (TrialHistories, (self.root,))
 
     @property
     def remote(self) -> bool:
-        return is_remote(self.root)
-
-    def _filesystem(self):
-        if self._fs is None:
-            import pyarrow.fs
-
-            self._fs, self._base = pyarrow.fs.FileSystem.from_uri(self.root)
-        return self._fs
+        return self.files.remote
 
     def location(self, trial_id: str) -> str:
         return f"{self.root}/{trial_id}.json"
 
     def read(self, trial_id: str) -> list[Report]:
         """The trial's rows, oldest first ([] when it has written none)."""
-        return [Report.from_row(row) for row in self._read(trial_id)]
-
-    def _read(self, trial_id: str) -> list[dict[str, Any]]:
-        if not self.remote:
-            path = Path(self.root) / f"{trial_id}.json"
-            return json.loads(path.read_text()) if path.exists() else []
-        import pyarrow
-
-        fs = self._filesystem()
-        try:
-            with fs.open_input_stream(f"{self._base}/{trial_id}.json") as f:
-                return json.loads(f.read())
-        except (FileNotFoundError, pyarrow.ArrowIOError) as e:
-            if isinstance(e, FileNotFoundError) or "not found" in str(e).lower() or "does not exist" in str(e).lower():
-                return []
-            raise
+        return [Report.from_row(row) for row in self.files.read(trial_id) or []]
 
     def write(self, trial_id: str, rows: list[Report]) -> None:
-        plain = [row.to_row() for row in rows]
-        if not self.remote:
-            write_json(Path(self.root) / f"{trial_id}.json", plain)
-            return
-        fs = self._filesystem()
-        with fs.open_output_stream(f"{self._base}/{trial_id}.json") as f:
-            f.write(json.dumps(plain).encode())
+        self.files.write(trial_id, [row.to_row() for row in rows])
 
     def all(self) -> dict[str, list[Report]]:
         """Every trial's rows by Tune trial id, in the ids' order."""
-        if not self.remote:
-            folder = Path(self.root)
-            found = sorted(folder.glob("*.json")) if folder.is_dir() else []
-            return {p.stem: [Report.from_row(row) for row in json.loads(p.read_text())] for p in found}
-        import pyarrow.fs
-
-        fs = self._filesystem()
-        found = fs.get_file_info(pyarrow.fs.FileSelector(self._base, allow_not_found=True))
-        ids = sorted(Path(info.path).stem for info in found if info.path.endswith(".json"))
-        return {trial_id: self.read(trial_id) for trial_id in ids}
+        return {trial_id: self.read(trial_id) for trial_id in self.files.names()}

@@ -17,7 +17,8 @@ RAY_ROOMS = ("sweep.cluster", "sweep.schedulers", "sweep.hooks", "sweep.trial", 
              "sweep.ray_jobs", "sweep.testing")
 
 # Lowest first: a module may import its own layer and those below, never one above (docs/architecture.md §1).
-BASE = ("errors", "secrets", "disk", "files", "lock", "remote_files", "trials", "failures", "export_layout", "cpus")
+BASE = ("errors", "secrets", "disk", "files", "lock", "remote_files", "trials", "ledger", "failures", "export_layout",
+        "cpus")
 LAYERS = (
     tuple(f"sweep.{m}" for m in BASE),
     ("sweep.config",), ("sweep.data",), ("sweep.models",), ("sweep.results",), ("sweep.tracking",),

@@ -158,6 +158,25 @@ def test_a_retried_trial_resumes_its_own_run(store: Store) -> None:
     assert len(_children(client, tracker)) == 1
 
 
+def test_an_evaluation_redone_after_a_checkpoint_is_logged_once(store: Store) -> None:
+    """A trial that goes on from its checkpoint in a resumed launch evaluates again the steps past it; the store
+    may have taken them before the kill: each step stays once, with its first value."""
+    tracker = SweepTracker(store.uri, _unique("redone"))
+    tracker.start({"model": {"name": "m"}})
+    first = _trial(tracker, 38)
+    run_id = first.start()
+    first.log_evaluation(1, {"score": 0.5, "eval_acc": 0.5})
+    first.log_evaluation(2, {"score": 0.6, "eval_acc": 0.6})  # then killed before its checkpoint was recorded
+
+    again = _trial(tracker, 38)  # the resumed launch: its own logger, the same run, from the checkpoint at step 1
+    assert again.start() == run_id
+    again.log_evaluation(2, {"score": 0.6, "eval_acc": 0.6})
+    again.log_evaluation(3, {"score": 0.7, "eval_acc": 0.7})
+    again.end("FINISHED")
+    client = MlflowClient(store.uri)
+    assert _steps(client, run_id, "score") == [1, 2, 3] and _steps(client, run_id, "eval_acc") == [1, 2, 3]
+
+
 def test_a_resumed_sweep_reopens_its_parent_run(store: Store, tmp_path: Path) -> None:
     name = _unique("reopen")
     first = SweepTracker(store.uri, name, tmp_path / "out" / "mlflow-unsent")
@@ -219,6 +238,10 @@ def test_champion_alias_moves_only_on_a_better_score(store: Store, tmp_path: Pat
     assert (better.version, better.promoted, better.previous_champion_score) == ("2", True, 0.5)
     _, worse = register(0.6)
     assert (worse.version, worse.promoted, worse.previous_champion_score) == ("3", False, 0.7)
+    # the same run again (a sweep killed after its registry step, resumed): no second version
+    again = register_best(store.uri, model, specs["WNLI"], version.run_id, folder, 0.5)
+    assert (again.version, again.earlier, again.promoted) == ("1", True, False)
+    assert len(client.search_model_versions(f"name='{first.name}'")) == 3
     assert str(client.get_model_version_by_alias(first.name, "champion").version) == "2"
 
     _, low = register(1.0, task="STS-B")

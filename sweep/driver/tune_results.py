@@ -13,6 +13,7 @@ from ray.tune import Callback
 
 from sweep.config.settings import Settings
 from sweep.failures import trial_failure_line
+from sweep.ledger import TrialEntry
 from sweep.plan.sizes import TaskPlacement
 from sweep.results.records import TrialRecord
 from sweep.trials import CHECKPOINT_MARKER, Report, TrialHistories, pbt_schedule, steps_trained, trial_of
@@ -20,32 +21,30 @@ from sweep.trials import CHECKPOINT_MARKER, Report, TrialHistories, pbt_schedule
 
 def records_from_results(grid, settings: Settings, plans: dict[str, TaskPlacement],
                          histories: TrialHistories | None = None, train_dir: Path | None = None, run_id_of=None,
-                         configs: dict[str, dict] | None = None) -> list[TrialRecord]:
+                         configs: dict[str, dict] | None = None,
+                         earlier: dict[str, TrialEntry] | None = None) -> list[TrialRecord]:
     """One TrialRecord per Tune trial (``plans``: each task's), with the best evaluation's metrics and checkpoint.
 
     ``run_id_of(tune trial id, task, seed, hparams)``: the id of the trial's MLflow run (the driver logged it).
-    ``configs``: each trial's config by its folder's name (``TrialConfigs``), for a trial that never reported."""
+    ``configs``: each trial's config by its folder's name (``TrialConfigs``), for a trial that never reported.
+    ``earlier``: the ledger's entries by the id their trials report with: where a trial an earlier launch
+    started kept its checkpoints (its best may be one of them)."""
     records = []
     tables = [(result, _history(result, histories)) for result in grid]
     first_in_process = _first_trial_per_process([rows for _, rows in tables])
     for result, rows in tables:
         config = _config(result, configs or {})
         task, seed, hparams = trial_of(config) if config else ("?", -1, {})
-        plan = plans.get(task)
         trial_id = _trial_id(result)
-        record = TrialRecord(
-            task=task, seed=seed, hparams=hparams,
-            gpus=plan.size.gpus_per_worker * plan.size.workers if plan else 0.0,
-            trial_id=result.path.rsplit("/", 1)[-1] if result.path else "",
-        )
+        record = _record(task, seed, hparams, plans.get(task), result.path.rsplit("/", 1)[-1] if result.path else "")
         ranked = [row for row in rows if row.checkpoint_rank is not None]
         if ranked:
-            best = max(ranked, key=lambda row: row.checkpoint_rank)  # the first of equal ranks, as idxmax
-            _best_evaluation(record, settings, rows, best, first_in_process)
-            record.schedule = pbt_schedule(rows)
-            record.run_id = run_id_of(trial_id, task, seed, hparams) if run_id_of is not None and trial_id else ""
+            best = _fill(record, settings, rows, first_in_process, run_id_of, trial_id)
             record.checkpoint = (_best_checkpoint(best, _checkpoint_dirs(result, train_dir, trial_id))
                                  if train_dir is not None else _remote_best_checkpoint(result, best))
+            folders = list(earlier[trial_id].folders if earlier and trial_id in earlier else [])  # oldest first
+            here = _folder_of(result)
+            _checkpoint_still_there(record, best, rows, folders + ([here] if here and here not in folders else []))
         own_error = _own_error(result, rows)
         if own_error is not None:  # failed on its own data/config/model: ended at once, not retried
             record.status, record.error = "ERROR", own_error
@@ -54,6 +53,76 @@ def records_from_results(grid, settings: Settings, plans: dict[str, TaskPlacemen
             record.error = trial_failure_line(result.error) if result.error is not None else "trial reported no result"
         records.append(record)
     return records
+
+
+def records_from_ledger(entries: list[TrialEntry], settings: Settings, plans: dict[str, TaskPlacement],
+                        histories: TrialHistories, run_id_of=None) -> list[TrialRecord]:
+    """The records of the trials an earlier launch ended (the ledger's finished and failed entries): from
+    their histories, their checkpoints found in the folders they ran in."""
+    records = []
+    tables = [(entry, histories.read(entry.trial_id) if entry.trial_id else []) for entry in entries]
+    first_in_process = _first_trial_per_process([rows for _, rows in tables])
+    for entry, rows in tables:
+        hparams = {**(entry.grid or {}), **(entry.hparams or {})}
+        last = entry.folders[-1].rstrip("/").rsplit("/", 1)[-1] if entry.folders else ""
+        record = _record(entry.task, entry.seed, hparams, plans.get(entry.task), last)
+        if any(row.checkpoint_rank is not None for row in rows):
+            best = _fill(record, settings, rows, first_in_process, run_id_of, entry.trial_id)
+            _checkpoint_still_there(record, best, rows, entry.folders)
+        own_error = rows[-1].trial_error if rows else None
+        if entry.state == "failed" or own_error or record.score is None:
+            record.status = "ERROR"
+            record.error = own_error or entry.error or "trial reported no result"
+        records.append(record)
+    return records
+
+
+def _record(task: str, seed: int, hparams: dict[str, Any], plan: TaskPlacement | None, folder_name: str) -> TrialRecord:
+    return TrialRecord(task=task, seed=seed, hparams=hparams,
+                       gpus=plan.size.gpus_per_worker * plan.size.workers if plan else 0.0, trial_id=folder_name)
+
+
+def _fill(record: TrialRecord, settings: Settings, rows: list[Report], first_in_process: dict[int, float], run_id_of,
+          trial_id: str | None) -> Report:
+    """The record's best evaluation, schedule and MLflow run from the trial's rows; returns the best row."""
+    ranked = [row for row in rows if row.checkpoint_rank is not None]
+    best = max(ranked, key=lambda row: row.checkpoint_rank)  # the first of equal ranks, as idxmax
+    _best_evaluation(record, settings, rows, best, first_in_process)
+    record.schedule = pbt_schedule(rows)
+    record.run_id = (run_id_of(trial_id, record.task, record.seed, record.hparams)
+                     if run_id_of is not None and trial_id else "")
+    return best
+
+
+def _folder_of(result) -> str | None:
+    """A Tune result's trial folder as a URI (s3://…) or a local path."""
+    if not result.path:
+        return None
+    from sweep.remote_files import uri_of
+
+    return uri_of(result.filesystem, result.path) if result.filesystem is not None else _local_path(result.path)
+
+
+def _checkpoint_still_there(record: TrialRecord, best: Report, rows: list[Report], folders: list[str]) -> None:
+    """The best evaluation's checkpoint as it is in storage now: where Tune said it is, else found by its
+    marker in any folder the trial ran in; gone (a kill between Tune's deletion of an older checkpoint and
+    its snapshot, a torn upload, a resumed launch's retention), the trial's newest whole checkpoint, which
+    ``checkpoint_note`` says. The end of the sweep exports what is there, never a path that is not."""
+    from sweep.trial.kept_checkpoints import folder_exists, newest_whole, with_marker
+
+    if record.checkpoint and folder_exists(record.checkpoint):
+        return
+    record.checkpoint = with_marker(folders, best.checkpoint_id, best.step)
+    if record.checkpoint is not None:
+        return
+    recorded = {row.checkpoint_id: row for row in rows if row.checkpoint_id}
+    found = newest_whole(folders, set(recorded))
+    if found is None:
+        return
+    record.checkpoint, checkpoint_id = found
+    kept = recorded[checkpoint_id]
+    record.checkpoint_note = (f"its best checkpoint (step {best.step}) is gone from storage; its newest whole one "
+                              f"(step {kept.step}, score {kept.score:.4f}) is exported instead")
 
 
 def _best_evaluation(record: TrialRecord, settings: Settings, rows: list[Report], best: Report,
@@ -173,18 +242,23 @@ def _checkpoint_dirs(result, train_dir: Path | None, trial_id: str | None) -> li
     return [Path(local)] + ([train_dir / f"trial-{trial_id}"] if trial_id else [])
 
 
-def checkpoint_folders(grid, train_dir: Path | None, remote_train: str | None = None) -> list[Path | str]:
+def checkpoint_folders(grid, train_dir: Path | None, remote_train: str | None = None,
+                       earlier: list[str] = ()) -> list[Path | str]:
     """Every folder holding the sweep's checkpoints (pruned once the best models are exported):
-    Train's runs (DDP trials) and the ``checkpoint_*`` folders in Tune's trial folders; on remote
-    storage (``train_dir`` None) their URIs."""
+    Train's runs (DDP trials) and the ``checkpoint_*`` folders in Tune's trial folders, this launch's and
+    ``earlier`` launches' (the ledger's); on remote storage (``train_dir`` None) their URIs."""
+    from sweep.trial.kept_checkpoints import checkpoint_locations
+
     if train_dir is None:
-        return _remote_checkpoint_folders(grid, remote_train)
-    folders = [train_dir] if train_dir.exists() else []
-    for result in grid:
-        local = _local_path(result.path)
-        if local:
-            folders += sorted(Path(local).glob("checkpoint_*"))
-    return folders
+        folders = _remote_checkpoint_folders(grid, remote_train)
+    else:
+        folders = [train_dir] if train_dir.exists() else []
+        for result in grid:
+            local = _local_path(result.path)
+            if local:
+                folders += sorted(Path(local).glob("checkpoint_*"))
+    known = {str(f) for f in folders}
+    return folders + [f for f in checkpoint_locations(list(earlier)) if f not in known]
 
 
 def _remote_checkpoint_folders(grid, remote_train: str | None) -> list[str]:

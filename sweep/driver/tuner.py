@@ -12,15 +12,17 @@ from typing import Any
 from sweep.cluster.connect import beside_the_driver, connect, quiet_ray
 from sweep.config.settings import Settings
 from sweep.driver.sweep_plan import SweepPlan, plan_sweep
+from sweep.hooks.ledger_entries import KeepTheLedger
+from sweep.ledger import Ledger, TrialEntry, identity_of, left_to_run, resuming_line
 from sweep.plan.costs import grid_points
 from sweep.plan.makespan import TrialWork
 from sweep.plan.scale import TrialResources
 from sweep.plan.sizes import EXPERIMENT
-from sweep.results.outcome import SavedTrial, resuming_line
+from sweep.results.outcome import SavedTrial
 from sweep.results.records import TrialRecord
 from sweep.schedulers.policies import SchedulerPolicy, SweepPolicies, policies_for
 from sweep.storage.staging import DriverSources, check_sources
-from sweep.trials import CHECKPOINT_RANK, point_of, trial_of
+from sweep.trials import CHECKPOINT_RANK, TrialHistories, point_of, trial_of
 
 
 def run_tune(settings: Settings, out_dir: Path, tracking=None,
@@ -54,7 +56,13 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None,
 def _run_tune(settings: Settings, sources: DriverSources, out_dir: Path, tracking,
               stop) -> tuple[list[TrialRecord], list[Path | str]]:
     from sweep.cluster.request import request_trial_resources
-    from sweep.driver.tune_results import TrialConfigs, checkpoint_folders, records_from_results, reported_ids
+    from sweep.driver.tune_results import (
+        TrialConfigs,
+        checkpoint_folders,
+        records_from_ledger,
+        records_from_results,
+        reported_ids,
+    )
 
     plan = plan_sweep(settings, sources, out_dir)
     policies = policies_for(settings.sweep)  # the scheduler and searcher, asked from here on
@@ -67,25 +75,36 @@ def _run_tune(settings: Settings, sources: DriverSources, out_dir: Path, trackin
     callbacks.append(configs)
     if tracking is not None and settings.storage.output_prefix:  # records that outlive the head's disk
         callbacks.append(record_copies(settings, tracking.uri, out_dir))
-    tuner = make_tuner(settings, policies, plan, callbacks, launch_id, rungs_board)
+    ledger = Ledger(plan.storage.root)
+    callbacks.append(KeepTheLedger(ledger))  # each trial's state, for a resume that Tune's snapshot cannot give
+    tuner, left = make_tuner(settings, policies, plan, callbacks, launch_id, rungs_board, ledger)
+    kept = list(left.kept.values()) if left is not None else []
+    progress.count_ended(kept)
     try:
         # the autoscaler is asked for every concurrent trial up front (added to other sweeps' requests),
         # and the request withdrawn when the sweep ends, however it ends
         with request_trial_resources(launch_id, plan.asked), stop.tune_running():
-            grid = fit_sweep(tuner)
+            grid = fit_sweep(tuner) if left is None or left.running else []  # every trial ended before: no Tune run
     finally:
         if trial_runs is not None:
             trial_runs.close()  # every call queued so far sent (or kept in the spool), however the sweep ends
     stop.check()  # SIGTERM/SIGINT: Tune stopped the trials and saved its state; end here
     progress.close()
     storage = plan.storage
+    run_id_of = trial_runs.run_id_of if trial_runs is not None else None
+    earlier = {e.trial_id: e for e in ledger.entries().values() if e.trial_id} if left is not None else {}
     records = records_from_results(grid, settings, plan.tasks, storage.histories, storage.local_train_dir,
-                                   trial_runs.run_id_of if trial_runs is not None else None, configs.by_folder)
+                                   run_id_of, configs.by_folder, earlier)
+    ended_before = records_from_ledger(kept, settings, plan.tasks, storage.histories, run_id_of)
+    records += ended_before
     if trial_runs is not None and settings.resume and storage.histories is not None:  # the last copy's gaps
-        added = trial_runs.reconcile(records, storage.histories, reported_ids(grid))
+        ids = {**reported_ids(grid), **{r.trial_id: e.trial_id for r, e in zip(ended_before, kept) if e.trial_id}}
+        added = trial_runs.reconcile(records, storage.histories, ids)
         if added:
             print(f"tracking: {added} evaluations logged from the trials' histories (after the records' last copy)")
-    return records, checkpoint_folders(grid, storage.local_train_dir, storage.train if storage.remote else None)
+    folders = [f for entry in earlier.values() for f in entry.folders]
+    return records, checkpoint_folders(grid, storage.local_train_dir, storage.train if storage.remote else None,
+                                       folders)
 
 
 def fit_sweep(tuner):
@@ -142,11 +161,11 @@ def record_copies(settings: Settings, tracking_uri: str, out_dir: Path):
 
 
 def make_tuner(settings: Settings, policies: SweepPolicies, plan: SweepPlan, callbacks: list, launch_id: str,
-               rungs_board: str | None):
-    """One Tuner over every trial, or the sweep's saved one restored (``resume=true``)."""
+               rungs_board: str | None, ledger: Ledger):
+    """One Tuner over every trial, or (resume) over those the sweep's ledger says are left; a sweep begun
+    before the ledger is restored from Tune's own state. Returns it and what is left (None: Tune's restore)."""
     from ray import tune
 
-    from sweep.hooks.resumed_search import ResumeTheSearch
     from sweep.trial.kept_checkpoints import restoring_kept_checkpoints
     from sweep.trial.train_fn import train_driver_fn
 
@@ -158,28 +177,25 @@ def make_tuner(settings: Settings, policies: SweepPolicies, plan: SweepPlan, cal
     # a trial whose saved checkpoint a kill left deleted goes on from its newest whole one (not only on resume)
     trainable = restoring_kept_checkpoints(trainable, plan.storage.histories)
     experiment = plan.storage.experiment
-    if settings.resume and tune.Tuner.can_restore(experiment):
-        tuner = tune.Tuner.restore(experiment, trainable=trainable, resume_unfinished=True, resume_errored=False)
-        print(resuming_line(experiment, [saved_trial_state(result) for result in tuner.get_results()]))
-        # Restore brings back the first launch's run config, callbacks pickled then included: this
-        # launch's own (its progress, its MLflow runs with its launch id) replace them.
-        # ... and its searcher goes on from the trials restored, not from its own (maybe torn) snapshot
-        callbacks.append(ResumeTheSearch(tuner._local_tuner._tune_config.search_alg))
-        tuner._local_tuner.get_run_config().callbacks = callbacks
-        return tuner
-    if settings.resume:
-        print(f"resume: nothing to resume in {experiment}; starting the sweep")
+    resume_ledger = settings.resume and ledger.begun()
+    if settings.resume and not resume_ledger and tune.Tuner.can_restore(experiment):
+        return restored_tuner(experiment, trainable, callbacks), None
+    if settings.resume and not resume_ledger:
+        print(f"resume: nothing to resume in {plan.storage.root}; starting the sweep")
     ddp_tasks = {t for t, s in plan.sizes.items() if not s.in_trial_process}
     # a trial paused (at the seed-halving rung, or by PBT to share slots) still counts as live for the
     # generator's limit: it must hand out every trial (the resources limit)
     concurrency = 0 if policies.scheduler.pauses_trials else plan.concurrency
-    search, samples = make_search(settings, policies, plan.dispatch.order, ddp_tasks, concurrency)
-    return tune.Tuner(
+    search, left = make_search(settings, policies, plan.dispatch.order, ddp_tasks, concurrency, ledger,
+                               plan.storage.histories, resume_ledger)
+    if resume_ledger:
+        print(resuming_line(plan.storage.root, left))
+    tuner = tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
             # exactly the trials: once the last is out the search is over, and Tune caches no actor for
             # reuse (num_samples=-1, the searcher saying FINISHED, kept them: a sweep hung in CI's run)
-            num_samples=samples,
+            num_samples=max(left.running, 1),
             search_alg=search,
             # A trial's driver process serves the next trial: no new process, no re-import.
             reuse_actors=True,
@@ -190,6 +206,24 @@ def make_tuner(settings: Settings, policies: SweepPolicies, plan: SweepPlan, cal
             callbacks=callbacks, **retries_and_checkpoints(settings, policies.scheduler, plan.sizes),
         ),
     )
+    return tuner, left
+
+
+def restored_tuner(experiment: str, trainable, callbacks: list):
+    """A sweep begun before the ledger (an older version of sweep), resumed from Tune's own saved state."""
+    from ray import tune
+
+    from sweep.hooks.resumed_search import ResumeTheSearch
+    from sweep.results.outcome import resuming_line as saved_state_line
+
+    tuner = tune.Tuner.restore(experiment, trainable=trainable, resume_unfinished=True, resume_errored=False)
+    print(saved_state_line(experiment, [saved_trial_state(result) for result in tuner.get_results()]))
+    # Restore brings back the first launch's run config, callbacks pickled then included: this
+    # launch's own (its progress, its MLflow runs with its launch id) replace them.
+    # ... and its searcher goes on from the trials restored, not from its own (maybe torn) snapshot
+    callbacks.append(ResumeTheSearch(tuner._local_tuner._tune_config.search_alg))
+    tuner._local_tuner.get_run_config().callbacks = callbacks
+    return tuner
 
 
 def saved_trial_state(result) -> SavedTrial:
@@ -199,19 +233,40 @@ def saved_trial_state(result) -> SavedTrial:
 
 
 def make_search(settings: Settings, policies: SweepPolicies, order: Sequence[TrialWork], ddp_tasks: set[str],
-                concurrency: int):
-    """Tune's searcher over every trial of the sweep, and their number (Tune asks it once per trial):
-    one per (task, seed, grid point) in the dispatch order, ``num_samples`` rounds of them, each with
-    its ``hparams`` as the searcher policy gives them (drawn at random: schedulers/gate.RandomSearch, or
-    asked of its task's TPE study: schedulers/optuna_search.py). Tune starts trials in the order it gets
-    them: the dispatch order holds."""
+                concurrency: int, ledger: Ledger, histories: TrialHistories, resume: bool):
+    """Tune's searcher over the sweep's trials, and what is left to run (``LeftToRun``): one trial per
+    (task, seed, grid point) in the dispatch order, ``num_samples`` rounds of them, each with its ``hparams``
+    as the searcher policy gives them (drawn at random: schedulers/gate.RandomSearch, or asked of its task's
+    TPE study: schedulers/optuna_search.py). Tune starts trials in the order it gets them: the dispatch
+    order holds. A new sweep begins its ledger; a resumed one (``resume``) runs what its ledger says is
+    left, each started trial as it was, and its searcher learns the ended ones' scores."""
     from ray.tune.search import ConcurrencyLimiter
 
     points = grid_points(settings)
-    trials = [point_of(t.task, t.seed, points[t.point]) for t in order] * settings.sweep.num_samples
-    searcher = policies.searcher.tune_searcher(trials, ddp_tasks, policies.scheduler)
+    planned = [point_of(t.task, t.seed, points[t.point]) for t in order] * settings.sweep.num_samples
+    rounds = [i // max(len(order), 1) for i in range(len(planned))]
+    identities = [identity_of(p["task"], p["seed"], p["grid"], r) for p, r in zip(planned, rounds)]
+    if resume:
+        left = left_to_run(planned, identities, rounds, ledger.entries())
+        ledger.extend(identities)
+    else:
+        left = left_to_run(planned, identities, rounds, {})
+        ledger.begin(identities)
+    searcher = policies.searcher.tune_searcher(left.points, ddp_tasks, policies.scheduler)
+    searcher.carry(left.extras)
+    if left.kept:
+        searcher.learn_from([(point_of(e.task, e.seed, e.grid), e.hparams, best_score(histories, e))
+                             for e in left.kept.values()])
     limited = ConcurrencyLimiter(searcher, max_concurrent=concurrency) if concurrency > 0 else searcher
-    return limited, len(trials)
+    return limited, left
+
+
+def best_score(histories: TrialHistories, entry: TrialEntry) -> float | None:
+    """An ended trial's best score, from its history (None: it failed, or reported none)."""
+    if entry.state != "finished" or not entry.trial_id:
+        return None
+    scores = [row.score for row in histories.read(entry.trial_id) if row.score is not None]
+    return max(scores) if scores else None
 
 
 class ResourcesByTask:

@@ -28,7 +28,7 @@ from ray.tune import Callback
 from sweep.config.settings import Settings, with_hparams
 from sweep.failures import first_line
 from sweep.schedulers.policies import policies_for
-from sweep.trials import Report, trial_of
+from sweep.trials import Report, sweep_trial_id, trial_of
 
 log = logging.getLogger(__name__)
 
@@ -92,26 +92,26 @@ class TrialRuns(Callback):
 
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
         with self._timed():
-            self._queue(self._start, trial.trial_id, trial.config, None)
+            self._queue(self._start, _id(trial), trial.config, None)
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         with self._timed():
             report = Report.from_row(result)
             evaluation = evaluation_metrics(report, self._train(trial.config))
             if evaluation is not None:
-                self.last[trial.trial_id] = report
-            self._queue(self._result, trial.trial_id, trial.config, report, evaluation)
+                self.last[_id(trial)] = report
+            self._queue(self._result, _id(trial), trial.config, report, evaluation)
 
     def on_trial_complete(self, iteration, trials, trial, **info) -> None:
         with self._timed():
-            report = self.last.get(trial.trial_id) or Report(trial.trial_id)
+            report = self.last.get(_id(trial)) or Report(_id(trial))
             error = Report.from_row(trial.last_result or {"trial_id": trial.trial_id}).trial_error
-            stopped = self._stopped(trial.trial_id, report) if not error else None
-            self._queue(self._end, trial.trial_id, trial.config, "FAILED" if error else "FINISHED", error, stopped)
+            stopped = self._stopped(_id(trial), report) if not error else None
+            self._queue(self._end, _id(trial), trial.config, "FAILED" if error else "FINISHED", error, stopped)
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         with self._timed():
-            self._queue(self._end, trial.trial_id, trial.config, "FAILED", _error_of(trial), None)
+            self._queue(self._end, _id(trial), trial.config, "FAILED", _error_of(trial), None)
 
     @contextmanager
     def _timed(self):
@@ -284,6 +284,12 @@ class TrialRuns(Callback):
         if verdict is None or verdict.go_on:
             return None
         return {"sweep.stopped": verdict.stop_text, "sweep.stopped_at_step": report.step}
+
+
+def _id(trial) -> str:
+    """The id the trial reports with: its run's key and name (a resumed launch's trial goes on as an earlier
+    launch's, and so does its run)."""
+    return sweep_trial_id(trial.trial_id, trial.config)
 
 
 def _error_of(trial) -> str:

@@ -72,6 +72,15 @@ class SweepProgress(Callback):
             self.last_line = line
             print(f"[{_clock(time.time() - self.start)}] {line}", flush=True)
 
+    def count_ended(self, entries: list) -> None:
+        """A resumed launch: the trials an earlier launch ended (the ledger's entries) count as done, and
+        the failed ones as failed, from the first line on."""
+        for entry in entries:
+            self.done[entry.identity] = 0.0
+            self.failed += entry.state == "failed"
+        if entries:
+            self.print_line()
+
     def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
         if not self.pauses:  # a walk over every trial each step of Tune's loop: only where trials pause
             return

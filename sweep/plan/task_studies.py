@@ -76,6 +76,13 @@ class TaskStudies:
         else:
             self._study(task).tell(trial, float(score))
 
+    def add_finished(self, task: str, params: dict[str, Any], score: float | None) -> None:
+        """A point that ended elsewhere (a saved state, the ledger of a resumed sweep), told to the study."""
+        ok = score is not None and score == score
+        self._study(task).add_trial(create_trial(params=params, distributions=self.space, value=score if ok else None,
+                                                 state=TrialState.COMPLETE if ok else TrialState.FAIL))
+        self.state.finished.setdefault(task, []).append((params, score))
+
     def finished(self, task: str) -> int:
         return len(self.state.finished.get(task, []))
 
@@ -88,12 +95,8 @@ class TaskStudies:
         for task, sampler in state.samplers.items():
             studies._study(task, sampler)
         for task, points in state.finished.items():
-            study = studies._study(task)
             for params, score in points:
-                ok = score is not None and score == score
-                study.add_trial(create_trial(params=params, distributions=studies.space, value=score if ok else None,
-                                             state=TrialState.COMPLETE if ok else TrialState.FAIL))
-                studies.state.finished.setdefault(task, []).append((params, score))
+                studies.add_finished(task, params, score)
         renumbered = {}
         for task, running in state.running.items():
             for old, params in running.items():

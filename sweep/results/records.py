@@ -50,6 +50,7 @@ class TrialRecord:
     status: str = "TERMINATED"  # TERMINATED | ERROR
     error: str | None = None
     checkpoint: str | None = None  # folder of the best checkpoint (None once pruned)
+    checkpoint_note: str = ""  # the best checkpoint was gone from storage: which one is exported instead
     trial_id: str = ""
     run_id: str = ""  # the trial's MLflow run (tracking=mlflow)
     pid: int | None = None  # the process that ran the loop: a reused process runs trial after trial

@@ -31,13 +31,16 @@ class OrderedTrials(Searcher):
     """The trial points in their given order, one Tune trial each, gated on DDP trials' worker groups.
     A subclass says which ``hparams`` a point runs with (``config_of``) and what else it saves."""
 
-    UNSAVED = ("trials", "placing")  # rebuilt from the config / empty after a restart
+    UNSAVED = ("trials", "extras", "placing")  # rebuilt from the config / empty after a restart
 
     def __init__(self, trials: list[dict[str, Any]], ddp_tasks: set[str]) -> None:
         # no metric: Tune would then demand it in every result, and a DDP trial's first report
         # (its workers are up) has none; the sweep ranks trials itself (results/records.py)
         super().__init__()
         self.trials = list(trials)
+        # what each trial's config carries beside its point (``carry``): its ledger identity, and on a
+        # resumed launch what it goes on from
+        self.extras: list[dict[str, Any]] = [{} for _ in self.trials]
         self.position = 0  # the next point to hand out
         self.ddp_tasks = set(ddp_tasks)
         self.placing: set[str] = set()  # trial ids of DDP trials whose workers are not up yet
@@ -49,13 +52,31 @@ class OrderedTrials(Searcher):
         """The Tune config of the trial at ``point``: ``{"trial": point, "hparams": {...}}``."""
         raise NotImplementedError
 
+    def config_known(self, trial_id: str, point: dict[str, Any], hparams: dict[str, Any]) -> dict[str, Any]:
+        """The config of a trial an earlier launch started with ``hparams`` (the ledger's): it goes on
+        with them."""
+        return {"trial": point, "hparams": dict(hparams)}
+
+    def carry(self, extras: list[dict[str, Any]]) -> None:
+        """Each trial's ``extras`` (one per point, in order) go into its config: ``identity`` (the ledger's
+        name for it), ``sample_round``, and ``continues`` (an earlier launch's trial it goes on as)."""
+        if len(extras) != len(self.trials):
+            raise ValueError(f"{len(extras)} extras for {len(self.trials)} trials")
+        self.extras = [dict(extra) for extra in extras]
+
+    def learn_from(self, ended: list[tuple[dict[str, Any], dict[str, Any], float | None]]) -> None:
+        """Trials an earlier launch ended, as (point, hparams, best score or None): a searcher that learns
+        from scores is told them (a resumed launch's searcher is re-seeded from the ledger, not restored)."""
+
     def suggest(self, trial_id: str):
         if self.placing:
             return None
         if self.position >= len(self.trials):
             return Searcher.FINISHED
-        point = self.trials[self.position]
-        config = self.config_of(trial_id, point)
+        point, extra = self.trials[self.position], self.extras[self.position]
+        known = (extra.get("continues") or {}).get("hparams")
+        config = self.config_of(trial_id, point) if known is None else self.config_known(trial_id, point, known)
+        config.update(extra)
         self.position += 1
         if point["task"] in self.ddp_tasks:
             self.placing.add(trial_id)

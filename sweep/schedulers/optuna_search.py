@@ -53,6 +53,27 @@ class TaskOptunaSearch(OrderedTrials):
         self.live[trial_id] = (key, number)
         return {"trial": point, "hparams": dict(params)}
 
+    def config_known(self, trial_id: str, point: dict[str, Any], hparams: dict[str, Any]) -> dict[str, Any]:
+        """An earlier launch's trial going on with its params: asked again as it was, its own group of one
+        (its seeds' other trials may have ended in that launch)."""
+        key = group_key(point)
+        number, params = self.studies.ask(key, hparams)
+        self.groups[(key, number)] = {"left": 1, "scores": []}
+        self.live[trial_id] = (key, number)
+        return {"trial": point, "hparams": dict(params)}
+
+    def learn_from(self, ended: list[tuple[dict[str, Any], dict[str, Any], float | None]]) -> None:
+        """Each study told the points an earlier launch finished: their seeds' aggregate, as when they ended."""
+        scores: dict[tuple[str, str], list[float | None]] = {}
+        params_of: dict[tuple[str, str], dict[str, Any]] = {}
+        for point, hparams, score in ended:
+            at = (group_key(point), json.dumps(hparams, sort_keys=True))
+            scores.setdefault(at, []).append(score)
+            params_of[at] = hparams
+        for at, values in scores.items():
+            ok = [v for v in values if v is not None]
+            self.studies.add_finished(at[0], params_of[at], AGGREGATES[self.aggregate](ok) if ok else None)
+
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         super().on_trial_result(trial_id, result)
         score = result.get("score")

@@ -28,6 +28,7 @@ class RegistrationResult:
     version: str
     promoted: bool  # the alias "champion" now points at this version
     previous_champion_score: float | None
+    earlier: bool = False  # registered by an earlier launch of this sweep (killed after it): not again
 
 
 def _better(score: float, than: float, mode: str) -> bool:
@@ -49,6 +50,17 @@ def _champion_score(client: MlflowClient, name: str) -> float | None:
         return None
     score = with_retries(client.get_model_version, name, str(version)).tags.get("score")
     return float(score) if score is not None else None
+
+
+def _version_of_run(client: MlflowClient, name: str, run_id: str) -> str | None:
+    """The version of ``name`` already registered from ``run_id`` (None: none, or no such model yet)."""
+    try:
+        found = with_retries(client.search_model_versions, f"name='{name}' and run_id='{run_id}'")
+    except Exception as e:  # noqa: BLE001 - a model not registered yet: nothing earlier
+        if "RESOURCE_DOES_NOT_EXIST" in str(e) or "not found" in str(e).lower():
+            return None
+        raise
+    return str(found[0].version) if found else None
 
 
 def register_best(
@@ -74,6 +86,11 @@ def register_best(
         raise FileNotFoundError(f"model folder {model_dir} does not exist")
     client = client_for(uri)
     name = registry_name(model_name, spec.name)
+    earlier = _version_of_run(client, name, run_id)
+    if earlier is not None:  # one version per task per sweep: a resumed sweep's end does not add another
+        champion = with_retries(client.get_registered_model, name).aliases.get(CHAMPION)
+        return RegistrationResult(name, str(earlier), str(champion) == str(earlier), _champion_score(client, name),
+                                  earlier=True)
     logged = with_retries(log_best_model, uri, run_id, Path(model_dir), spec)
     _ensure_registered_model(client, name)
     tags = {"score": repr(float(score)), "metric": spec.metric, "mode": mode}

@@ -23,6 +23,7 @@ from sweep.tracking.store import client_for, ensure_experiment, log_params, quot
 log = logging.getLogger(__name__)
 
 ORIGINAL_TAG = "sweep.original_run_id"  # a run made by replay into another store: the id it had
+EVALUATION_KEY = "score"  # every evaluation of a trial logs it (hooks/mlflow_runs.evaluation_metrics)
 QUIET_S = 10.0  # after a call got no answer, calls go straight to the spool this long, then one tries again
 QUIET_MAX_S = 300.0  # ... doubling while the store stays away
 
@@ -50,6 +51,7 @@ class Sender:
         self.client = client_for(uri)
         self.experiments: dict[tuple[str, str | None], str] = {}
         self.runs: dict[str, str] = {}  # a record's run key -> the run's id in this store
+        self.steps: dict[str, set[int]] = {}  # a trial run's id -> the evaluation steps it holds
 
     def send(self, record: Record) -> str:
         """Make the call of ``record``; the id of the run it went to."""
@@ -59,8 +61,12 @@ class Sender:
             self._start(run_id, record, fresh)
         elif op == "metrics":
             metrics = [Metric(k, float(v), int(ts), int(step)) for k, v, ts, step in record["metrics"]]
+            if record.get("parent"):  # a trial's evaluation: once per step, however often it is sent
+                metrics = self._unlogged(run_id, metrics, fresh)
             for i in range(0, len(metrics), 1000):  # MLflow's most metrics per log_batch
                 with_retries(self.client.log_batch, run_id, metrics=metrics[i : i + 1000])
+            if run_id in self.steps:  # taken: these steps are in the run now
+                self.steps[run_id].update(m.step for m in metrics if m.key == EVALUATION_KEY)
         elif op == "end":
             if record.get("error"):
                 with_retries(self.client.set_tag, run_id, "error", record["error"])
@@ -77,6 +83,17 @@ class Sender:
         else:
             raise ValueError(f"unknown MLflow call record op {op!r}")
         return run_id
+
+    def _unlogged(self, run_id: str, metrics: list[Metric], fresh: bool) -> list[Metric]:
+        """The metrics of evaluations the trial's run does not hold yet. A trial that goes on from a checkpoint
+        evaluates again the steps past it, and a kill may have come after the store took them but before the
+        sweep's ledger recorded the checkpoint: a step is logged once (the first value; on CPU the same)."""
+        if run_id not in self.steps:
+            history = [] if fresh else with_retries(self.client.get_metric_history, run_id, EVALUATION_KEY)
+            self.steps[run_id] = {m.step for m in history}
+        logged = self.steps[run_id]
+        steps = {m.step for m in metrics if m.key == EVALUATION_KEY}
+        return [m for m in metrics if m.step not in logged or m.step not in steps]
 
     def _start(self, run_id: str, record: Record, fresh: bool) -> None:
         logged: Mapping[str, str] = {}

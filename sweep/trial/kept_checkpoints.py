@@ -51,6 +51,67 @@ def kept_instead(checkpoint, trial_id: str, histories: TrialHistories):
     return type(checkpoint)(f"{parent}/{name}", filesystem=fs)
 
 
+def folder_exists(location: str) -> bool:
+    """Whether a folder (a path, or a URI: s3://…) is there."""
+    import pyarrow.fs
+
+    fs, path = _filesystem(location)
+    return fs.get_file_info(path).type == pyarrow.fs.FileType.Directory
+
+
+def _filesystem(location: str):
+    import pyarrow.fs
+
+    if "://" not in location:
+        return pyarrow.fs.LocalFileSystem(), location
+    return pyarrow.fs.FileSystem.from_uri(location)
+
+
+def _checkpoints_in(folders: list[str]) -> list[tuple[str, dict[str, Any] | None]]:
+    """Every checkpoint folder in the trial folders given (paths or URIs), newest first within each folder
+    and the later folders (a later launch) first: (its location, its marker or None)."""
+    import pyarrow.fs
+
+    from sweep.remote_files import uri_of
+
+    found = []
+    for folder in reversed(folders):
+        fs, path = _filesystem(folder)
+        infos = fs.get_file_info(pyarrow.fs.FileSelector(path.rstrip("/"), allow_not_found=True))
+        named = sorted((i for i in infos if i.base_name.startswith(CHECKPOINT_PREFIX)
+                        and i.type == pyarrow.fs.FileType.Directory), key=lambda i: i.base_name, reverse=True)
+        local = "://" not in folder
+        found += [(i.path if local else uri_of(fs, i.path), _marker(fs, i.path)) for i in named]
+    return found
+
+
+def checkpoint_locations(folders: list[str]) -> list[str]:
+    """Every checkpoint folder in the trial folders given."""
+    return [location for location, _ in _checkpoints_in(folders)]
+
+
+def with_marker(folders: list[str], checkpoint_id: str | None, step: int | None) -> str | None:
+    """The checkpoint that holds the evaluation ``checkpoint_id`` (by ``step`` for markers without ids)."""
+    for location, marker in _checkpoints_in(folders):
+        if not marker:
+            continue
+        if checkpoint_id and marker.get("checkpoint_id"):
+            if marker["checkpoint_id"] == checkpoint_id:
+                return location
+        elif step is not None and marker.get("step") == step:
+            return location
+    return None
+
+
+def newest_whole(folders: list[str], recorded: set[str]) -> tuple[str, str] | None:
+    """The newest checkpoint whose evaluation the trial's history records (so it was whole when recorded):
+    (its location, its checkpoint id)."""
+    for location, marker in _checkpoints_in(folders):
+        if marker and marker.get("checkpoint_id") in recorded:
+            return location, marker["checkpoint_id"]
+    return None
+
+
 def _marker(fs, folder: str) -> dict[str, Any] | None:
     try:
         with fs.open_input_stream(f"{folder}/{CHECKPOINT_MARKER}") as f:

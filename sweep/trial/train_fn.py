@@ -64,6 +64,7 @@ from sweep.trials import (
     TrialHistories,
     checkpoint_rank,
     history_to_go_on_from,
+    sweep_trial_id,
     trial_of,
 )
 
@@ -89,6 +90,9 @@ class TrialContext:
     size: TrialResources
     rungs_board: str | None = None
     staging: Any = None  # stage_nodes.Staging: the driver's pins, shipped folders and lines relay
+    # the checkpoint (URI) an earlier launch's trial reached, as the ledger has it: where a resumed
+    # launch's first start of this trial goes on from (Tune's own retries go on from Tune's)
+    continues_from: str | None = None
 
     @property
     def in_trial_process(self) -> bool:  # Train's local mode: report to Tune directly
@@ -296,7 +300,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
         ray.train.report(Report(trial_id=ctx.trial_id, workers_ready=1).to_row())
     timing["loop_started"] = time.time()
     device = _device(ctx.in_trial_process)
-    resume_dir = _restore_latest(ctx.in_trial_process)
+    resume_dir = _restore_latest(ctx)
     reporter = EvaluationReporter(ctx, rank, resumed_from=_checkpoint_marker(resume_dir), timing=timing)
     try:
         stopped = reporter.stopped_before() if resume_dir is not None else None
@@ -353,10 +357,15 @@ def _finished_before(ctx: TrialContext) -> Report | None:
     return rows[-1] if rows and rows[-1].trial_done else None
 
 
-def _restore_latest(in_trial_process: bool) -> Path | None:
+def _restore_latest(ctx: TrialContext) -> Path | None:
     """After a crash the retried trial (Tune) or restarted worker (Train) gets the latest checkpoint:
-    go on from its epoch."""
-    checkpoint = tune.get_checkpoint() if in_trial_process else ray.train.get_checkpoint()
+    go on from its epoch. A resumed launch's first start of an earlier launch's trial goes on from the
+    checkpoint the ledger holds (or, gone, the newest whole one beside it)."""
+    checkpoint = tune.get_checkpoint() if ctx.in_trial_process else ray.train.get_checkpoint()
+    if checkpoint is None and ctx.continues_from and ctx.in_trial_process:
+        from sweep.trial.kept_checkpoints import kept_instead
+
+        checkpoint = kept_instead(Checkpoint(ctx.continues_from), ctx.trial_id, ctx.histories)
     if checkpoint is None:
         return None
     return Path(checkpoint.to_directory(tempfile.mkdtemp(prefix="sweep-resume-")))
@@ -394,12 +403,14 @@ def train_driver_fn(config: dict[str, Any], settings: Settings, sizes: dict[str,
                     launch_id: str, rungs_board: str | None = None, staging=None) -> None:
     """The Tune trainable: one TorchTrainer run for this (task, seed, hparams)."""
     os.environ.setdefault(REUSE_WAIT_ENV, REUSE_WAIT_S)  # read in this process by the next trial's reset
-    trial_id = tune.get_context().get_trial_id()
+    # an earlier launch's trial goes on under its id (the ledger's): its history, Train run and MLflow run
+    trial_id = sweep_trial_id(tune.get_context().get_trial_id(), config)
     task, seed, hparams = trial_of(config)
     ctx = TrialContext(
         settings=settings, task=task, seed=seed, hparams=hparams,
         trial_id=trial_id, launch_id=launch_id, driver_started=time.time(), histories=storage.histories,
         size=sizes[task], rungs_board=rungs_board, staging=staging,
+        continues_from=(config.get("continues") or {}).get("checkpoint"),
     )
     done = _finished_before(ctx)
     if done is not None:  # finished before a killed driver's Tune state recorded it: report, don't rerun

@@ -1,0 +1,190 @@
+"""The sweep's ledger (sweep/ledger.py), Ray-free: entries on a folder and in S3 (a real moto_server), what a
+resume runs and keeps, the lease between two drivers; the searchers carrying the ledger's trials; the end's
+checkpoint lookups (sweep/trial/kept_checkpoints.py) when storage lost the best one.
+
+The whole sweep killed at random instants: tests/test_random_kills.py (scripts/random_kills.py for more)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from sweep.errors import OutDirInUseError
+from sweep.ledger import Ledger, LeaseHolder, TrialEntry, identity_of, left_to_run, resuming_line
+from sweep.trial.kept_checkpoints import newest_whole, with_marker
+from sweep.trials import CHECKPOINT_MARKER, point_of
+from tests.helpers.s3 import s3_env
+
+
+def test_a_trials_identity_is_the_same_for_the_same_trial_and_apart_for_any_other() -> None:
+    one = identity_of("RTE", 1, {"lr": 2e-5}, 0)
+    assert one == identity_of("RTE", 1, {"lr": 2e-5}, 0)
+    others = {identity_of("RTE", 2, {"lr": 2e-5}, 0), identity_of("RTE", 1, {"lr": 3e-5}, 0),
+              identity_of("RTE", 1, {"lr": 2e-5}, 1), identity_of("WNLI", 1, {"lr": 2e-5}, 0)}
+    assert one not in others and len(others) == 4
+    assert one.startswith("RTE-seed1-") and one.endswith("-r0")
+
+
+@pytest.mark.parametrize("where", ["folder", "s3"])
+def test_entries_are_replaced_whole_and_read_back(where, tmp_path: Path, request, monkeypatch) -> None:
+    if where == "s3":
+        import boto3
+
+        s3_env(monkeypatch, request.getfixturevalue("moto_server"))
+        boto3.client("s3").create_bucket(Bucket="sweep-results")
+        root = "s3://sweep-results/ray"
+    else:
+        root = str(tmp_path / "ray")
+    ledger = Ledger(root)
+    assert not ledger.begun() and ledger.entries() == {}
+    ledger.begin(["RTE-seed1-x-r0", "RTE-seed2-x-r0"])
+    assert ledger.begun()
+    entry = ledger.put(TrialEntry("RTE-seed1-x-r0", "RTE", 1, state="running", trial_id="abc_00000"))
+    ledger.put(TrialEntry("RTE-seed1-x-r0", "RTE", 1, state="checkpointed", trial_id="abc_00000",
+                          checkpoint=f"{root}/tune/t/checkpoint_000001", step=12))
+    (found,) = ledger.entries().values()
+    assert found.state == "checkpointed" and found.step == 12 and found.updated >= entry.updated
+    if where == "folder":  # no temporary left beside the entry; its bytes were synced before the rename
+        assert sorted(p.name for p in (tmp_path / "ray" / "ledger" / "trials").iterdir()) == ["RTE-seed1-x-r0.json"]
+    ledger.begin(["RTE-seed3-x-r0"])  # a new sweep in the same storage: the old entries go
+    assert ledger.entries() == {}
+
+
+def planned(seeds=(1, 2, 3, 4)):
+    points = [point_of("RTE", seed, {}) for seed in seeds]
+    identities = [identity_of("RTE", seed, {}, 0) for seed in seeds]
+    return points, identities, [0] * len(points)
+
+
+def test_a_resume_keeps_what_ended_continues_what_checkpointed_and_starts_the_rest() -> None:
+    points, identities, rounds = planned()
+    entries = {
+        identities[0]: TrialEntry(identities[0], "RTE", 1, state="finished", trial_id="a_1"),
+        identities[1]: TrialEntry(identities[1], "RTE", 2, state="checkpointed", trial_id="a_2",
+                                  hparams={"lr": 1e-4}, checkpoint="s3://b/ray/tune/t2/checkpoint_000000", step=5,
+                                  folders=["s3://b/ray/tune/t2"]),
+        identities[2]: TrialEntry(identities[2], "RTE", 3, state="running", trial_id="a_3"),
+    }
+    left = left_to_run(points, identities, rounds, entries)
+    assert list(left.kept) == [identities[0]]
+    assert [p["seed"] for p in left.points] == [2, 3, 4]
+    assert left.extras[0] == {"identity": identities[1], "sample_round": 0, "continues": {
+        "trial_id": "a_2", "hparams": {"lr": 1e-4}, "checkpoint": "s3://b/ray/tune/t2/checkpoint_000000",
+        "folders": ["s3://b/ray/tune/t2"]}}
+    assert left.extras[1]["continues"]["trial_id"] == "a_3" and left.extras[1]["continues"]["checkpoint"] is None
+    assert left.extras[2] == {"identity": identities[3], "sample_round": 0}
+    assert (left.continued, left.restarted, left.running) == (1, 1, 3)
+    assert resuming_line("s3://b/ray", left) == (
+        "resume: continuing the sweep in s3://b/ray from its ledger: of its 4 trials 1 finished (not run again), "
+        "1 go on from their checkpoints, 1 start again (no checkpoint yet), 1 not started yet")
+
+
+def test_every_trial_ended_leaves_nothing_to_run() -> None:
+    points, identities, rounds = planned((1, 2))
+    entries = {i: TrialEntry(i, "RTE", s, state=state, trial_id=f"t{s}", error="boom" if state == "failed" else None)
+               for i, s, state in zip(identities, (1, 2), ("finished", "failed"))}
+    left = left_to_run(points, identities, rounds, entries)
+    assert left.running == 0 and len(left.kept) == 2
+    assert resuming_line("/r", left).endswith("1 finished (not run again), 0 go on from their checkpoints, "
+                                              "1 failed (kept as they are)")
+
+
+def test_the_searcher_hands_out_each_trial_with_its_ledger_identity_and_an_earlier_draw_as_it_was() -> None:
+    from sweep.schedulers.gate import RandomSearch
+
+    points, identities, rounds = planned((1, 2))
+    extras = [{"identity": identities[0], "sample_round": 0,
+               "continues": {"trial_id": "a_1", "hparams": {"lr": 0.5}, "checkpoint": None, "folders": []}},
+              {"identity": identities[1], "sample_round": 0}]
+    searcher = RandomSearch(points, set(), {"lr": {"dist": "loguniform", "low": 1e-5, "high": 1e-3}}, seed=7)
+    searcher.carry(extras)
+    first, second = searcher.suggest("t1"), searcher.suggest("t2")
+    assert first["hparams"] == {"lr": 0.5} and first["continues"]["trial_id"] == "a_1"
+    assert first["identity"] == identities[0] and second["identity"] == identities[1]
+    assert 1e-5 <= second["hparams"]["lr"] <= 1e-3 and "continues" not in second
+    with pytest.raises(ValueError):
+        searcher.carry(extras[:1])
+
+
+def test_a_resumed_tpe_study_learns_the_trials_an_earlier_launch_finished() -> None:
+    from sweep.schedulers.optuna_search import TaskOptunaSearch
+
+    search = {"lr": {"dist": "loguniform", "low": 1e-5, "high": 1e-3}}
+    points = [point_of("RTE", seed, {}) for seed in (1, 2)]
+    searcher = TaskOptunaSearch(points, search, 0, set())
+    searcher.learn_from([(point_of("RTE", 9, {}), {"lr": 1e-4}, 0.7), (point_of("RTE", 8, {}), {"lr": 2e-4}, None)])
+    study = searcher.studies.studies["RTE"]
+    assert [(t.params, t.value, t.state.name) for t in study.trials] == [
+        ({"lr": 1e-4}, 0.7, "COMPLETE"), ({"lr": 2e-4}, None, "FAIL")]
+    continued = searcher.config_known("t1", points[0], {"lr": 3e-4})  # asked again as it was
+    assert continued["hparams"] == {"lr": 3e-4}
+    searcher.on_trial_complete("t1", {"score": 0.8})
+    assert [t.value for t in study.trials][-1] == 0.8
+
+
+def test_a_second_driver_is_refused_while_the_first_renews_its_lease(tmp_path: Path, monkeypatch) -> None:
+    ledger = Ledger(str(tmp_path / "ray"))
+    first = ledger.take_lease()
+    beating = threading.Event()
+
+    def renew():  # the first driver alive: its heartbeat moves
+        while not beating.wait(0.2):
+            first.beat()
+
+    threading.Thread(target=renew, daemon=True).start()
+    # it runs in this very process (alive): the second driver watches the heartbeat move, and is refused
+    with pytest.raises(OutDirInUseError, match=r"another driver is running this sweep \(pid \d+ on .*stop it first"):
+        ledger.take_lease(wait_s=5, poll_s=0.3, say=lambda line: None)
+    beating.set()
+    first.release()
+    assert ledger.holder() is None
+
+
+def test_a_dead_drivers_lease_is_taken_over_at_once_on_its_host_and_after_its_ttl_elsewhere(tmp_path: Path) -> None:
+    ledger = Ledger(str(tmp_path / "ray"))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(gone.stdout)
+    import socket
+
+    now = time.time()
+    ledger.files.write("lease", LeaseHolder("old", socket.gethostname(), dead_pid, now, now).__dict__)
+    began = time.monotonic()
+    lease = ledger.take_lease(wait_s=30, say=lambda line: None)
+    assert time.monotonic() - began < 2 and ledger.holder().owner == lease.owner and ledger.holder().pid == os.getpid()
+    # another host's driver whose heartbeat stopped: taken once it has not moved for the wait
+    ledger.files.write("lease", LeaseHolder("other", "another-host", 1, now, now).__dict__)
+    said = []
+    began = time.monotonic()
+    lease = ledger.take_lease(wait_s=1.5, poll_s=0.3, say=said.append)
+    assert 1.4 < time.monotonic() - began < 5 and ledger.holder().owner == lease.owner
+    assert said and "held by the driver pid 1 on another-host" in said[0]
+
+
+def checkpoint(trial_dir: Path, index: int, checkpoint_id: str, step: int) -> Path:
+    folder = trial_dir / f"checkpoint_{index:06d}"
+    folder.mkdir(parents=True)
+    (folder / CHECKPOINT_MARKER).write_text(json.dumps({"step": step, "checkpoint_id": checkpoint_id}))
+    return folder
+
+
+def test_the_best_checkpoint_is_found_in_any_launchs_folder_and_when_gone_the_newest_whole_one(tmp_path: Path):
+    first, second = tmp_path / "tune" / "first", tmp_path / "tune" / "second"
+    best = checkpoint(first, 0, "id-best", 10)
+    checkpoint(second, 0, "id-later", 20)
+    checkpoint(second, 1, "id-torn", 30)  # its evaluation never reached the history: not whole
+    folders = [str(first), str(second)]
+    assert with_marker(folders, "id-best", 10) == str(best)
+    assert newest_whole(folders, {"id-best", "id-later"}) == (str(second / "checkpoint_000000"), "id-later")
+    import shutil
+
+    shutil.rmtree(best)  # what a kill between Tune's deletion and its snapshot leaves
+    assert with_marker(folders, "id-best", 10) is None
+    assert newest_whole(folders, {"id-best", "id-later"})[1] == "id-later"
+    assert newest_whole([str(tmp_path / "nothing")], {"id-best"}) is None
