@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from sweep.errors import OutDirInUseError
-from sweep.ledger import Ledger, LeaseHolder, TrialEntry, identity_of, left_to_run, resuming_line
+from sweep.ledger import LeaseHolder, Ledger, TrialEntry, identity_of, left_to_run, resuming_line
 from sweep.trial.kept_checkpoints import newest_whole, with_marker
 from sweep.trials import CHECKPOINT_MARKER, point_of
 from tests.helpers.s3 import s3_env

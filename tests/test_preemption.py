@@ -18,6 +18,7 @@ output_prefix holding one parent and one run per trial with every evaluation onc
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -186,8 +187,10 @@ def test_a_sweep_preempted_twice_finishes_on_new_clusters_with_one_mlflow_histor
     out2 = log2.read_text()
     assert "Traceback" not in out2, out2[-3000:]
     assert "resume: restored the store (mlflow.db" in out2 and "and the parent run's id" in out2, out2[-3000:]
-    assert (f"resume: continuing the sweep in s3://{BUCKET}/ray/" in out2
-            and f"saved trials {len(finished)} finished (not run again)" in out2), out2[-3000:]
+    resumed = re.search(rf"resume: continuing the sweep in s3://{BUCKET}/ray from its ledger: of its 4 trials "
+                        r"(\d+) finished \(not run again\)", out2)
+    # the ledger may lag a trial's own end by an instant: that trial starts, finds its history done, and ends
+    assert resumed and 1 <= int(resumed.group(1)) <= len(finished), out2[-3000:]
     assert f"tracking: the records are copied to s3://{BUCKET}/out/mlflow/ for the resumed sweep" in out2, out2[-3000:]
     p.preempt(proc)
 

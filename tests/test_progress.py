@@ -107,3 +107,15 @@ def test_a_failing_eta_is_dropped_with_one_warning_and_the_progress_goes_on(monk
                      "zero); the sweep goes on") == 1
     assert line.forecast is None and line.last_line.endswith("ETA ?")
     assert "1/3 done, 0 running" in line.last_line
+
+
+def test_a_resumed_sweep_counts_the_trials_its_ledger_holds_ended_as_done_and_not_in_the_eta(monkeypatch, capsys):
+    from sweep.ledger import TrialEntry
+
+    line, forecast, trials, clock = watched_sweep(monkeypatch, Overheads(launch=6.0, cold=10.0, warm=1.0, finish=0.0))
+    line.count_ended([TrialEntry("WNLI-seed38-x-r0", "WNLI", 38, state="finished"),
+                      TrialEntry("WNLI-seed39-x-r0", "WNLI", 39, state="failed")])
+    assert line.last_line.startswith("2/3 done, 0 running, 1 pending, 1 failed")
+    line.on_trial_start(0, trials, trials[2])  # the one trial left: 10 + 20, nothing after it
+    assert line.last_line == "2/3 done, 1 running, 0 pending, 1 failed | ETA 00:30"
+    assert forecast.pending == 0

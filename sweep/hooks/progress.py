@@ -15,7 +15,7 @@ from sweep.failures import error_line
 from sweep.plan.eta import Forecast
 from sweep.results.records import rank_key
 from sweep.schedulers.policies import policies_for
-from sweep.trials import Report, trial_key, trial_of
+from sweep.trials import Report, point_of, trial_key, trial_of
 
 
 def _clock(seconds: float) -> str:
@@ -78,6 +78,7 @@ class SweepProgress(Callback):
         for entry in entries:
             self.done[entry.identity] = 0.0
             self.failed += entry.state == "failed"
+            self._on_forecast("ended_before", trial_key({"trial": point_of(entry.task, entry.seed, entry.grid)}))
         if entries:
             self.print_line()
 

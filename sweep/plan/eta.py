@@ -111,12 +111,19 @@ class Forecast:
         first = trial_id not in self.ever_started
         if first:
             self.ever_started.add(trial_id)
-            if key in self.loop:
-                self.started_keys[key] = self.started_keys.get(key, 0) + 1
-                self.pending -= 1
-                self.pending_loop -= self.loop[key] * self.share[key]
-                self.pending_share -= self.share[key]
+            self._taken(key)
         self.running[trial_id] = _Running(key, now, cold=first and len(self.ever_started) <= self.concurrency)
+
+    def ended_before(self, key: Hashable) -> None:
+        """A trial an earlier launch ended (a resumed sweep's ledger): no longer pending, nothing learnt."""
+        self._taken(key)
+
+    def _taken(self, key: Hashable) -> None:
+        if key in self.loop:
+            self.started_keys[key] = self.started_keys.get(key, 0) + 1
+            self.pending -= 1
+            self.pending_loop -= self.loop[key] * self.share[key]
+            self.pending_share -= self.share[key]
 
     def report(self, trial_id: str, progress: float | None, loop_started: float | None, reported_at: float | None,
                pid: int | None = None, resumed: bool = False) -> None:
