@@ -192,10 +192,8 @@ def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkp
         if exported is None:  # one line said why; the other tasks' models and every record are still kept
             del best[task]
     if settings.sweep.keep_checkpoints == "best" and checkpoint_folders:
-        from sweep.remote_files import remove_folder
-
-        for folder in checkpoint_folders:
-            remove_folder(folder)
+        if not settings.storage.output_prefix:  # else once the best models are uploaded (upload_outputs)
+            prune_checkpoints(checkpoint_folders)
         for r in records:
             r.checkpoint = None
     trivial = trivial_scores(settings, sources, best)  # what a constant answer scores on the same eval rows
@@ -256,6 +254,16 @@ def export_one(settings: Settings, record: TrialRecord, out_dir: Path, sources, 
         return None
     print(f"best {task}: seed {record.seed}, {metric} {record.score:.4f} -> {exported}")
     return exported
+
+
+def prune_checkpoints(folders: list) -> None:
+    """keep_checkpoints=best: every trial's checkpoints go, the best models exported. With
+    storage.output_prefix only once they are uploaded too: a head killed in between (its disk goes with
+    it) resumes and exports them again from these."""
+    from sweep.remote_files import remove_folder
+
+    for folder in folders:
+        remove_folder(folder)
 
 
 def report_expected_max(records: list[TrialRecord], settings: Settings, out_dir: Path) -> None:
@@ -387,6 +395,8 @@ def run_holding_the_lease(settings: Settings, out: Path, sources) -> list[TaskSu
         summaries = finish(settings, records, out, checkpoint_folders, tracker, sources)
         if settings.storage.output_prefix:
             upload_outputs(settings, out)
+            if settings.sweep.keep_checkpoints == "best":
+                prune_checkpoints(checkpoint_folders)
         return summaries
     except BaseException as e:
         if tracker is not None and tracker.run_id is not None:

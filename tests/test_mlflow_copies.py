@@ -186,6 +186,20 @@ def test_a_resumed_sweep_makes_each_run_whole_from_the_trials_histories(tmp_path
     assert runs.reconcile([record], histories, ids) == 0  # each step once
     assert len(client.get_metric_history(run, "score")) == 3
 
+    # a trial that ended after the copy and is not run again: the store has no run of it; one is made, once
+    histories.write("4f3b445e_00003", [Report("4f3b445e_00003", task="WNLI", seed=3, epoch=e, step=10 * e,
+                                              steps_total=30, score=s) for e, s in ((1, 0.4), (2, 0.6), (3, 0.8))])
+    ended = TrialRecord(task="WNLI", seed=3, trial_id="train_driver_fn_4f3b445e_3_seed=3")
+    ids[ended.trial_id] = "4f3b445e_00003"
+    assert runs.reconcile([ended], histories, ids) == 0  # a trial of this launch: its calls may wait in the spool
+    assert runs.reconcile([ended], histories, ids, ended_before={ended.trial_id}) == 3
+    made = client.get_run(ended.run_id)
+    assert (made.info.run_name, made.data.tags["mlflow.parentRunId"], made.info.status) == (
+        "WNLI seed 3", parent, "FINISHED")
+    assert sorted(m.step for m in client.get_metric_history(ended.run_id, "score")) == [1, 2, 3]
+    again = TrialRecord(task="WNLI", seed=3, trial_id=ended.trial_id)
+    assert runs.reconcile([again], histories, ids, ended_before={ended.trial_id}) == 0 and again.run_id == ended.run_id
+
 
 def test_with_a_tracking_server_the_parents_id_alone_crosses_and_is_found_again(moto_server, monkeypatch,
                                                                                 tmp_path: Path) -> None:

@@ -99,7 +99,7 @@ def _run_tune(settings: Settings, sources: DriverSources, out_dir: Path, trackin
     records += ended_before
     if trial_runs is not None and settings.resume and storage.histories is not None:  # the last copy's gaps
         ids = {**reported_ids(grid), **{r.trial_id: e.trial_id for r, e in zip(ended_before, kept) if e.trial_id}}
-        added = trial_runs.reconcile(records, storage.histories, ids)
+        added = trial_runs.reconcile(records, storage.histories, ids, {r.trial_id for r in ended_before})
         if added:
             print(f"tracking: {added} evaluations logged from the trials' histories (after the records' last copy)")
     folders = [f for entry in earlier.values() for f in entry.folders]

@@ -18,6 +18,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Collection
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -164,13 +165,14 @@ class TrialRuns(Callback):
                         first_line(e, 200, scrubbed=True))
             return ""
 
-    def reconcile(self, records, histories, reported_ids: dict[str, str]) -> int:
+    def reconcile(self, records, histories, reported_ids: dict[str, str], ended_before: Collection[str] = ()) -> int:
         """A resumed sweep, after ``close``: each trial's run made whole from the trial's own history.
         The records it took back from storage.output_prefix are the last copy the old cluster made, so
         evaluations reported after it, or a trial's end, may be missing there; a trial that is not run
         again never reports them anew. Logs each evaluation whose step the run lacks and ends a run
         still RUNNING as its trial ended; the evaluations added. ``reported_ids``: a record's trial folder
-        name -> the id its history goes by."""
+        name -> the id its history goes by; ``ended_before``: the records (by trial folder name) of trials an
+        earlier launch ended, whose run is made here if the store has none."""
         from mlflow.entities import Metric
 
         from sweep.tracking.store import client_for, metric_key
@@ -179,8 +181,12 @@ class TrialRuns(Callback):
         added = 0
         for record in records:
             reported = reported_ids.get(record.trial_id)
-            if not record.run_id or not reported:
+            if not reported:
                 continue
+            if not record.run_id and record.trial_id in ended_before:  # ended after the records' last copy and
+                record.run_id = self._backfilled_run(record, reported)  # not run again: its run is made here
+                if not record.run_id:
+                    continue
             try:
                 logged = {m.step for m in client.get_metric_history(record.run_id, "score")}
                 train = with_hparams(self.settings.train, record.hparams)
@@ -200,6 +206,29 @@ class TrialRuns(Callback):
                 log.warning("tracking: the run of trial %s was not made whole (%s)", record.trial_id,
                             first_line(e, 300, scrubbed=True))
         return added
+
+    def _backfilled_run(self, record, reported: str) -> str:
+        """The run of a trial that ended in an earlier launch after the records' last copy (so the restored
+        store lacks it), made now under its usual name; its evaluations follow in ``reconcile``."""
+        from sweep.tracking import TrialLogger
+
+        t = self.tracking
+        try:
+            grid = {k: v for k, v in record.hparams.items() if k not in self.mutated}
+            logger = TrialLogger(
+                t.uri, t.experiment_id, t.parent_run_id, run_name=run_name(record.task, record.seed, grid, reported,
+                                                                             self.sampled),
+                params={"task": record.task, "seed": record.seed,
+                        **asdict(with_hparams(self.settings.train, record.hparams)),
+                        **{f"sources.{k}": v for k, v in t.sources.items()}},
+                tags={"sweep.trial_id": reported, "sweep.hparams": str(record.hparams or {}), "host": "",
+                      "node": record.node or "", "device": ""},
+                experiment_name=t.experiment_name)
+            return logger.start() or ""
+        except Exception as e:  # the store is away: the record says it has no run, registration says so
+            log.warning("tracking: the run of trial %s was not made (%s)", record.trial_id,
+                        first_line(e, 300, scrubbed=True))
+            return ""
 
     def _queue(self, call, *args) -> None:
         if self.thread is None or not self.thread.is_alive():
