@@ -188,3 +188,48 @@ def test_the_best_checkpoint_is_found_in_any_launchs_folder_and_when_gone_the_ne
     assert with_marker(folders, "id-best", 10) is None
     assert newest_whole(folders, {"id-best", "id-later"})[1] == "id-later"
     assert newest_whole([str(tmp_path / "nothing")], {"id-best"}) is None
+
+
+def test_the_ledgers_callback_writes_each_change_of_a_trials_state(tmp_path: Path) -> None:
+    """Tune's callbacks called by hand, as Tune calls them on the driver; the entries read back from the folder."""
+    from types import SimpleNamespace
+
+    import pyarrow.fs
+
+    from sweep.hooks.ledger_entries import KeepTheLedger
+
+    ledger = Ledger(str(tmp_path / "ray"))
+    hook = KeepTheLedger(ledger)
+    identity = identity_of("RTE", 1, {}, 0)
+    local = pyarrow.fs.LocalFileSystem()
+    folder = str(tmp_path / "ray" / "tune" / "trial_a")
+    trial = SimpleNamespace(
+        trial_id="new_00000", last_result={},
+        config={"trial": point_of("RTE", 1, {}), "hparams": {"lr": 1e-4}, "identity": identity, "sample_round": 0,
+                "continues": {"trial_id": "old_00003", "hparams": {"lr": 1e-4}, "checkpoint": None, "folders": []}},
+        storage=SimpleNamespace(storage_filesystem=local, trial_fs_path=folder))
+    hook.on_trial_start(0, [], trial)
+    entry = ledger.entry(identity)
+    assert (entry.state, entry.trial_id, entry.hparams, entry.folders, entry.attempts) == (
+        "running", "old_00003", {"lr": 1e-4}, [folder], 1)  # it goes on under the earlier launch's id
+    trial.last_result = {"trial_id": "old_00003", "step": 12, "score": 0.6}
+    hook.on_checkpoint(0, [], trial, SimpleNamespace(filesystem=local, path=f"{folder}/checkpoint_000001"))
+    entry = ledger.entry(identity)
+    assert (entry.state, entry.checkpoint, entry.step) == ("checkpointed", f"{folder}/checkpoint_000001", 12)
+    hook.on_trial_complete(0, [], trial)
+    assert ledger.entry(identity).state == "finished"
+
+    other = SimpleNamespace(trial_id="new_00001", config={"trial": point_of("RTE", 2, {}), "hparams": {},
+                                                          "identity": identity_of("RTE", 2, {}, 0)},
+                            last_result={"trial_id": "new_00001", "trial_error": "RTE: no label column"},
+                            storage=None)
+    hook.on_trial_start(0, [], other)
+    hook.on_trial_complete(0, [], other)  # ended on its own data: failed, with its line, never run again
+    failed = ledger.entry(identity_of("RTE", 2, {}, 0))
+    assert (failed.state, failed.error, failed.trial_id) == ("failed", "RTE: no label column", "new_00001")
+    gone = SimpleNamespace(trial_id="new_00002", config={"trial": point_of("RTE", 3, {}), "hparams": {},
+                                                         "identity": identity_of("RTE", 3, {}, 0)},
+                           last_result={}, storage=None, get_error=lambda: RuntimeError("the node died"))
+    hook.on_trial_error(0, [], gone)
+    assert (ledger.entry(identity_of("RTE", 3, {}, 0)).state, ledger.entry(identity_of("RTE", 3, {}, 0)).error) == (
+        "failed", "the node died")

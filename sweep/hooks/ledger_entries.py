@@ -15,7 +15,7 @@ from typing import Any
 
 from ray.tune import Callback
 
-from sweep.failures import first_line
+from sweep.failures import first_line, trial_failure_line
 from sweep.ledger import Ledger, TrialEntry
 from sweep.remote_files import uri_of
 from sweep.trials import Report, sweep_trial_id, trial_of
@@ -59,8 +59,11 @@ class KeepTheLedger(Callback):
         entry = self._entry(trial)
         if entry is None:
             return
-        error = getattr(trial, "error_msg", None) or "the trial failed"
-        self._put(replace(entry, state="failed", error=first_line(str(error), 300, scrubbed=True)))
+        try:
+            error = trial.get_error()  # Tune's TuneError around the trial's own
+        except Exception:  # noqa: BLE001 - no error kept: the state still says failed
+            error = None
+        self._put(replace(entry, state="failed", error=trial_failure_line(error) if error else "the trial failed"))
 
     def _entry(self, trial) -> TrialEntry | None:
         identity = (trial.config or {}).get("identity")
