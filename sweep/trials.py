@@ -199,6 +199,11 @@ def trial_of(config: dict[str, Any]) -> tuple[str, int, dict[str, Any]]:
     return point["task"], int(point["seed"]), {**(point.get("grid") or {}), **(config.get("hparams") or {})}
 
 
+# A trial's own keys in its Tune config beside its search values: its point, and from the ledger its identity,
+# sample round and the earlier launch's trial it goes on as. A PBT exploit copies the donor's config but these.
+OWN_KEYS = ("trial", "identity", "sample_round", "continues")
+
+
 def sweep_trial_id(tune_trial_id: str, config: dict[str, Any] | None) -> str:
     """The id a trial reports with (names its history, Train run and MLflow run): Tune's, or on a resumed
     launch the id of the earlier launch's trial it goes on as (``continues``, from the ledger)."""

@@ -149,3 +149,23 @@ def test_a_pbt_trials_steps_trained_count_each_stretch() -> None:
     assert steps_trained(plain) == 20
     # 10 + 10 of its own, then from the donor's step 10 to 20 and 30: 20 more
     assert steps_trained([*plain, _at(20, "c", donor="t3", donor_step=10), _at(30, "d")]) == 40
+
+
+def test_an_exploit_copies_the_donors_values_but_never_its_identity() -> None:
+    """Tune's PBT copies the donor's whole config: the trial keeps its point and its ledger keys (identity,
+    round, the earlier launch's trial it goes on as), or a resume would count it as the donor."""
+    from types import SimpleNamespace
+
+    from sweep.schedulers.pbt import make_pbt
+    from sweep.trials import point_of
+
+    settings = compose_settings("experiment=demo", "sweep.scheduler=pbt",
+                                "+sweep.pbt.mutations.lr={dist:loguniform,low:1e-5,high:1e-3}")
+    pbt = make_pbt(settings.sweep.pbt)
+    donor = SimpleNamespace(config={"trial": point_of("WNLI", 1, {}), "hparams": {"lr": 1e-4}, "identity": "WNLI-1",
+                                    "sample_round": 0, "continues": {"trial_id": "old_1"}})
+    trial = SimpleNamespace(config={"trial": point_of("WNLI", 2, {}), "hparams": {"lr": 5e-4}, "identity": "WNLI-2",
+                                    "sample_round": 0})
+    config, _ = pbt._get_new_config(trial, donor)
+    assert (config["trial"], config["identity"], config["sample_round"]) == (point_of("WNLI", 2, {}), "WNLI-2", 0)
+    assert "continues" not in config and 1e-5 <= config["hparams"]["lr"] <= 1e-3

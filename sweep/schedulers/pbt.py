@@ -21,7 +21,7 @@ from ray.train.constants import CHECKPOINT_DIR_NAME
 from ray.tune.schedulers import FIFOScheduler, PopulationBasedTraining
 
 from sweep.config.settings import PbtConfig
-from sweep.trials import EVAL_PREFIX
+from sweep.trials import EVAL_PREFIX, OWN_KEYS
 
 METRIC, MODE = "score", "max"  # the task's selection score, higher is better (trials.Report)
 PERTURBATION_FACTORS = (1.2, 0.8)  # Tune's default, named so that KeepInRange bounces with the same ones
@@ -55,7 +55,8 @@ class TaskPopulation(PopulationBasedTraining):
     """Tune's PBT with these changes for fine-tuning runs:
 
     * an exploit clones the donor's ``hparams`` only: Tune copies the donor's whole config, which here
-      also names the trial's seed and grid point (``trial``); the trial keeps its own;
+      also names the trial's seed and grid point (``trial``) and its ledger identity: the trial keeps its own
+      (``trials.OWN_KEYS``);
     * a trial's last evaluation is no perturbation point: its training is over, there is nothing left
       to go on with (Tune would restart it from a donor's checkpoint after it ended);
     * equal scores (accuracy moves in steps of 1/n; early evaluations often tie at the majority class)
@@ -91,7 +92,8 @@ class TaskPopulation(PopulationBasedTraining):
     def _get_new_config(self, trial, trial_to_clone):
         new_config, operations = super()._get_new_config(trial, trial_to_clone)
         hparams = self.keep_in_range(trial_to_clone.config.get("hparams") or {}, new_config.get("hparams") or {})
-        return {**new_config, "hparams": hparams, "trial": trial.config["trial"]}, operations
+        donors = {k: v for k, v in new_config.items() if k not in OWN_KEYS}  # the donor's identity stays its own
+        return {**donors, "hparams": hparams, **{k: trial.config[k] for k in OWN_KEYS if k in trial.config}}, operations
 
     def on_trial_result(self, tune_controller, trial, result: dict) -> str:
         if (result.get("progress") or 0.0) >= 1.0:
