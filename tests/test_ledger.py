@@ -233,3 +233,51 @@ def test_the_ledgers_callback_writes_each_change_of_a_trials_state(tmp_path: Pat
     hook.on_trial_error(0, [], gone)
     assert (ledger.entry(identity_of("RTE", 3, {}, 0)).state, ledger.entry(identity_of("RTE", 3, {}, 0)).error) == (
         "failed", "the node died")
+
+
+def test_the_records_of_trials_an_earlier_launch_ended_come_from_the_ledger_and_their_histories(tmp_path: Path):
+    """One record per ended entry: its best evaluation from its history, its checkpoint in the folder it ran in
+    (or, that one gone from storage, its newest whole one, said in ``checkpoint_note``), a failed one ERROR."""
+    import shutil
+
+    from sweep.config.validate import compose_settings
+    from sweep.driver.tune_results import records_from_ledger
+    from sweep.trials import Report, TrialHistories
+
+    settings = compose_settings("experiment=demo", "train.epochs=2")
+    histories = TrialHistories(str(tmp_path / "history"))
+    folder = tmp_path / "tune" / "train_driver_fn_a_00000"
+    rows = [Report("a_00000", task="WNLI", seed=38, epoch=e, step=10 * e, steps_total=20, score=s,
+                   checkpoint_rank=s, checkpoint_id=f"id-{e}", metrics={"acc": s}, reported_at=100.0 + e,
+                   driver_started=100.0) for e, s in ((1, 0.7), (2, 0.6))]
+    histories.write("a_00000", [*rows[:-1], rows[-1].ended()])
+    best = checkpoint(folder, 0, "id-1", 10)
+    checkpoint(folder, 1, "id-2", 20)
+    histories.write("b_00001", [Report("b_00001", task="WNLI", seed=39, trial_error="WNLI: bad rows",
+                                       trial_done=True)])
+    entries = [TrialEntry("WNLI-seed38-x-r0", "WNLI", 38, state="finished", trial_id="a_00000", folders=[str(folder)]),
+               TrialEntry("WNLI-seed39-x-r0", "WNLI", 39, state="failed", trial_id="b_00001", error="WNLI: bad rows")]
+    ok, failed = records_from_ledger(entries, settings, {}, histories)
+    assert (ok.status, ok.score, ok.best_step, ok.steps_done, ok.checkpoint, ok.checkpoint_note) == (
+        "TERMINATED", 0.7, 10, 20, str(best), "")
+    assert ok.trial_id == folder.name
+    assert (failed.status, failed.error, failed.score) == ("ERROR", "WNLI: bad rows", None)
+
+    shutil.rmtree(best)  # storage lost the best checkpoint: the newest whole one, and the line says so
+    (again, _) = records_from_ledger(entries, settings, {}, histories)
+    assert again.checkpoint == str(folder / "checkpoint_000001") and again.score == 0.7
+    assert again.checkpoint_note == ("its best checkpoint (step 10) is gone from storage; its newest whole one "
+                                     "(step 20, score 0.6000) is exported instead")
+
+
+def test_an_end_whose_best_checkpoint_storage_lost_says_so_in_one_line(tmp_path: Path, capsys) -> None:
+    from sweep.app import export_one
+    from sweep.config.validate import compose_settings
+    from sweep.results.records import TrialRecord
+
+    settings = compose_settings("experiment=demo")
+    record = TrialRecord(task="WNLI", seed=38, score=0.7, checkpoint=str(tmp_path / "gone" / "checkpoint_000001"))
+    assert export_one(settings, record, tmp_path / "out", None, "acc") is None
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("best WNLI: not exported: the best trial's checkpoint (seed 38) is not in storage (")
+    assert "\n" not in line and not (tmp_path / "out" / "best" / "WNLI").exists()
