@@ -7,4 +7,6 @@
                       in memory, counting each file's downloads
 - ``hub_repos.py``:   the repos the Hub tests and bench_hub.py serve from it: a roberta-base-shaped model, GLUE tasks
                       in nyu-mll/glue's parquet layout, a gated and a private repo
+- ``random_kills.py``: a sweep killed whole (driver, every Ray process, the head's disk) at random instants and at
+                      S3 uploads, rerun each time, then checked: every trial ended exactly once
 """
