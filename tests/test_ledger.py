@@ -281,3 +281,19 @@ def test_an_end_whose_best_checkpoint_storage_lost_says_so_in_one_line(tmp_path:
     line = capsys.readouterr().out.strip()
     assert line.startswith("best WNLI: not exported: the best trial's checkpoint (seed 38) is not in storage (")
     assert "\n" not in line and not (tmp_path / "out" / "best" / "WNLI").exists()
+
+
+def test_a_continued_trials_results_are_read_under_the_id_it_reports_with_not_the_one_tune_writes() -> None:
+    """Tune writes its own trial id into every result (its auto-filled metrics), over the trial's: a resumed
+    launch's trial is found under the earlier launch's id its config carries (its history, its MLflow run)."""
+    from types import SimpleNamespace
+
+    from sweep.driver.tune_results import reported_ids
+
+    continued = SimpleNamespace(metrics={"trial_id": "new_00001"}, path="/s/tune/train_driver_fn_new_1",
+                                config={"trial": point_of("RTE", 2, {}), "continues": {"trial_id": "old_00003"}})
+    fresh = SimpleNamespace(metrics={"trial_id": "new_00002"}, path="/s/tune/train_driver_fn_new_2",
+                            config={"trial": point_of("RTE", 3, {})})
+    silent = SimpleNamespace(metrics={}, path="/s/tune/train_driver_fn_new_3", config={})
+    assert reported_ids([continued, fresh, silent]) == {"train_driver_fn_new_1": "old_00003",
+                                                         "train_driver_fn_new_2": "new_00002"}

@@ -16,7 +16,15 @@ from sweep.failures import trial_failure_line
 from sweep.ledger import TrialEntry
 from sweep.plan.sizes import TaskPlacement
 from sweep.results.records import TrialRecord
-from sweep.trials import CHECKPOINT_MARKER, Report, TrialHistories, pbt_schedule, steps_trained, trial_of
+from sweep.trials import (
+    CHECKPOINT_MARKER,
+    Report,
+    TrialHistories,
+    pbt_schedule,
+    steps_trained,
+    sweep_trial_id,
+    trial_of,
+)
 
 
 def records_from_results(grid, settings: Settings, plans: dict[str, TaskPlacement],
@@ -229,8 +237,10 @@ def reported_ids(grid) -> dict[str, str]:
 
 
 def _trial_id(result) -> str | None:
-    """The id the trial reported with every evaluation (None: it never reported)."""
-    return (result.metrics or {}).get("trial_id")
+    """The id the trial reported with every evaluation (None: it never reported): Tune writes its own id into
+    every result, over the trial's; a resumed launch's trial goes on under an earlier launch's (its config says)."""
+    tune_id = (result.metrics or {}).get("trial_id")
+    return sweep_trial_id(tune_id, result.config) if tune_id else None
 
 
 def _checkpoint_dirs(result, train_dir: Path | None, trial_id: str | None) -> list[Path]:

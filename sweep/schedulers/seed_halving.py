@@ -14,7 +14,7 @@ from ray.tune.schedulers import FIFOScheduler
 
 from sweep.plan.rung_boards import ASHA_NAMESPACE, EvalPoint
 from sweep.plan.rungs import past_rung
-from sweep.trials import Report, trial_of
+from sweep.trials import Report, sweep_trial_id, trial_of
 
 
 class SeedHalvingScheduler(FIFOScheduler):
@@ -48,7 +48,8 @@ class SeedHalvingScheduler(FIFOScheduler):
         import ray
 
         task = trial_of(trial.config)[0]
-        point = EvalPoint.from_report(Report.from_row(result))
+        # Tune writes its own id into every result: the board knows the trial by the id it reports with
+        point = EvalPoint.from_report(Report.from_row({**result, "trial_id": _id(trial)}))
         if point is None or not past_rung(point.progress, self.at) or task in self.decided:
             return self.CONTINUE
         verdict = ray.get(self.board.at_eval.remote(point))
@@ -68,7 +69,7 @@ class SeedHalvingScheduler(FIFOScheduler):
 
         self.ended.add(trial.trial_id)
         task = trial_of(trial.config)[0]
-        if task not in self.decided and ray.get(self.board.gone.remote(task, trial.trial_id)):
+        if task not in self.decided and ray.get(self.board.gone.remote(task, _id(trial))):
             self.decided.add(task)
 
     def choose_trial_to_run(self, tune_controller):
@@ -91,3 +92,8 @@ class SeedHalvingScheduler(FIFOScheduler):
 
     def debug_string(self) -> str:
         return f"Seed halving at {self.at:.0%} of training."
+
+
+def _id(trial) -> str:
+    """The id the trial reports with (an earlier launch's, for a trial a resumed launch goes on with)."""
+    return sweep_trial_id(trial.trial_id, trial.config)
