@@ -297,3 +297,19 @@ def test_a_continued_trials_results_are_read_under_the_id_it_reports_with_not_th
     silent = SimpleNamespace(metrics={}, path="/s/tune/train_driver_fn_new_3", config={})
     assert reported_ids([continued, fresh, silent]) == {"train_driver_fn_new_1": "old_00003",
                                                          "train_driver_fn_new_2": "new_00002"}
+
+
+def test_a_trials_folder_is_named_by_its_point_and_values_not_the_ledgers_keys() -> None:
+    from sweep.driver.tuner import trial_folder_name
+
+    class Trial:
+        experiment_tag = "3_checkpoint=s3_b_ray_tune_x,identity=RTE-seed1-abc-r0,seed=1,task=RTE"
+        config = {"trial": point_of("RTE", 1, {"lr": 1e-4}), "hparams": {"warmup": 0.1}, "identity": "RTE-seed1-abc-r0",
+                  "continues": {"trial_id": "old_1", "checkpoint": "s3://b/ray/tune/x/checkpoint_000001"}}
+
+        def __str__(self) -> str:
+            return "train_driver_fn_5f3a9c21"
+
+    name = trial_folder_name(Trial())
+    assert name.startswith("train_driver_fn_5f3a9c21_3_lr=0.0001,seed=1,task=RTE,warmup=0.1000_"), name
+    assert "identity" not in name and "s3" not in name and "/" not in name

@@ -199,6 +199,7 @@ def make_tuner(settings: Settings, policies: SweepPolicies, plan: SweepPlan, cal
             search_alg=search,
             # A trial's driver process serves the next trial: no new process, no re-import.
             reuse_actors=True,
+            trial_dirname_creator=trial_folder_name,
             **_tune_scheduler(policies.scheduler, rungs_board),
         ),
         run_config=tune.RunConfig(
@@ -207,6 +208,21 @@ def make_tuner(settings: Settings, policies: SweepPolicies, plan: SweepPlan, cal
         ),
     )
     return tuner, left
+
+
+def trial_folder_name(trial) -> str:
+    """A trial's folder as Tune names it (``train_driver_fn_<id>_<n>_seed=1,task=RTE,lr=0.0001_<date>``), from
+    its point and search values only: Tune's own name would also spell out the ledger's keys (its identity,
+    the checkpoint URI it goes on from), and results.csv shows the name."""
+    import re
+
+    from ray.tune.search.variant_generator import format_vars
+    from ray.tune.utils.util import date_str
+
+    task, seed, hparams = trial_of(trial.config)
+    values = format_vars({("seed",): seed, ("task",): task, **{(key,): value for key, value in hparams.items()}})
+    number = str(trial.experiment_tag or "").split("_", 1)[0]
+    return re.sub(r'[/()<>:"\\|?*]', "_", f"{trial}_{number}_{values}"[:130] + f"_{date_str()}")
 
 
 def restored_tuner(experiment: str, trainable, callbacks: list):
