@@ -109,9 +109,10 @@ def keep_records(settings: Settings, tracking_uri: str, out_dir: Path) -> None:
 
 
 def register(settings: Settings, tracker, best: dict[str, TrialRecord], out_dir: Path,
-             summaries: list | None = None) -> None:
+             summaries: list | None = None) -> bool:
     """The best model per task into the registry as <model>-<task>; alias champion only on improvement,
-    and never for a task whose best learned nothing (``summaries``: within noise of its trivial score)."""
+    and never for a task whose best learned nothing (``summaries``: within noise of its trivial score).
+    Whether every task's is registered (else a resume of the sweep registers it)."""
     from sweep.failures import error_line
     from sweep.secrets import scrub
     from sweep.tracking import register_best
@@ -120,9 +121,11 @@ def register(settings: Settings, tracker, best: dict[str, TrialRecord], out_dir:
     spec = {t.name: t for t in settings.tasks}
     unlearned = {s.task for s in summaries or () if s.learned is False}
     synthetic = settings.storage.synthetic and not settings.tracking.synthetic_champion
+    every = True
     for task, record in best.items():
         if not record.run_id:
             print(f"registry: {task}: the best trial has no MLflow run; not registered")
+            every = False
             continue
         try:
             result = register_best(tracker.uri, settings.model.name, spec[task], record.run_id,
@@ -133,6 +136,7 @@ def register(settings: Settings, tracker, best: dict[str, TrialRecord], out_dir:
                    else f"refused it ({scrub(error_line(e))})")
             print(f"registry: {task}: not registered: the MLflow store at {scrub(tracker.uri)} {why}; the best model "
                   f"stays in {out_dir / 'best' / task}; run the same command with resume=true to register it")
+            every = False
             continue
         before = f"{result.previous_champion_score:.4f}" if result.previous_champion_score is not None else "none"
         if result.earlier:
@@ -145,6 +149,7 @@ def register(settings: Settings, tracker, best: dict[str, TrialRecord], out_dir:
                    if synthetic
                    else f"not promoted: the champion scores {before}, this {record.score:.4f}")
         print(f"registry: {result.name} version {result.version}, {verdict} (previous champion: {before})")
+    return every
 
 
 def sources_here(settings: Settings, sources):
@@ -169,11 +174,12 @@ def model_writer(settings: Settings, sources, task: str):
 
 
 def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkpoint_folders: list[Path],
-           tracker=None, sources=None) -> list:
+           tracker=None, sources=None) -> tuple[list, bool]:
     """Export the best model per task, prune the other checkpoints, write and print results.
 
-    ``checkpoint_folders`` hold every trial's checkpoints; with keep_checkpoints=best they go once
-    the best models are exported. ``sources``: what the driver's check found (``DriverSources``),
+    ``checkpoint_folders`` hold every trial's checkpoints; with keep_checkpoints=best they go once the end
+    is done (``run_holding_the_lease``). Returns the summaries and whether the end is complete: every best
+    model exported, registered and recorded (else a resume of the sweep does the end again). ``sources``: what the driver's check found (``DriverSources``),
     where a LoRA export finds its base model and the trivial scores their eval labels.
     """
     from sweep.results.records import format_unlearned
@@ -187,14 +193,14 @@ def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkp
     provenance = sources.provenance() if sources is not None else {}
     for r in records:  # every row and export says what it was trained on
         r.sources = provenance
+    complete = True  # nothing a resume of the sweep would do again (a model not exported, a registry that failed)
     for task, record in list(best.items()):
         exported = export_one(settings, record, out_dir, sources, metric[task])
         if exported is None:  # one line said why; the other tasks' models and every record are still kept
             del best[task]
+            complete = False
     if settings.sweep.keep_checkpoints == "best" and checkpoint_folders:
-        if not settings.storage.output_prefix:  # else once the best models are uploaded (upload_outputs)
-            prune_checkpoints(checkpoint_folders)
-        for r in records:
+        for r in records:  # pruned once the sweep's end is done (run_holding_the_lease)
             r.checkpoint = None
     trivial = trivial_scores(settings, sources, best)  # what a constant answer scores on the same eval rows
     for task, known in trivial.items():
@@ -230,11 +236,11 @@ def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkp
         print(line)
     print(f"results: {out_dir / 'results.csv'}  summary: {out_dir / 'summary.csv'}  plot: {plot}")
     if tracker is not None:
-        record_in_mlflow(settings, tracker, records, summaries, best, out_dir, plot)
+        complete = record_in_mlflow(settings, tracker, records, summaries, best, out_dir, plot) and complete
         from sweep.tracking.ui_urls import look_line
 
         print(look_line(tracker.uri, tracker.experiment_id, out_dir))  # runs: sweep ui out_dir=... (or the URL)
-    return summaries
+    return summaries, complete
 
 
 def export_one(settings: Settings, record: TrialRecord, out_dir: Path, sources, metric: str) -> Path | None:
@@ -257,9 +263,9 @@ def export_one(settings: Settings, record: TrialRecord, out_dir: Path, sources, 
 
 
 def prune_checkpoints(folders: list) -> None:
-    """keep_checkpoints=best: every trial's checkpoints go, the best models exported. With
-    storage.output_prefix only once they are uploaded too: a head killed in between (its disk goes with
-    it) resumes and exports them again from these."""
+    """keep_checkpoints=best: every trial's checkpoints go, once the sweep's end is done (the best models
+    exported and uploaded, the ledger saying so): a driver killed before that resumes and exports them
+    again from these."""
     from sweep.remote_files import remove_folder
 
     for folder in folders:
@@ -297,20 +303,22 @@ def predict_test_sets(settings: Settings, best: dict[str, TrialRecord], out_dir:
 
 
 def record_in_mlflow(settings: Settings, tracker, records: list[TrialRecord], summaries: list,
-                     best: dict[str, TrialRecord], out_dir: Path, plot: Path | None) -> None:
+                     best: dict[str, TrialRecord], out_dir: Path, plot: Path | None) -> bool:
     """The end of the sweep in MLflow: what waits in the spool, the registry, the parent's results.
 
     The results and best models are written by now: a store that fails here loses none of them
-    and does not fail the sweep; the line says what was not recorded and how to record it."""
+    and does not fail the sweep; the line says what was not recorded and how to record it. Whether all was."""
     from sweep.failures import error_line
     from sweep.secrets import scrub
     from sweep.tracking import FINAL_WAIT_S
 
+    complete = True
     try:
         tracker.flush_all(wait_s=FINAL_WAIT_S)  # what the trials' runs kept while the store was away, if it is back
-        register(settings, tracker, best, out_dir, summaries)
+        complete = register(settings, tracker, best, out_dir, summaries)
         tracker.finish(records, summaries, out_dir, plot, status="FAILED" if failed_tasks(summaries) else "FINISHED")
     except Exception as e:
+        complete = False
         print(f"tracking: the sweep's results were not all recorded in MLflow at {scrub(tracker.uri)} "
               f"({scrub(error_line(e))}); they are in {out_dir}")
     try:
@@ -318,10 +326,11 @@ def record_in_mlflow(settings: Settings, tracker, records: list[TrialRecord], su
     except Exception as e:
         print(f"tracking: could not keep the unsent MLflow calls ({scrub(error_line(e))}); "
               f"they stay in {out_dir}")
-        return
+        return False
     if unsent:
         print(f"tracking: {unsent} MLflow calls could not be sent; replay them with: "
               f"python -m sweep replay {path}")
+    return complete and not unsent
 
 
 def upload_outputs(settings: Settings, out_dir: Path) -> None:
@@ -336,7 +345,8 @@ def upload_outputs(settings: Settings, out_dir: Path) -> None:
         keys = upload_tree(client, out_dir / "best", f"{prefix}/best")
         results = [out_dir / name for name in RESULT_FILES if (out_dir / name).is_file()]
         keys += upload_tree(client, out_dir, prefix, files=results)
-        for task in sorted(p.name for p in (out_dir / "best").iterdir() if p.is_dir()):
+        exported = (out_dir / "best").iterdir() if (out_dir / "best").is_dir() else ()  # none: a line said why
+        for task in sorted(p.name for p in exported if p.is_dir()):
             print(f"uploaded: best {task} -> {prefix}/best/{task}/")
         print(f"uploaded: {len(keys)} files to {prefix}/")
     finally:  # the records too when the results could not go: the head's disk goes with the cluster
@@ -371,11 +381,38 @@ def run(settings: Settings | DictConfig, out_dir: str | os.PathLike[str] | None 
         sources = check_sources(settings, out)
         check_method_and_tests(settings, sources)
         # one driver per sweep, on any cluster: the lease in its ledger, before the records are restored
-        lease = sweep_ledger(settings, out).take_lease().keep()
+        ledger = sweep_ledger(settings, out)
+        lease = ledger.take_lease().keep()
         try:
+            if settings.resume and ledger.ended_with(planned_identities(settings)):
+                return ended_before(settings, ledger, out)
             return run_holding_the_lease(settings, out, sources)
         finally:
             lease.release()
+
+
+def planned_identities(settings: Settings) -> list[str]:
+    """Every trial's ledger identity for this command (task, seed, grid point, sample round)."""
+    from sweep.ledger import identity_of
+    from sweep.plan.costs import grid_points
+
+    return [identity_of(spec.name, seed, point, r) for r in range(settings.sweep.num_samples)
+            for spec in settings.tasks for seed in settings.sweep.seeds for point in grid_points(settings)]
+
+
+def ended_before(settings: Settings, ledger, out: Path) -> list[TaskSummary]:
+    """resume of a sweep whose end was done (a RayJob run again after it finished, a kill as it pruned its
+    checkpoints): nothing is trained, exported or registered again; its summaries as it wrote them."""
+    import json
+
+    where = settings.storage.output_prefix or str(out)
+    ended = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ledger.ended_at()))
+    print(f"resume: this sweep ended at {ended} ({ledger.root}): every trial and its end are done, nothing runs "
+          f"again; its results and best models are in {where}")
+    results = out / "results.json"
+    if not results.is_file():
+        return []
+    return [TaskSummary(**s) for s in json.loads(results.read_text()).get("summary", [])]
 
 
 def sweep_ledger(settings: Settings, out_dir: Path):
@@ -392,9 +429,11 @@ def run_holding_the_lease(settings: Settings, out: Path, sources) -> list[TaskSu
 
     try:
         records, checkpoint_folders = run_tune(settings, out, tracking, sources)
-        summaries = finish(settings, records, out, checkpoint_folders, tracker, sources)
+        summaries, complete = finish(settings, records, out, checkpoint_folders, tracker, sources)
         if settings.storage.output_prefix:
             upload_outputs(settings, out)
+        if complete:  # a resume from here on has nothing to do; else it does the end again (from the checkpoints)
+            sweep_ledger(settings, out).end()
             if settings.sweep.keep_checkpoints == "best":
                 prune_checkpoints(checkpoint_folders)
         return summaries

@@ -114,13 +114,27 @@ class Ledger:
             self.trials.delete(name)
         self.files.write("sweep", {"identities": identities, "began": time.time()})
 
+    def end(self) -> None:
+        """The sweep's end is done (best models exported and uploaded, records written)."""
+        saved = self.files.read("sweep") or {}
+        self.files.write("sweep", {**saved, "ended": time.time()})
+
+    def ended_at(self) -> float | None:
+        return (self.files.read("sweep") or {}).get("ended")
+
+    def ended_with(self, identities: list[str]) -> bool:
+        """Whether the sweep's end is done and it covered every one of ``identities`` (a command that plans
+        more trials than the sweep ran is not done)."""
+        saved = self.files.read("sweep") or {}
+        return bool(saved.get("ended")) and set(identities) <= set(saved.get("identities") or [])
+
     def extend(self, identities: list[str]) -> None:
         """A resumed launch records the identities its command plans (a config may have grown)."""
         saved = self.files.read("sweep") or {}
         known = list(saved.get("identities") or [])
         added = [i for i in identities if i not in known]
-        if added:
-            self.files.write("sweep", {**saved, "identities": known + added})
+        if added:  # a sweep that grew is not ended any more
+            self.files.write("sweep", {**{k: v for k, v in saved.items() if k != "ended"}, "identities": known + added})
 
     # --- the trials --------------------------------------------------------------------------------
 

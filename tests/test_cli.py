@@ -197,6 +197,14 @@ def test_resume_after_the_driver_is_killed_skips_finished_trials(tmp_path):
     assert len(client.search_runs([experiment])) == 5
     assert parent.info.status == "FINISHED" and parent.data.metrics["trials.finished"] == 4  # the summary covers all
 
+    # the same command once more (a RayJob run again after it finished): its ledger says the end is done
+    results = (out / "results.json").read_bytes()
+    again = sweep_cmd(*args, "resume=true", cwd=tmp_path, cache=cache, timeout=300)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert "resume: this sweep ended at 2" in again.stdout and "nothing runs again" in again.stdout
+    assert "sweep: " not in again.stdout and (out / "results.json").read_bytes() == results  # no plan, no trial
+    assert len(client.search_runs([experiment])) == 5
+
 
 @pytest.mark.ray
 @pytest.mark.slow

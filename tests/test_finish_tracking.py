@@ -27,7 +27,8 @@ def test_a_registry_that_fails_at_the_end_is_one_line_and_the_results_stay(tmp_p
     summaries = summarize([record], settings.tasks)
     write_results(out, [record], summaries)
     # out/best/WNLI was never exported: registering it fails inside MLflow's artifact logging
-    record_in_mlflow(settings, tracker, [record], summaries, {"WNLI": record}, out, None)  # no exception
+    # no exception; not complete: the sweep's end is not marked done, so resume=true registers it
+    assert not record_in_mlflow(settings, tracker, [record], summaries, {"WNLI": record}, out, None)
     printed = capsys.readouterr().out
     (line,) = [line for line in printed.splitlines() if line.startswith("registry: WNLI")]
     assert line.startswith(f"registry: WNLI: not registered: the MLflow store at {uri} refused it (FileNotFoundError")
@@ -51,7 +52,7 @@ def test_a_parent_run_the_store_refuses_at_the_end_is_one_line_and_the_results_s
     summaries = summarize([record], settings.tasks)
     write_results(out, [record], summaries)
     MlflowClient(tracking_uri=uri).delete_run(tracker.run_id)
-    record_in_mlflow(settings, tracker, [record], summaries, {}, out, None)  # no exception
+    assert not record_in_mlflow(settings, tracker, [record], summaries, {}, out, None)  # no exception, not complete
     printed = capsys.readouterr().out
     (line,) = [line for line in printed.splitlines() if line.startswith("tracking: ")]
     assert line.startswith(f"tracking: the sweep's results were not all recorded in MLflow at {uri} (MlflowException: ")
@@ -108,7 +109,8 @@ def test_a_sweep_that_learned_nothing_warns_and_registers_no_champion(tmp_path: 
                            run_id=trial.run_id)
 
     records = [record("WNLI", 38, trivial), record("WNLI", 39, trivial), record("RTE", 38, 0.99)]
-    summaries = finish(settings, records, out, [], tracker=tracker)
+    summaries, complete = finish(settings, records, out, [], tracker=tracker)
+    assert complete  # every model exported and registered: a resume would have nothing to do
 
     printed = capsys.readouterr().out
     (warning,) = [line for line in printed.splitlines() if line.startswith("warning:")]

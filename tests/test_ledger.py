@@ -313,3 +313,21 @@ def test_a_trials_folder_is_named_by_its_point_and_values_not_the_ledgers_keys()
     name = trial_folder_name(Trial())
     assert name.startswith("train_driver_fn_5f3a9c21_3_lr=0.0001,seed=1,task=RTE,warmup=0.1000_"), name
     assert "identity" not in name and "s3" not in name and "/" not in name
+
+
+def test_a_sweeps_end_is_done_only_for_the_trials_it_covered(tmp_path: Path) -> None:
+    from sweep.app import planned_identities
+    from tests.helpers.configs import demo_settings
+
+    settings = demo_settings("sweep.num_samples=2")  # WNLI, seeds 38-40
+    planned = planned_identities(settings)
+    assert len(set(planned)) == 6 and identity_of("WNLI", 39, {}, 1) in planned
+    ledger = Ledger(str(tmp_path / "ray"))
+    ledger.begin(planned)
+    assert not ledger.ended_with(planned) and ledger.ended_at() is None
+    ledger.end()
+    assert ledger.ended_with(planned) and ledger.ended_with(planned[:2])
+    more = planned_identities(demo_settings("sweep.num_samples=3"))
+    assert not ledger.ended_with(more)  # the command plans trials this sweep never ran: not done
+    ledger.extend(more)
+    assert ledger.ended_at() is None and not ledger.ended_with(planned)
