@@ -175,12 +175,13 @@ def model_writer(settings: Settings, sources, task: str):
 
 def finish(settings: Settings, records: list[TrialRecord], out_dir: Path, checkpoint_folders: list[Path],
            tracker=None, sources=None) -> tuple[list, bool]:
-    """Export the best model per task, prune the other checkpoints, write and print results.
+    """Export the best model per task, write and print results, record them in MLflow.
 
     ``checkpoint_folders`` hold every trial's checkpoints; with keep_checkpoints=best they go once the end
-    is done (``run_holding_the_lease``). Returns the summaries and whether the end is complete: every best
-    model exported, registered and recorded (else a resume of the sweep does the end again). ``sources``: what the driver's check found (``DriverSources``),
-    where a LoRA export finds its base model and the trivial scores their eval labels.
+    is done (``run_holding_the_lease``). ``sources``: what the driver's check found (``DriverSources``),
+    where a LoRA export finds its base model and the trivial scores their eval labels. Returns the summaries
+    and whether the end is complete: every best model exported, registered and recorded (else a resume of
+    the sweep does the end again).
     """
     from sweep.results.records import format_unlearned
     from sweep.results.report import plot_seed_scores
