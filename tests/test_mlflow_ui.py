@@ -96,13 +96,19 @@ def swept(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> dict:
 
     chromium_path()  # skip before the sweep when there is no browser
     from sweep.data.synthetic import write_synthetic_glue
+    from tests.helpers.lanes import RAY_OF_ITS_OWN
 
     work = tmp_path_factory.mktemp("project")
     write_synthetic_glue(work / "data", [TASK], n_train=800)
     started = time.monotonic()
-    done = sweep_cmd("experiment=demo", f"task={TASK}", "storage.data_dir=data", "train.epochs=1",
-                     "train.max_train_samples=null", f"sweep.seeds=[{','.join(map(str, SEEDS))}]", "out_dir=out",
-                     cwd=work, cache=cache_dir)
+    # A Ray of its own, as conftest's ray_of_its_own gives a test: that fixture is a function's, set up after this
+    # module's, and without it the sweep's Ray joined the cluster_utils head of the test beside it (two CI runs
+    # ended here: "set cluster.storage_path=…", the sweep saw that cluster's nodes)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("RAY_ADDRESS", RAY_OF_ITS_OWN)
+        done = sweep_cmd("experiment=demo", f"task={TASK}", "storage.data_dir=data", "train.epochs=1",
+                         "train.max_train_samples=null", f"sweep.seeds=[{','.join(map(str, SEEDS))}]", "out_dir=out",
+                         cwd=work, cache=cache_dir)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
     print(f"the sweep took {time.monotonic() - started:.0f} s")
     assert "registry: tiny-roberta-WNLI version 1, now champion" in done.stdout, done.stdout[-3000:]
