@@ -257,7 +257,7 @@ def move_checkpoint_of(row: dict, out: Path) -> None:
 def test_trial_after_trial_in_one_reused_process_without_growing(cache_dir, tmp_path, monkeypatch):
     """One CPU: one trial at a time, each in the same Tune trial process (no worker group, no
     re-import); what a trial leaves behind does not add up: memory after the 10th trial is within
-    10% of after the 1st."""
+    5% of after the 1st (without handing freed heap back to the OS it grew 10%: 641 -> 709 MiB)."""
     monkeypatch.setenv("SWEEP_CACHE_DIR", str(cache_dir))
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
@@ -273,7 +273,7 @@ def test_trial_after_trial_in_one_reused_process_without_growing(cache_dir, tmp_
     assert len(firsts) == 11 and len({row["pid"] for row in firsts}) == 1  # all 11 trials in one process
     rss = [row["rss_at_start_mb"] for row in firsts]  # trial k+1 starts with what trial k left
     print(f"\nRSS at each trial's start (MiB): {[round(x) for x in rss]}")
-    assert rss[10] <= 1.10 * rss[1], f"after the 10th trial {rss[10]:.0f} MiB vs after the 1st {rss[1]:.0f} MiB"
+    assert rss[10] <= 1.05 * rss[1], f"after the 10th trial {rss[10]:.0f} MiB vs after the 1st {rss[1]:.0f} MiB"
 
 
 def test_two_gpus_per_trial_is_a_ddp_run_with_two_workers(local_ray, cache_dir, tmp_path, monkeypatch):

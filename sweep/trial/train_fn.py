@@ -26,6 +26,8 @@ worker loop below it is plain Python (``sweep.train.loop``).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 import json
 import os
@@ -345,10 +347,20 @@ def _free_for_the_next_trial() -> None:
     """The process serves the next trial: drop this one's model, optimizer and batches now (they
     are garbage once finetune returned, but cycles wait for a collection) and the CUDA cache."""
     gc.collect()
+    _return_freed_heap()
     import torch
 
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def _return_freed_heap() -> None:
+    """glibc keeps a freed model's pages in its arenas, scattered so the next trial's allocations do not fill
+    them: the process grew ~7 MiB a trial (11 trials: 641 -> 709 MiB) until they are handed back here."""
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to hand back this way
+        pass
 
 
 def _finished_before(ctx: TrialContext) -> Report | None:
