@@ -10,19 +10,19 @@ Where the node types come from in Ray 2.60 (checked in the installed source; the
 API that lists them):
 
 1. The GCS cluster config: ``ray._private.state.state.get_cluster_config()``
-   (ray/_private/state.py:983) reads ``autoscaler_pb2.ClusterConfig`` (``node_group_configs``:
-   name, resources, min_count, max_count, -1 = unlimited) from the internal KV key
-   ``__autoscaler_cluster_config`` in namespace ``__autoscaler``. Ray Data's autoscaler reads it the
-   same way (ray/data/_internal/cluster_autoscaler/util.py:18). It is only there when an autoscaler
-   reported it (``GcsClient.report_cluster_config``): NO autoscaler shipped in Ray 2.60 does (v1
-   monitor and v2 monitor alike: measured None); newer Ray's v2 autoscaler does. Read first, so a
-   newer cluster just works.
+   (``GlobalState.get_cluster_config`` in ray/_private/state.py) reads ``autoscaler_pb2.ClusterConfig``
+   (``node_group_configs``: name, resources, min_count, max_count, -1 = unlimited) from the internal KV
+   key ``__autoscaler_cluster_config`` in namespace ``__autoscaler``. Ray Data's autoscaler reads it the
+   same way (``is_autoscaling_enabled`` in ray/data/_internal/cluster_autoscaler/util.py). It is only
+   there when an autoscaler reported it (``GcsClient.report_cluster_config``): NO autoscaler shipped in
+   Ray 2.60 does (v1 monitor and v2 monitor alike: measured None); newer Ray's v2 autoscaler does. Read
+   first, so a newer cluster just works.
 2. The autoscaling config file the autoscaler monitor runs with (``monitor.py
-   --autoscaling-config=PATH``, ray/_private/services.py:2403; ``ray up`` puts it at
+   --autoscaling-config=PATH``, ``start_monitor`` in ray/_private/services.py; ``ray up`` puts it at
    ``~/ray_bootstrap_config.yaml``): ``available_node_types`` with ``resources``, ``min_workers``,
    ``max_workers`` (per-type default = the global ``max_workers``, as
-   ray/autoscaler/_private/util.py:387 fills it). Found through the monitor process of THIS cluster
-   (its ``--gcs-address`` must match), so only where the driver runs on the head node
+   ``fill_node_type_min_max_workers`` in ray/autoscaler/_private/util.py fills it). Found through the
+   monitor process of THIS cluster (its ``--gcs-address`` must match), so only where the driver runs on the head node
    (``cluster.address=auto`` on the head, a Ray Job, the tests' AutoscalingCluster). A KubeRay
    autoscaler runs in a sidecar container: neither source is visible to the driver there in 2.60.
 3. Nothing found → ``[]`` (plain local Ray: its monitor runs with the read-only provider and no
@@ -30,8 +30,8 @@ API that lists them):
 
 Alive nodes per type: autoscaler v1 writes ``autoscaler_report.active_nodes`` (type → count) into
 the KV key ``ray_constants.DEBUG_AUTOSCALING_STATUS`` every update
-(ray/autoscaler/_private/monitor.py:451); v2 (and the GCS with any autoscaler) gives each node's
-``ray_node_type_name`` in ``ray.autoscaler.v2.sdk.get_cluster_status`` (ray/autoscaler/v2/sdk.py:82),
+(``Monitor._run`` in ray/autoscaler/_private/monitor.py); v2 (and the GCS with any autoscaler) gives each node's
+``ray_node_type_name`` in ``ray.autoscaler.v2.sdk.get_cluster_status`` (ray/autoscaler/v2/sdk.py),
 from the ``RAY_NODE_TYPE_NAME`` the node was started with (KubeRay and the fake provider set it).
 """
 
@@ -61,8 +61,8 @@ def _client(gcs_address: str | None):
 
 
 def autoscaler_version(client) -> str | None:
-    """'v2' when the GCS says autoscaler v2 runs (the key ray/autoscaler/v2/utils.py:1073 reads), 'v1' when
-    the v1 monitor's status is in the KV, else None."""
+    """'v2' when the GCS says autoscaler v2 runs (the key Ray 2.60's ``is_autoscaler_v2`` in
+    ray/autoscaler/v2/utils.py reads), 'v1' when the v1 monitor's status is in the KV, else None."""
     import ray._raylet as raylet
     from ray._private import ray_constants
 
@@ -76,7 +76,8 @@ def autoscaler_version(client) -> str | None:
 
 
 def v1_status(client) -> dict | None:
-    """The v1 monitor's last status (monitor.py:396-452): autoscaler_report + load_metrics_report."""
+    """The v1 monitor's last status (Ray 2.60's ``Monitor._run``, ray/autoscaler/_private/monitor.py):
+    autoscaler_report + load_metrics_report."""
     from ray._private import ray_constants
 
     raw = client.internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS.encode(), namespace=None)
@@ -229,7 +230,8 @@ def pending_status(gcs_address: str | None = None) -> Pending:
             requested=[({k: float(v) for k, v in b.items()}, int(n)) for b, n in demand],
         )
     # v2 (the GCS answers for v1 too, but then holds no launches): get_cluster_status parses the same
-    # reply (ray/autoscaler/v2/sdk.py:82); the raw one also carries the infeasible constraints.
+    # reply (Ray 2.60's ``get_cluster_status``, ray/autoscaler/v2/sdk.py); the raw one also carries the
+    # infeasible constraints.
     from ray.autoscaler.v2.schema import Stats
     from ray.autoscaler.v2.utils import ClusterStatusParser
     from ray.core.generated.autoscaler_pb2 import GetClusterStatusReply
