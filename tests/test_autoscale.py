@@ -186,8 +186,9 @@ def _wait(predicate, timeout_s: float, step_s: float = 0.25):
 
 
 def _fake_v2_possible() -> bool:
-    """Autoscaler v2 fills the config from the fake provider's example.yaml (providers.py:303), which
-    Ray's wheel lacks: v2 runs only where someone put that file back."""
+    """Autoscaler v2 fills the config from the fake provider's example.yaml (Ray 2.60's
+    ``_get_default_config``, ray/autoscaler/_private/providers.py), which Ray's wheel lacks: v2 runs only
+    where someone put that file back."""
     import ray
 
     return (Path(ray.__file__).parent / "autoscaler/_private/fake_multi_node/example.yaml").is_file()

@@ -261,7 +261,8 @@ def trial_bundles(needs: TrialResources, trials: int) -> list[dict[str, float]]:
 def node_types_from_config(config: Mapping[str, Any]) -> tuple[list[NodeType], int | None]:
     """The worker node types of a ``ray up`` / ``--autoscaling-config`` cluster config, and its global
     ``max_workers`` (None when absent). The head type is left out unless it may also run as a worker
-    (its ``max_workers`` > 0). Per-type defaults as Ray fills them (autoscaler/_private/util.py:387)."""
+    (its ``max_workers`` > 0). Per-type defaults as Ray fills them
+    (Ray 2.60's ``fill_node_type_min_max_workers``, ray/autoscaler/_private/util.py)."""
     global_max = config.get("max_workers")
     head = config.get("head_node_type")
     types = []

@@ -11,10 +11,10 @@ Two kinds, both real Ray processes:
 - ``autoscaling_cluster``: a real Ray autoscaler, ``ray.cluster_utils.AutoscalingCluster`` with the
   fake node provider (each "node" is another raylet here; GPUs are fake, logical resources).
   Ray's wheel lacks ``autoscaler/_private/fake_multi_node/example.yaml``, which
-  ``AutoscalingCluster.__init__`` reads as its base config (ray/cluster_utils.py:61), so
+  ``AutoscalingCluster.__init__`` reads as its base config (Ray 2.60's ``_generate_config``, ray/cluster_utils.py), so
   ``cluster_config`` builds the whole config itself (the keys of that example file, ray-project/ray).
   ``AutoscalingCluster.start()`` runs ``ray stop --force`` and ``ray start --head
-  --autoscaling-config=...`` as subprocesses (cluster_utils.py:90-131): the venv's ``bin/`` must be
+  --autoscaling-config=...`` as subprocesses (ray/cluster_utils.py): the venv's ``bin/`` must be
   on PATH (done here).
 
 Starting or stopping either ends EVERY Ray process on the machine (``ray stop --force``): never
@@ -262,7 +262,7 @@ def cluster_config(head: dict[str, float], worker_types: dict[str, dict], *, max
         "rsync_exclude": [],
         "rsync_filter": [],
     }
-    if autoscaler_v2:  # what AutoscalingCluster._generate_config adds for v2 (cluster_utils.py:78-80)
+    if autoscaler_v2:  # what AutoscalingCluster._generate_config adds for v2 (Ray 2.60, ray/cluster_utils.py)
         from ray.autoscaler._private.fake_multi_node.node_provider import FAKE_HEAD_NODE_ID
 
         config["provider"]["launch_multiple"] = True
@@ -281,7 +281,7 @@ def driver_auth() -> None:
     """Make THIS process speak the cluster's auth mode. ``ray start`` turns token auth on whenever
     ``~/.ray/auth_token`` exists (any earlier local ``ray.init()`` on the machine writes one), but a
     driver joining by an explicit address (``ray.init("host:port")``, a raw ``GcsClient``) does NOT
-    auto-enable it (ray/_private/worker.py:1975: only address None/"auto" do), and fails with
+    auto-enable it (Ray 2.60's ``ray.init``, ray/_private/worker.py: only address None/"auto" do), and fails with
     "InvalidAuthToken". Same rule Ray applies for "auto": token present and RAY_AUTH_MODE unset -> token.
     """
     from ray._private.authentication.authentication_token_setup import (
