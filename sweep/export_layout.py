@@ -13,7 +13,8 @@ MODEL_DIR, TOKENIZER_DIR = "model", "components/tokenizer"  # MLflow's names ins
 
 def is_logged_model(folder: Path) -> bool:
     """An MLflow Model's files (the transformers flavor) rather than a ``save_pretrained`` folder. Here, not in
-    sweep.tracking, so that a server given a plain folder never imports MLflow (~1.4 s of each start)."""
+    sweep.tracking, so that a server given a plain folder never imports MLflow (a slow import, paid at each
+    start (docs/benchmarks.md: Behind the code's choices))."""
     return (Path(folder) / "MLmodel").is_file() and (Path(folder) / MODEL_DIR).is_dir()
 
 

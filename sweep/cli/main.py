@@ -48,8 +48,9 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> None:
         sys.exit(1)
     finally:
         # The command's work is written and closed. The interpreter's last collections would walk every object
-        # torch, transformers, Ray and MLflow made (about 2 s at a sweep's exit on 2 busy cores): frozen, they
-        # are skipped. atexit (Ray's shutdown) still runs, and the OS takes the memory back.
+        # torch, transformers, Ray and MLflow made, seconds at a sweep's exit on a busy machine
+        # (docs/benchmarks.md: Behind the code's choices): frozen, they are skipped. atexit (Ray's shutdown) still runs,
+        # and the OS takes the memory back.
         gc.freeze()
 
 

@@ -32,7 +32,8 @@ from sweep.config.defaults import TRACKING_URI, mlflow_server_env
 
 PROG = "sweep ui"
 PARENT_FILE = "mlflow-parent.json"  # sweep.tracking.PARENT_FILE (a test checks they agree): no MLflow import here
-START_TIMEOUT_S = 180.0  # mlflow server's first start on a busy 2-core machine takes ~20 s
+# mlflow server's first start is slow on a busy machine (docs/benchmarks.md: Behind the code's choices)
+START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 15.0
 OPTIONS: dict[str, Option] = {
     "out_dir": Option(non_empty, None,

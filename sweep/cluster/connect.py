@@ -23,8 +23,8 @@ def quiet_ray() -> None:
 
 def no_prestarted_workers() -> None:
     """A Ray started from this process (and the processes it starts) prestarts no workers for its first
-    driver: Tune gives each trial actor a worker of its own, so those only imported Ray and sat idle, ~0.6
-    CPU-s each (a 2-seed local sweep of the tiny model: 39-44 -> 35 CPU-s in all). A person's own setting wins."""
+    driver: Tune gives each trial actor a worker of its own, so those only imported Ray and sat idle, each
+    spending CPU for nothing (docs/benchmarks.md: Behind the code's choices). A person's own setting wins."""
     os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
 
 

@@ -1,10 +1,9 @@
 """Tune keeps, for every trial, a running analysis of every number it ever reported (max, min,
 mean, last-5 and last-10 means, with their deques), and a JSON copy of it for its experiment
 state. A trial reports some 40 numbers (``trials.Report``: the evaluation, where and when it ran),
-so that analysis is most of what a finished trial costs the driver: measured with
-``scripts/bench_scale.py --profile 400``, about 80 KB a trial, growing the driver by ~17 MiB per
-100 trials. The sweep never reads it (records come from the trials' histories and last results),
-so a trial that has ended drops it.
+so that analysis is most of what a finished trial costs the driver, and the driver grows with the
+trials (docs/benchmarks.md: Behind the code's choices). The sweep never reads it (records come from the trials'
+histories and last results), so a trial that has ended drops it.
 """
 
 from __future__ import annotations

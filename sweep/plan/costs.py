@@ -12,8 +12,8 @@ model, method and batches, on CPU) or, for GPUs, the published prior of ``sweep.
 (``CostModel``: seconds per token·parameter, parameters from the model's config). A measured figure is
 per token the model computes on (``computed_tokens``: each batch padded to its longest row), plus a
 training step's fixed cost (the optimizer's update of every weight, gradient clipping): on CPU both
-matter. MiniLM on 1 thread: ~0.09 s a step + ~0.65 ms per computed token, so a batch of 16 short SST-2
-rows (~210 real tokens, ~480 computed) takes 0.40 s, not the 0.20 s of MRPC's per-real-token rate.
+matter: for a model like MiniLM on 1 thread, short rows (SST-2) padded to their batch's longest take about
+twice what a per-real-token rate from longer rows (MRPC) says (docs/benchmarks.md: Behind the code's choices).
 """
 
 from __future__ import annotations
@@ -168,15 +168,14 @@ def _corpus_size(spec: TaskSpec, data_dir: Path, tokenizer, train: TrainConfig, 
 
 # A training step's time with the method over full fine-tuning's, on the same model and batch: LoRA skips
 # the frozen weights' gradients and their optimizer update but still runs the whole forward and most of
-# the backward (activations' gradients). Measured by scripts/bench_peft.py: MiniLM, real SST-2 (4,000 rows,
-# 2 epochs, 3 seeds, a quiet 2-core CPU) 469 / 582 ms per step = 0.81; RTE (1,000 rows, longer rows) gave
-# 0.64-0.96 per seed on a busy machine. Used with the GPU prior only: on CPU the probe times the method
+# the backward (activations' gradients). LoRA's ratio is scripts/bench_peft.py's on MiniLM and real SST-2
+# (docs/benchmarks.md: Behind the code's choices). Used with the GPU prior only: on CPU the probe times the method
 # itself. QLoRA's 4-bit base is unmeasured (no GPU here) and takes LoRA's.
 METHOD_STEP_RATIO = {"full": 1.0, "lora": 0.81, "qlora": 0.81}
 # An evaluation's forward over a training step, per token, for the GPU prior: ~2 of the ~6 FLOP per
 # token·parameter a training step costs (forward 2, backward 4). Unmeasured on a GPU here; on CPU the
-# probe times one evaluation batch instead (a MiniLM RTE trial on CPU: 3.95 s for 128 eval rows, 36.3 s for
-# 500 training rows: 0.42 per row, its eval batches of 64 padding more).
+# probe times one evaluation batch instead (a MiniLM RTE trial's ratio per row on CPU is a little over this,
+# its eval batches padding more: docs/benchmarks.md: Behind the code's choices).
 FORWARD_SHARE = 1 / 3
 
 

@@ -7,8 +7,8 @@ threads by weight, each thread using at most one CPU (``cpu_shares``: water-fill
 the niceness: Ray starts its workers, so every trial, at niceness 15 (``RAY_worker_niceness``; Ray's
 choice, so that workers yield to its own daemons and to the user's other programs), weight 36 against
 1024 at 0. So beside other work a trial gets about what that work leaves, not an equal share: the
-README's tour beside a process busy on one of 2 cores ran each trial's steps 2.2x slower than the probe
-timed them alone (2 trials on the 1 core left), where equal shares would have made it 1.5x.
+README's tour beside a process busy on one of 2 cores ran each trial's steps slower than equal shares
+would have made them (docs/benchmarks.md: Behind the code's choices).
 
 Others are counted from /proc/stat over the CPUs this process may run on, less this process's own CPU
 time. Under a cgroup CPU quota (a pod's limit) the host's counters say nothing of the pod: others count

@@ -31,16 +31,14 @@ from dataclasses import dataclass
 
 from sweep.plan.makespan import DEFAULT_SPEEDUP, Speedup, TrialWork
 
-# Priors, measured on this 2-core VM in 7 sweeps of 3-4 trials on CPU (the demo; MiniLM on real RTE/MRPC),
-# load average 1.2-3: the tuner's start to the first trial's start 4.2-8.4 s (median 5.3); the driver's
-# trial start to the loop's start in a new process 3.8-8.7 s (median 5.5; 12.6 s at load 8) -- Ray
-# started that process earlier, and it takes 9-18 s in all to import torch, transformers and Ray Train;
-# the two together 8.5-17 s (median 10). In a reused process 0.1 s (tiny model) to 0.7 s (MiniLM).
+# Priors, the rounded medians of sweeps on CPU on this project's 2-core VM: the tuner's start to the first
+# trial's start; the driver's trial start to the loop's start in a new process (Ray started that process
+# earlier, importing torch, transformers and Ray Train); the same in a reused process
+# (docs/benchmarks.md: Behind the code's choices).
 LAUNCH_S, COLD_START_S, WARM_START_S = 5.0, 5.0, 0.5
 # A trial's wall time outside its loop after the loop starts: a checkpoint saved at each evaluation, then
-# its end. MiniLM on the README's tour (4 evaluations, 272 MB a checkpoint with Adam's state): 2.1-4.3 s
-# quiet, 4.7-11 s beside a process busy on one of the 2 cores (scripts/bench_plan.py); the demo's tiny
-# RoBERTa: 0.3-0.4 s beside that process. On CPU the probe times a save (sweep.plan.probe.end_seconds:
+# its end: seconds for MiniLM's checkpoints, a fraction of one for the demo's tiny model
+# (docs/benchmarks.md: Behind the code's choices). On CPU the probe times a save (sweep.plan.probe.end_seconds:
 # END_S plus the saves); FINISH_S stands for it where nothing was measured (trials on GPUs).
 FINISH_S, END_S = 3.0, 0.2
 LOOP_DONE = 0.999  # a report at this share of the steps is the loop's last

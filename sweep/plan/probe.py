@@ -4,14 +4,15 @@ the trials run on CPU beside the driver (the GPU prior of ``sweep.plan.makespan`
 The probe builds a trial as the loop does (``sweep.train.loop.setup``: the task's model, the method,
 adapters, optimizer, collator, the real rows' token lengths), on as many torch threads as one trial's
 CPUs, times a training step or three on real batches and one evaluation batch, and puts the driver's
-random state back. A few seconds: MiniLM on 1 thread, ~1.1 s per batch of 16 RTE rows.
+random state back. A few seconds (docs/benchmarks.md: Behind the code's choices).
 
 It also saves the trial's checkpoint once (the model, the tokenizer, the optimizer's state: what a trial
 writes at each evaluation) and times it: a trial's end after its loop is mostly those saves.
 
 A step's time is a fixed part (the optimizer's update of every weight, clipping) plus a part per token
 computed; two steps of a few rows beside the full ones tell them apart. Per token alone, the plan of
-the README's tour said 14 s for an SST-2 trial (13 tokens a row) from MRPC's steps (52): it took 34 s.
+the README's tour put SST-2's short rows far too low from MRPC's longer ones
+(docs/benchmarks.md: Behind the code's choices).
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ Timed = list[tuple[float, int]]  # (seconds, computed tokens) of each timed step
 def _time_training(run) -> tuple[Timed, Timed]:
     """Steps of SMALL_ROWS rows, then up to STEPS full training steps, after an untimed full one (the
     optimizer's state, the kernels and the allocator's buffers made: warmed up on two rows, the first
-    probe in a process put a step's fixed part at 0.11-0.135 s, the next ones at ~0.09 s)."""
+    probe in a process put a step's fixed part above the next ones' (docs/benchmarks.md: Behind the code's choices))."""
     from sweep.data.collate import count_tokens
     from sweep.train.loop import Segment, train_step  # the loop's own step: forward, backward, clip, update
 

@@ -11,7 +11,8 @@ DDP trial, hand out nothing more until that trial reports that its workers are u
 
 The state: Tune saves the searcher with every experiment snapshot (every few seconds). Tune's own
 ``BasicVariantGenerator`` over a grid of the trial points saves all of them each time, so a sweep of
-n trials spent O(n) per snapshot (12.8 s of a 400-trial run's driver). Here the points are fixed by
+n trials spent O(n) per snapshot (seconds of a 400-trial run's driver:
+docs/benchmarks.md: Behind the code's choices). Here the points are fixed by
 the config (a resumed driver rebuilds them from the pickled Tuner) and the state is where the
 searcher is: O(1) for random search.
 """

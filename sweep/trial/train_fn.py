@@ -356,7 +356,8 @@ def _free_for_the_next_trial() -> None:
 
 def _return_freed_heap() -> None:
     """glibc keeps a freed model's pages in its arenas, scattered so the next trial's allocations do not fill
-    them: the process grew ~7 MiB a trial (11 trials: 641 -> 709 MiB) until they are handed back here."""
+    them: a reused process grew with every trial until they are handed back here
+    (docs/benchmarks.md: Behind the code's choices)."""
     try:
         ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to hand back this way
