@@ -5,8 +5,8 @@ InferenceService, for the v1 protocol only), so the server batches here. Each re
 batch key and a list of items; requests with the same key are merged, in arrival order, into one
 call of ``run_batch(key, items)`` of at most ``max_batch_size`` items (a bigger request runs
 whole, alone), after waiting at most ``max_latency_ms`` from the oldest request for others to
-arrive (default 0: an idle server runs a lone request at once — on 2 CPUs a 5 ms wait only added
-its 5 ms to every request, measured by scripts/bench_serve.py). A key of ``None`` means "never
+arrive (default 0: an idle server runs a lone request at once — on 2 CPUs a wait only added itself
+to every request (docs/benchmarks.md: Behind the code's choices)). A key of ``None`` means "never
 merge". Forward passes run one at a time on a single worker thread, so the event loop keeps
 answering (health checks, new requests) meanwhile, and
 requests that arrive during a forward pass form the next batch: batching pays exactly when the

@@ -3,8 +3,9 @@ server's processes from pausing (OpenMP's waits, the garbage collector's scans o
 
 torch sizes its thread pool from the host's cores. In a pod with a CPU limit (a cgroup quota) or a process
 pinned to a few cores (its affinity) that is more threads than CPUs: they spin and wait on each other, and
-on a busy 2-core machine the decoding process delivered 0.08-0.24x of ``transformers serve``'s tokens/s
-(issue [22]). So the server counts what it may use, as the kernel enforces it (``sweep.cpus``).
+on a busy 2-core machine the decoding process delivered a fraction of ``transformers serve``'s tokens/s
+(issue [22]; docs/benchmarks.md: Behind the code's choices). So the server counts what it may use, as the kernel
+enforces it (``sweep.cpus``).
 
 OpenMP's threads also busy-wait after each parallel region (a spin of ~200k iterations in GNU OpenMP) unless
 told to sleep: on a shared CPU that spin is time taken from the server and the other pods.
@@ -68,8 +69,8 @@ def quiet_openmp_environment() -> None:
 
 def freeze_startup_objects() -> None:
     """Keep the objects of the start (torch, transformers, KServe: millions) out of every later garbage
-    collection: a full collection that scans them stalled every stream of the server for ~0.44 s, the
-    slowest 2% of its times to first token (16 streams, tiny GPT-2: p99 437 ms; frozen: 70-85 ms)."""
+    collection: a full collection that scans them stalled every stream of the server, the slowest of its
+    times to first token (docs/benchmarks.md: Behind the code's choices)."""
     import gc
 
     gc.collect()

@@ -2,7 +2,8 @@
 
 One Python process has one GIL: when the server's event loop (HTTP, Server-Sent Events, detokenizing every
 step of every stream) and the decoding loop shared it, each streamed chunk was time the batch did not decode
-(measured: the server never passed ~0.9 of a core). So, as vLLM splits its API server from its engine core,
+(the server never passed one core: docs/benchmarks.md: Behind the code's choices). So, as vLLM splits its API server
+from its engine core,
 the model and transformers' ``ContinuousBatchingManager`` live here, and the server only sends token ids in
 and reads new token ids out, over one pipe:
 
@@ -83,10 +84,9 @@ class RowSampling(ContinuousBatchingLogitsProcessor):
     The batch itself decodes greedily (``do_sample=False``: the argmax of every row); for a sampling row this
     draws its token and leaves it the only finite score, so the argmax is the draw. Greedy rows cost nothing
     here, and top_p's sort over the vocabulary runs only for rows that ask for it (transformers' per-request
-    warpers sort every row at every step: measured, most of a step of the tiny GPT-2). A step whose rows are
+    warpers sort every row at every step, most of a small model's step). A step whose rows are
     all greedy (the usual case) turns the batch's logits processing off (``attach``): no tensors are built
-    or read for it (measured at one unstreamed sequence of the tiny GPT-2: the decoding
-    process's CPU per 1,000 tokens 1.63-1.68 s -> 1.49-1.54 s).
+    or read for it, less of the decoding process's CPU per token (docs/benchmarks.md: Behind the code's choices).
     """
 
     supported_kwargs: dict[str, type] = {"greedy": int, "temperature": float, "top_p": float}

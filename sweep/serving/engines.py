@@ -179,7 +179,7 @@ class Generator:
     def decode_on_loop(self, ids: Sequence[int]) -> str:
         """The text of ``ids`` (every streamed sequence's, after every step): the Rust tokenizer's own decode,
         which is what ``tokenizer.decode`` returns when it cleans up no spaces, without its Python-side
-        conversions (measured: two thirds of the time of a 40-token decode)."""
+        conversions (most of a short decode's time (docs/benchmarks.md: Behind the code's choices))."""
         if self._rust_decode is not None:
             return self._rust_decode(list(ids), skip_special_tokens=True)
         return self._counting_tokenizer.decode(list(ids), skip_special_tokens=True)

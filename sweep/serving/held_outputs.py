@@ -1,12 +1,12 @@
 """Streamed outputs held for a few milliseconds in the decoding process, so that the server wakes once per
 interval rather than once per decoding step (``stream_interval_ms``).
 
-At many streams of a small model a decoding step takes 2-3 ms on CPU, and each step's message woke the server,
-which wrote a chunk to every stream, which woke every client: on a busy CPU each wake-up took the decoding
+At many streams of a small model a decoding step takes a few milliseconds on CPU, and each step's message woke
+the server, which wrote a chunk to every stream, which woke every client: on a busy CPU each wake-up took the decoding
 thread's CPU from it. Holding the outputs of the steps within an interval and sending the newest of each
-sequence once (an output carries all of its sequence's tokens so far), 10 ms made 16 streams of the tiny GPT-2
-on a 2-core machine 1.44x as fast with a CPU hog beside it and 1.22x without (scripts/bench_serve_vs_transformers.py
-``--servers sweep sweep-stream_interval_ms=0``). vLLM's ``--stream-interval`` does the same by tokens; an interval
+sequence once (an output carries all of its sequence's tokens so far) made many streams of a small model
+faster on a 2-core machine, most with a CPU hog beside it (docs/benchmarks.md: Behind the code's choices). vLLM's
+``--stream-interval`` does the same by tokens; an interval
 in time leaves a slow model's steps (longer than it) as they were.
 
 What a client waits on is never held: a sequence's first token, its end (or failure), and everything once the
