@@ -6,6 +6,7 @@
 - ``defaults.py``:     the defaults several places need (cache folder, MLflow store), one home each
 - ``paths.py``:        every path option made absolute once, on the driver, against the working folder
 - ``tasks.py``:        the task specs (``conf/task/*.yaml``) as ``TaskSpec``
+- ``metric_names.py``: the metric registry by name (what each task kind reports), each task's metric checked
 - ``model_limits.py``: the positions a model can take (``max_positions``, offsets) and their checks
 - ``command_line.py``: the overrides checked before Hydra writes anything
 - ``multirun.py``:     Hydra's multirun callback that compares the sweeps of one ``-m`` run

@@ -9,7 +9,7 @@ The caller never touches Hydra. No torch, no Ray.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from omegaconf import DictConfig
 
@@ -46,8 +46,11 @@ def compose_checked(overrides: Sequence[str]) -> DictConfig:
             raise ConfigError(composition_error_line(e)) from None
 
 
-def load_settings(*overrides: str, out_dir: str | os.PathLike[str] | None = None) -> Settings:
-    """The validated settings of ``sweep run <overrides>`` (``out_dir=``: the same as the override).
+def load_settings(*overrides: str, out_dir: str | os.PathLike[str] | None = None,
+                  metrics: Collection[str] = ()) -> Settings:
+    """The validated settings of ``sweep run <overrides>`` (``out_dir=``: the same as the override;
+    ``metrics``: the names of your own metrics, which ``sweep.run(metrics=...)`` will compute, known beside the
+    built-in ones, e.g. for ``task.RTE.metric=my_f1``).
 
     Paths are made absolute against the current folder, as the command does; the lengths each task
     tries are checked against the model. Raises ``sweep.errors.ConfigError`` (one line) on a mistake."""
@@ -57,6 +60,6 @@ def load_settings(*overrides: str, out_dir: str | os.PathLike[str] | None = None
     args = plain_experiment(overrides)
     if out_dir is not None:
         args.append(f"out_dir={quoted(os.fspath(out_dir))}")
-    settings = validate(compose_checked(args))
+    settings = validate(compose_checked(args), metrics)
     check_lengths(settings)
     return settings

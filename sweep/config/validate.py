@@ -10,13 +10,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import typing
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, replace
 from typing import Any, Literal, get_args
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from sweep.config.metric_names import check_metrics
 from sweep.config.paths import absolute_paths
 from sweep.config.settings import (
     AUTO,
@@ -442,14 +443,16 @@ def _named_model(model: Any) -> Any:
     return OmegaConf.merge(model, {"name": str(model.hub_id).rstrip("/").rsplit("/", 1)[-1]})
 
 
-def validate(cfg: DictConfig) -> Settings:
-    """Validate a composed config and return it typed; raises ConfigError naming the bad key."""
+def validate(cfg: DictConfig, metrics: Collection[str] = ()) -> Settings:
+    """Validate a composed config and return it typed; raises ConfigError naming the bad key. ``metrics``:
+    the names of the user's own metrics (``sweep.run(metrics=...)``), known beside the built-in ones."""
     missing = [k for k in ("task", "model", "train", "sweep") if k not in cfg]
     _check(not missing, "config", f"missing groups {missing}; compose from sweep/conf/config.yaml")
     try:
         tasks = tasks_from_config(cfg.task)
     except TaskConfigError as e:
         raise ConfigError(str(e)) from None
+    check_metrics(tasks, metrics)  # a typo in a task's metric: now, not as a KeyError inside a trial
     settings = Settings(
         tasks=tasks,
         model=_typed("model", ModelConfig, _named_model(cfg.model)),

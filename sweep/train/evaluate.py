@@ -7,10 +7,12 @@ benchmarks call it on models trained elsewhere, so both are scored by the same c
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 
 import numpy as np
 import torch
 
+from sweep.config.metric_names import MetricFn
 from sweep.config.tasks import TaskSpec
 from sweep.train.metrics import perplexity, task_metrics
 
@@ -38,8 +40,10 @@ def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str,
 
 
 @torch.no_grad()
-def evaluate(model, loader, spec: TaskSpec, device, amp_dtype) -> dict[str, float]:
-    """Metrics of one split: GLUE metrics from logits, or perplexity from the mean token loss."""
+def evaluate(model, loader, spec: TaskSpec, device, amp_dtype,
+             own: Mapping[str, MetricFn] | None = None) -> dict[str, float]:
+    """Metrics of one split: GLUE metrics (and the user's ``own``) from logits, or perplexity from the mean
+    token loss (causal LM: no predictions kept, so no ``own`` metrics)."""
     model.eval()
     logits, labels = [], []
     loss_sum, loss_count = 0.0, 0
@@ -63,4 +67,4 @@ def evaluate(model, loader, spec: TaskSpec, device, amp_dtype) -> dict[str, floa
     preds = np.concatenate(logits)
     if spec.kind == "regression":
         preds = preds.reshape(-1)
-    return {**task_metrics(spec, preds, np.concatenate(labels)), "eval_loss": mean_loss}
+    return {**task_metrics(spec, preds, np.concatenate(labels), own), "eval_loss": mean_loss}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 from transformers import get_linear_schedule_with_warmup, set_seed
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
+from sweep.config.metric_names import MetricFn
 from sweep.config.model_limits import usable_positions
 from sweep.config.settings import TrainConfig
 from sweep.config.tasks import TaskSpec
@@ -197,6 +198,7 @@ class Run:
     amp_dtype: torch.dtype | None
     result: FinetuneResult
     trivial_score: float | None = None  # of the primary eval split (None: causal LM)
+    own_metrics: Mapping[str, MetricFn] = field(default_factory=dict)  # the user's, beside the built-in ones
 
     @property
     def bare_model(self) -> torch.nn.Module:
@@ -205,7 +207,7 @@ class Run:
 
 def setup(spec: TaskSpec, model_dir: Path, data_dir: Path, train: TrainConfig, seed: int,
           cache_dir: Path | None = None, device: torch.device | None = None, resume_from: Path | None = None,
-          dist: Distributed = Distributed()) -> Run:
+          dist: Distributed = Distributed(), metrics: Mapping[str, MetricFn] | None = None) -> Run:
     """Model, data, loaders, optimizer and schedule for one run, seeded (the order below fixes the RNG draws)."""
     quiet_progress_bars()
     device = device or pick_device()
@@ -237,7 +239,7 @@ def setup(spec: TaskSpec, model_dir: Path, data_dir: Path, train: TrainConfig, s
     labels = [] if spec.kind == "causal_lm" else data[spec.primary_eval]["labels"]
     return Run(spec, train, seed, device, tokenizer, model, sampler, train_loader, eval_loaders,
                optimizer, scheduler, scaler, amp_dtype, FinetuneResult(task=spec.name, seed=seed),
-               trivial_score(spec, np.asarray(labels)))
+               trivial_score(spec, np.asarray(labels), metrics), dict(metrics or {}))
 
 
 def _load_model(spec: TaskSpec, model_dir: Path, train: TrainConfig, device: torch.device,
@@ -384,7 +386,7 @@ def _evaluation(run: Run, epoch: int, batch_index: int, segment: Segment) -> Eva
     # iter(DataLoader) draws from torch's RNG: evaluating must not move the dropout draws of the
     # training that follows, or how often a run evaluates would change the model it trains.
     with torch.random.fork_rng(devices=[run.device] if run.device.type == "cuda" else []):
-        per_split = {s: evaluate(run.model, loader, run.spec, run.device, run.amp_dtype)
+        per_split = {s: evaluate(run.model, loader, run.spec, run.device, run.amp_dtype, run.own_metrics)
                      for s, loader in run.eval_loaders.items()}
     metrics = merge_splits(run.spec, per_split)
     n = len(run.train_loader)
@@ -448,6 +450,7 @@ def finetune(
     device: torch.device | None = None,
     resume_from: Path | None = None,
     dist: Distributed = Distributed(),
+    metrics: Mapping[str, MetricFn] | None = None,
 ) -> FinetuneResult:
     """Fine-tune ``model_dir`` on ``spec`` with ``seed``; evaluate at every epoch's end, and within
     epochs with ``train.eval_every`` (steps) or ``train.evals_per_epoch``.
@@ -456,9 +459,10 @@ def finetune(
     (``save_pretrained``) and returned as ``checkpoint_dir``; ``on_evaluation`` is called after every
     evaluation and lets a caller (the Ray trial) report and checkpoint instead. ``resume_from`` is
     a folder that ``save`` wrote: training goes on after its last evaluation, even a mid-epoch one,
-    with the same data order and dropout draws as an uninterrupted run.
+    with the same data order and dropout draws as an uninterrupted run. ``metrics``: the user's own
+    (``{name: fn(predictions, labels) -> float}``), computed beside the built-in ones at every evaluation.
     """
-    run = setup(spec, model_dir, data_dir, train, seed, cache_dir, device, resume_from, dist)
+    run = setup(spec, model_dir, data_dir, train, seed, cache_dir, device, resume_from, dist, metrics)
     resume = restore(run, resume_from) if resume_from is not None else None
     start = resume.epoch if resume is not None else 1
     for epoch in range(start, train.epochs + 1):

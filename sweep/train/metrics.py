@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Mapping
 
 import numpy as np
 from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
+from sweep.config.metric_names import MetricFn
 from sweep.config.tasks import TaskSpec
+
+# Their names per task kind are registered in sweep/config/metric_names.py (the config checks a task's metric
+# against them before any data is read); tests/test_metrics.py holds the two equal.
 
 
 def _finite(x: float) -> float:
@@ -52,14 +57,31 @@ def perplexity(mean_loss: float) -> float:
     return float(math.exp(min(mean_loss, 50.0)))
 
 
-def task_metrics(spec: TaskSpec, predictions: np.ndarray, labels: np.ndarray) -> dict[str, float]:
-    """Metrics of one eval split. ``predictions`` are logits (N, num_labels) or class ids (N,)."""
-    predictions = np.asarray(predictions)
+def task_metrics(spec: TaskSpec, predictions: np.ndarray, labels: np.ndarray,
+                 own: Mapping[str, MetricFn] | None = None) -> dict[str, float]:
+    """Metrics of one eval split. ``predictions`` are logits (N, num_labels) or class ids (N,). ``own``: the
+    user's metrics (``sweep.run(metrics=...)``), given the same class ids (or values) and labels."""
+    predictions, labels = np.asarray(predictions), np.asarray(labels)
     if spec.kind == "regression":
-        return regression_metrics(predictions, labels)
-    if predictions.ndim == 2:
-        predictions = predictions.argmax(axis=-1)
-    return classification_metrics(predictions, np.asarray(labels), spec.num_labels)
+        predictions = predictions.astype(np.float64).reshape(-1)
+        built_in = regression_metrics(predictions, labels)
+    else:
+        if predictions.ndim == 2:
+            predictions = predictions.argmax(axis=-1)
+        built_in = classification_metrics(predictions, labels, spec.num_labels)
+    return {**built_in, **own_metrics(own or {}, predictions, labels)}
+
+
+def own_metrics(own: Mapping[str, MetricFn], predictions: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """The user's metrics on one split, each a float (a non-number raises here, naming the metric)."""
+    out: dict[str, float] = {}
+    for name, fn in own.items():
+        value = fn(predictions, labels)
+        try:
+            out[name] = float(value)
+        except (TypeError, ValueError):
+            raise TypeError(f"metric {name!r} returned {type(value).__name__}, not a float") from None
+    return out
 
 
 def merge_splits(spec: TaskSpec, per_split: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -79,7 +101,8 @@ def selection_score(spec: TaskSpec, metrics: dict[str, float]) -> float:
     return value if spec.mode == "max" else -value
 
 
-def trivial_metrics(spec: TaskSpec, labels: np.ndarray) -> dict[str, float] | None:
+def trivial_metrics(spec: TaskSpec, labels: np.ndarray,
+                    own: Mapping[str, MetricFn] | None = None) -> dict[str, float] | None:
     """The eval split's metrics for a model that ignores its input: the constant answer the task's
     metric rates best (accuracy: the majority class; MCC: 0 for any; F1: answering the positive class;
     acc_and_f1 may prefer either), or the mean label (correlation 0). The best constant, not only the
@@ -90,14 +113,14 @@ def trivial_metrics(spec: TaskSpec, labels: np.ndarray) -> dict[str, float] | No
         return None
     if spec.kind == "regression":
         constant = np.full(labels.shape, float(labels.astype(np.float64).mean()))
-        return task_metrics(spec, constant, labels)
+        return task_metrics(spec, constant, labels, own)
     values, counts = np.unique(labels, return_counts=True)
     by_share = values[np.argsort(-counts, kind="stable")]  # majority first (a tie: the lower class id)
-    answers = [task_metrics(spec, np.full(labels.shape, value), labels) for value in by_share]
+    answers = [task_metrics(spec, np.full(labels.shape, value), labels, own) for value in by_share]
     return max(answers, key=lambda metrics: selection_score(spec, metrics))  # equal scores: the majority's
 
 
-def trivial_score(spec: TaskSpec, labels: np.ndarray) -> float | None:
+def trivial_score(spec: TaskSpec, labels: np.ndarray, own: Mapping[str, MetricFn] | None = None) -> float | None:
     """The trivial metrics as a selection score (higher is better), or None (causal LM)."""
-    metrics = trivial_metrics(spec, labels)
+    metrics = trivial_metrics(spec, labels, own)
     return None if metrics is None else selection_score(spec, metrics)
