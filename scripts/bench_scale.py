@@ -106,6 +106,7 @@ def one(trials: int, tracking: str, sample: bool = True) -> dict:
     import sweep.app as app
     import sweep.driver.tuner as tuner
     import sweep.hooks.progress as progress
+    import sweep.outputs.end as end
 
     sampler = Sampler()
     phases: dict[str, float] = {}
@@ -122,7 +123,7 @@ def one(trials: int, tracking: str, sample: bool = True) -> dict:
 
     # measurement wrappers around the real functions (the sweep runs unchanged)
     tuner.run_tune = timed("tune", tuner.run_tune)
-    app.finish = timed("finish", app.finish)
+    end.end_of_sweep = timed("finish", end.end_of_sweep)
     if sample:
         finish_trial = progress.SweepProgress._finish
 

@@ -144,7 +144,7 @@ def tracking_location(overrides: Sequence[str], prefix: str | None) -> str:
     ``<prefix>/mlflow/`` with storage.output_prefix, else lost with the head), or none. Scrubbed:
     a tracking URI can carry a password."""
     from sweep.secrets import scrub
-    from sweep.storage.mlflow_upload import SUBDIR, sqlite_file
+    from sweep.tracking.store_upload import SUBDIR, sqlite_file
 
     kind = override_value(overrides, "tracking.kind") or override_value(overrides, "tracking") or "mlflow"
     if kind == "none":

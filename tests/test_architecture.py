@@ -21,13 +21,13 @@ BASE = ("errors", "secrets", "disk", "files", "lock", "remote_files", "trials", 
         "cpus")
 LAYERS = (
     tuple(f"sweep.{m}" for m in BASE),
-    ("sweep.config",), ("sweep.data",), ("sweep.models",), ("sweep.results",), ("sweep.tracking",),
-    ("sweep.storage",), ("sweep.train",), ("sweep.plan",), ("sweep.serving",),
+    ("sweep.config",), ("sweep.data",), ("sweep.models",), ("sweep.results",), ("sweep.storage",),
+    ("sweep.tracking",), ("sweep.train",), ("sweep.plan",), ("sweep.serving",), ("sweep.outputs",),
     ("sweep.cluster",), ("sweep.schedulers",), ("sweep.hooks",), ("sweep.trial",), ("sweep.driver",),
     ("sweep.ray_jobs", "sweep.testing"),
     ("sweep.app", "sweep.__main__", "sweep.cli"),
 )
-PACKAGES = ("config", "data", "models", "train", "plan", "results", "storage", "serving", "cluster",
+PACKAGES = ("config", "data", "models", "train", "plan", "results", "storage", "serving", "outputs", "cluster",
             "schedulers", "hooks", "trial", "driver", "testing", "cli")
 
 

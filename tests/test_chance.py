@@ -17,6 +17,7 @@ from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
 from sweep.config.tasks import load_task
 from sweep.config.validate import compose_settings
+from sweep.outputs.trivial import task_trivial_score, trivial_scores
 from sweep.results.chance import TrivialScore, learned, noise_margin
 from sweep.results.records import TrialRecord, format_summary, format_unlearned, summarize, write_results
 from sweep.results.report import seed_scores_figure
@@ -24,7 +25,6 @@ from sweep.storage.node_cache import MARKER
 from sweep.storage.s3 import RemoteSource
 from sweep.storage.staging import DriverSources, SourcePins, staged_target
 from sweep.train.metrics import trivial_score
-from sweep.train.trivial import task_trivial_score, trivial_scores
 
 RTE, MRPC, COLA, QQP, STSB = (load_task(t) for t in ("RTE", "MRPC", "CoLA", "QQP", "STS-B"))
 X = np.zeros((12, 1))  # DummyClassifier ignores its input: the point of the baseline

@@ -59,15 +59,16 @@ def test_equal_scores_and_no_scores():
 
 
 def test_the_end_of_a_sweep_writes_the_curves_plots_them_and_says_a_line_per_task(tmp_path, capsys):
-    from sweep.app import report_expected_max
     from sweep.config.validate import compose_settings
+    from sweep.outputs.reports import ExpectedMax
+    from sweep.outputs.steps import Outcome
     from sweep.results.records import TrialRecord
 
     settings = compose_settings("experiment=demo", "task=[WNLI,RTE]", "+sweep.grid.lr=[0.1,0.2]")
     records = [TrialRecord("RTE", seed, {"lr": lr}, score=score)
                for seed, lr, score in ((1, 0.1, 0.5), (2, 0.1, 0.6), (1, 0.2, 0.7), (2, 0.2, 0.9))]
     records += [TrialRecord("WNLI", 1, {"lr": 0.1}, score=None, status="ERROR")]
-    report_expected_max(records, settings, tmp_path)
+    ExpectedMax(settings.tasks).run(Outcome(records, tmp_path))
     rows = (tmp_path / "expected_max.csv").read_text().splitlines()
     assert rows[0] == "task,point,n,expected_max,std"
     assert [r for r in rows if r.startswith("RTE,,")] == [f"RTE,,{p.n},{p.mean:.6g},{p.std:.6g}"

@@ -8,10 +8,17 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from sweep.app import record_in_mlflow
 from sweep.config.validate import compose_settings
+from sweep.outputs.end import end_of_sweep
 from sweep.results.records import TrialRecord, summarize, write_results
 from sweep.tracking import SweepTracker, TrialLogger
+from sweep.tracking.session import NoTracking, TrackingSession
+
+
+def session_over(tracker: SweepTracker, settings, out: Path) -> TrackingSession:
+    """The sweep's tracking session over a parent run the test started."""
+    return TrackingSession(settings.tracking, settings.storage, settings.model.name, settings.tasks, out,
+                           resume=False, tracker=tracker)
 
 
 def test_a_registry_that_fails_at_the_end_is_one_line_and_the_results_stay(tmp_path: Path, capsys) -> None:
@@ -28,7 +35,8 @@ def test_a_registry_that_fails_at_the_end_is_one_line_and_the_results_stay(tmp_p
     write_results(out, [record], summaries)
     # out/best/WNLI was never exported: registering it fails inside MLflow's artifact logging
     # no exception; not complete: the sweep's end is not marked done, so resume=true registers it
-    assert not record_in_mlflow(settings, tracker, [record], summaries, {"WNLI": record}, out, None)
+    session = session_over(tracker, settings, out)
+    assert not session.end([record], summaries, {"WNLI": record}, None, failed=False)
     printed = capsys.readouterr().out
     (line,) = [line for line in printed.splitlines() if line.startswith("registry: WNLI")]
     assert line.startswith(f"registry: WNLI: not registered: the MLflow store at {uri} refused it (FileNotFoundError")
@@ -52,7 +60,8 @@ def test_a_parent_run_the_store_refuses_at_the_end_is_one_line_and_the_results_s
     summaries = summarize([record], settings.tasks)
     write_results(out, [record], summaries)
     MlflowClient(tracking_uri=uri).delete_run(tracker.run_id)
-    assert not record_in_mlflow(settings, tracker, [record], summaries, {}, out, None)  # no exception, not complete
+    session = session_over(tracker, settings, out)
+    assert not session.end([record], summaries, {}, None, failed=False)  # no exception, not complete
     printed = capsys.readouterr().out
     (line,) = [line for line in printed.splitlines() if line.startswith("tracking: ")]
     assert line.startswith(f"tracking: the sweep's results were not all recorded in MLflow at {uri} (MlflowException: ")
@@ -63,7 +72,6 @@ def test_a_parent_run_the_store_refuses_at_the_end_is_one_line_and_the_results_s
 def test_an_analysis_that_fails_at_the_end_is_one_line_and_the_rest_goes_on(tmp_path: Path, cache_dir: Path,
                                                                             capsys, monkeypatch) -> None:
     import sweep.results.importance as importance
-    from sweep.app import finish
     from sweep.train.tiny_exports import export_tiny_classifier
 
     def broken(*args, **kwargs):
@@ -74,7 +82,7 @@ def test_an_analysis_that_fails_at_the_end_is_one_line_and_the_rest_goes_on(tmp_
     checkpoint = export_tiny_classifier(tmp_path / "checkpoint", cache_dir)
     record = TrialRecord(task="WNLI", seed=38, score=0.6, metrics={"acc": 0.6}, checkpoint=str(checkpoint))
     out = tmp_path / "out"
-    finish(settings, [record], out, [], tracker=None)  # no exception
+    end_of_sweep(settings, [record], out, [], NoTracking())  # no exception
     printed = capsys.readouterr().out
     assert "importance: not written (RuntimeError: the analysis broke)" in printed
     assert (out / "best" / "WNLI" / "config.json").is_file() and (out / "results.csv").is_file()
@@ -86,11 +94,10 @@ def test_a_sweep_that_learned_nothing_warns_and_registers_no_champion(tmp_path: 
     """The end of a chance-level sweep (issue 18): every seed at what a constant answer scores on the
     eval rows. One warning line for the task; its model is registered as a version, never champion;
     a task of the same sweep that did learn still becomes champion (a real sqlite store)."""
-    from sweep.app import finish
     from sweep.config.tasks import load_task
+    from sweep.outputs.trivial import task_trivial_score
     from sweep.tracking import CHAMPION
     from sweep.train.tiny_exports import export_tiny_classifier
-    from sweep.train.trivial import task_trivial_score
 
     settings = compose_settings("task=[WNLI,RTE]", "model=tiny-roberta", "sweep.seeds=[38,39]",
                                 f"storage.data_dir={synthetic_glue_dir}", "tracking.experiment=chance")
@@ -109,8 +116,9 @@ def test_a_sweep_that_learned_nothing_warns_and_registers_no_champion(tmp_path: 
                            run_id=trial.run_id)
 
     records = [record("WNLI", 38, trivial), record("WNLI", 39, trivial), record("RTE", 38, 0.99)]
-    summaries, complete = finish(settings, records, out, [], tracker=tracker)
-    assert complete  # every model exported and registered: a resume would have nothing to do
+    outcome = end_of_sweep(settings, records, out, [], session_over(tracker, settings, out))
+    summaries = outcome.summaries
+    assert outcome.complete  # every model exported and registered: a resume would have nothing to do
 
     printed = capsys.readouterr().out
     (warning,) = [line for line in printed.splitlines() if line.startswith("warning:")]
@@ -133,7 +141,6 @@ def test_a_model_trained_on_synthetic_rows_is_registered_never_champion_unless_t
                                                                                      capsys) -> None:
     """storage.synthetic_data=true (no data folder): the summary says SYNTHETIC, the version is registered and
     tagged data=synthetic, never champion; tracking.synthetic_champion=true lets it be."""
-    from sweep.app import finish
     from sweep.tracking import CHAMPION
     from sweep.train.tiny_exports import export_tiny_classifier
 
@@ -149,7 +156,7 @@ def test_a_model_trained_on_synthetic_rows_is_registered_never_champion_unless_t
         trial.end("FINISHED")
         record = TrialRecord(task="RTE", seed=38, score=0.99, metrics={"acc": 0.99}, checkpoint=checkpoint,
                              run_id=trial.run_id)
-        finish(settings, [record], tmp_path / run, [], tracker=tracker)
+        end_of_sweep(settings, [record], tmp_path / run, [], session_over(tracker, settings, tmp_path / run))
         printed = capsys.readouterr().out
         assert "data: SYNTHETIC (storage.synthetic_data=true)" in printed
         aliases = MlflowClient(tracking_uri=uri).get_registered_model("tiny-roberta-RTE").aliases

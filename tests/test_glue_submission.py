@@ -19,7 +19,7 @@ from sweep.data.glue import find_test_files, read_unlabeled
 from sweep.data.synthetic import write_synthetic_glue
 from sweep.errors import ConfigError, DataFormatError, ModelSourceError
 from sweep.models.quiet import quiet_transformers
-from sweep.serving.glue_submission import SUBMISSION_ZIP, write_submission
+from sweep.outputs.glue_submission import SUBMISSION_ZIP, write_submission
 from sweep.train.loading import load_for_task
 
 N_TEST = 37  # not a multiple of the batch size: the last, short batch is predicted too
@@ -255,7 +255,7 @@ def test_predict_test_is_a_checked_bool() -> None:
 
 def test_the_sweep_checks_every_test_file_before_any_trial(data_dir: Path, tmp_path: Path) -> None:
     """What app.run calls with sweep.predict_test=true, before tracking or Ray start: every task's test file read."""
-    from sweep.serving.glue_submission import check_test_files
+    from sweep.outputs.glue_submission import check_test_files
 
     tasks = [load_task("WNLI"), load_task("RTE"), load_task("MNLI")]
     check_test_files(tasks, data_dir)  # the synthetic files, MNLI's two and AX, are fine

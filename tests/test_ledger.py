@@ -271,13 +271,14 @@ def test_the_records_of_trials_an_earlier_launch_ended_come_from_the_ledger_and_
 
 
 def test_an_end_whose_best_checkpoint_storage_lost_says_so_in_one_line(tmp_path: Path, capsys) -> None:
-    from sweep.app import export_one
     from sweep.config.validate import compose_settings
+    from sweep.outputs.export import ExportBest, model_writer
     from sweep.results.records import TrialRecord
 
     settings = compose_settings("experiment=demo")
     record = TrialRecord(task="WNLI", seed=38, score=0.7, checkpoint=str(tmp_path / "gone" / "checkpoint_000001"))
-    assert export_one(settings, record, tmp_path / "out", None, "acc") is None
+    export = ExportBest(settings.tasks, settings.model.name, model_writer("full", settings.tasks, Path), False)
+    assert export.export_one(record, tmp_path / "out") is None
     line = capsys.readouterr().out.strip()
     assert line.startswith("best WNLI: not exported: the best trial's checkpoint (seed 38) is not in storage (")
     assert "\n" not in line and not (tmp_path / "out" / "best" / "WNLI").exists()

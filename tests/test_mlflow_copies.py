@@ -1,5 +1,5 @@
 """The sweep's MLflow records kept in storage.output_prefix while it runs, and taken back by a resumed sweep on
-a new head (sweep/storage/mlflow_copies.py), against a real S3 endpoint (moto_server) and real sqlite stores.
+a new head (sweep/tracking/store_copies.py), against a real S3 endpoint (moto_server) and real sqlite stores.
 Ray-free: the Tune callback only calls ``StoreCopies``."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sweep.storage.mlflow_copies import PARENT_FILE, StoreCopies, restore_store
-from sweep.storage.mlflow_upload import ARTIFACTS, DB_NAME
+from sweep.tracking.store_copies import PARENT_FILE, StoreCopies, restore_store
+from sweep.tracking.store_upload import ARTIFACTS, DB_NAME
 from tests.helpers.s3 import s3_env
 from tests.test_mlflow_upload import EXPERIMENT, empty_store, make_store  # noqa: F401 - the fixture
 

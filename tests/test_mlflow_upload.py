@@ -1,4 +1,4 @@
-"""The sweep's sqlite MLflow store to S3 after the sweep (sweep/storage/mlflow_upload.py), against a real
+"""The sweep's sqlite MLflow store to S3 after the sweep (sweep/tracking/store_upload.py), against a real
 S3 endpoint (moto_server): uploaded, downloaded elsewhere, opened with MLflow; a failed upload is one line."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sweep.storage.mlflow_upload import (
+from sweep.testing.services import ACCESS_KEY, SECRET_KEY
+from sweep.tracking.store_upload import (
     ARTIFACTS,
     DB_NAME,
     relocate,
@@ -22,7 +23,6 @@ from sweep.storage.mlflow_upload import (
     sweep_store,
     upload_mlflow,
 )
-from sweep.testing.services import ACCESS_KEY, SECRET_KEY
 from tests.helpers.s3 import s3_env
 
 EXPERIMENT = "glue-tiny-roberta"
@@ -228,11 +228,13 @@ def test_relocate_rewrites_only_locations_under_the_artifacts_root(tmp_path: Pat
 @pytest.mark.parametrize("kind", ["mlflow", "none"])
 def test_upload_outputs_sends_the_store_beside_the_results(kind, moto_server, monkeypatch,
                                                            tmp_path: Path, empty_store) -> None:
-    """sweep.app.upload_outputs: the best models and results, then (tracking=mlflow) the store."""
+    """The end's upload step: the best models and results, then (tracking=mlflow) the session's store."""
     import boto3
 
-    from sweep.app import upload_outputs
     from sweep.config.validate import compose_settings
+    from sweep.outputs.publish import UploadOutputs
+    from sweep.outputs.steps import Outcome
+    from sweep.tracking.session import tracking_session
 
     s3_env(monkeypatch, moto_server)
     boto3.client("s3").create_bucket(Bucket="results")
@@ -244,7 +246,9 @@ def test_upload_outputs_sends_the_store_beside_the_results(kind, moto_server, mo
     settings = compose_settings("experiment=demo", f"tracking={kind}",
                                 *([f"tracking.uri={uri}"] if kind == "mlflow" else []),
                                 "storage.output_prefix=s3://results/run1")
-    upload_outputs(settings, out_dir)
+    storage = settings.storage
+    session = tracking_session(settings.tracking, storage, settings.model.name, settings.tasks, out_dir, False)
+    UploadOutputs(storage.output_prefix, storage.endpoint, storage.region, session).run(Outcome([], out_dir))
     keys = {o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="results")["Contents"]}
     assert {"run1/best/RTE/config.json", "run1/results.json"} <= keys
     assert ("run1/mlflow/mlflow.db" in keys) == (kind == "mlflow")

@@ -1,6 +1,6 @@
 """``sweep upload-mlflow sqlite:////ABS/mlflow.db s3://BUCKET/PREFIX/mlflow [--endpoint URL] [--region R]``
 
-By hand, what a sweep with ``storage.output_prefix`` does when it ends (sweep/storage/mlflow_upload.py):
+By hand, what a sweep with ``storage.output_prefix`` does when it ends (sweep/tracking/store_upload.py):
 a consistent copy of the sqlite MLflow store, its artifact locations made relative, and its artifacts,
 under the destination. A failed upload at the end of a sweep prints this command (as ``python -m sweep
 upload-mlflow …``).
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from sweep.failures import first_line
 from sweep.secrets import scrub
-from sweep.storage.mlflow_upload import DB_NAME, sqlite_file, upload_store
+from sweep.tracking.store_upload import DB_NAME, sqlite_file, upload_store
 
 PROG = "sweep upload-mlflow"
 

@@ -12,7 +12,7 @@ Every layout is normalized to the columns ``text_a``, ``text_b`` (pair tasks onl
 folders of .txt files) are read by ``sweep.data.lm``; batches are made in ``sweep.data.collate``.
 
 A task's unlabeled test split(s) (GLUE TSV layout only) are read by ``read_unlabeled``, for a
-GLUE submission (``sweep.serving.glue_submission``).
+GLUE submission (``sweep.outputs.glue_submission``).
 """
 
 from __future__ import annotations

@@ -5,12 +5,14 @@ resume it), and turn Tune's results into records (``records.py``).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from sweep.cluster.connect import beside_the_driver, connect, quiet_ray
+from sweep.config.metric_names import MetricFn
 from sweep.config.settings import Settings
+from sweep.driver.extensions import Extensions
 from sweep.driver.sweep_plan import SweepPlan, plan_sweep
 from sweep.hooks.ledger_entries import KeepTheLedger
 from sweep.ledger import Ledger, TrialEntry, identity_of, left_to_run, resuming_line
@@ -20,18 +22,22 @@ from sweep.plan.scale import TrialResources
 from sweep.plan.sizes import EXPERIMENT
 from sweep.results.outcome import SavedTrial
 from sweep.results.records import TrialRecord
-from sweep.schedulers.policies import SchedulerPolicy, SweepPolicies, policies_for
+from sweep.schedulers.policies import SCHEDULERS, SchedulerPolicy, SweepPolicies, policies_for
 from sweep.storage.staging import DriverSources, check_sources
+from sweep.tracking.session import NoTracking
 from sweep.trials import CHECKPOINT_RANK, TrialHistories, point_of, trial_of
 
 
-def run_tune(settings: Settings, out_dir: Path, tracking=None,
-             sources: DriverSources | None = None) -> tuple[list[TrialRecord], list[Path | str]]:
+def run_tune(settings: Settings, out_dir: Path, session=None,
+             sources: DriverSources | None = None,
+             extensions: Extensions | None = None) -> tuple[list[TrialRecord], list[Path | str]]:
     """Run every trial of the sweep in one Tune run (or resume it).
 
+    ``session``: the sweep's tracking session, open (sweep/tracking/session.py; None: no tracking).
     ``sources``: what the driver's check of the sources found (``staging.check_sources``, which the
     sweep ran before tracking started; checked here when not given), passed down to the staging on
-    every node and to the plan. Returns the records and the folders holding the trials' checkpoints
+    every node and to the plan. ``extensions``: the user's scheduler policy, Tune callbacks and metrics
+    (``sweep.run``'s, checked there). Returns the records and the folders holding the trials' checkpoints
     (their URIs on remote storage).
     """
     if sources is None:
@@ -44,7 +50,8 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None,
     # cleanly, its state saved for resume=true.
     with stop_signals() as stop:
         try:
-            return _run_tune(settings, sources, out_dir, tracking, stop)
+            return _run_tune(settings, sources, out_dir, session or NoTracking(), stop,
+                             extensions or Extensions())
         except KeyboardInterrupt:  # SweepStopped: the trials are stopped, the request withdrawn
             if started_ray:
                 import ray
@@ -53,8 +60,8 @@ def run_tune(settings: Settings, out_dir: Path, tracking=None,
             raise
 
 
-def _run_tune(settings: Settings, sources: DriverSources, out_dir: Path, tracking,
-              stop) -> tuple[list[TrialRecord], list[Path | str]]:
+def _run_tune(settings: Settings, sources: DriverSources, out_dir: Path, session: NoTracking,
+              stop, extensions: Extensions) -> tuple[list[TrialRecord], list[Path | str]]:
     from sweep.cluster.request import request_trial_resources
     from sweep.driver.tune_results import (
         TrialConfigs,
@@ -65,19 +72,24 @@ def _run_tune(settings: Settings, sources: DriverSources, out_dir: Path, trackin
     )
 
     plan = plan_sweep(settings, sources, out_dir)
-    policies = policies_for(settings.sweep)  # the scheduler and searcher, asked from here on
+    policies = policies_for(settings.sweep, extensions.scheduler)  # the scheduler and searcher, asked from here on
     launch_id = uuid.uuid4().hex[:8]
     # the handle keeps the board alive for the sweep's duration
     rungs_board, board_handle = start_rungs_board(settings, policies.scheduler, plan.storage.experiment, plan.total,
                                                   plan.storage.histories)
-    callbacks, progress, trial_runs = sweep_callbacks(settings, plan, tracking, launch_id, board_handle)
+    callbacks, progress, trial_runs = sweep_callbacks(settings, plan, session.trials, launch_id, board_handle,
+                                                      policies.scheduler)
     configs = TrialConfigs()  # a trial killed before its first report still has a task and seed
     callbacks.append(configs)
-    if tracking is not None and settings.storage.output_prefix:  # records that outlive the head's disk
-        callbacks.append(record_copies(settings, tracking.uri, out_dir))
+    copies = session.record_copies()  # with storage.output_prefix: records that outlive the head's disk
+    if copies is not None:
+        from sweep.hooks.record_copies import CopyTheRecords
+
+        callbacks.append(CopyTheRecords(copies))
     ledger = Ledger(plan.storage.root)
     callbacks.append(KeepTheLedger(ledger))  # each trial's state, for a resume that Tune's snapshot cannot give
-    tuner, left = make_tuner(settings, policies, plan, callbacks, launch_id, rungs_board, ledger)
+    callbacks.extend(extensions.callbacks)  # the user's own, after the sweep's
+    tuner, left = make_tuner(settings, policies, plan, callbacks, launch_id, rungs_board, ledger, extensions.metrics)
     kept = list(left.kept.values()) if left is not None else []
     progress.count_ended(kept)
     try:
@@ -126,7 +138,8 @@ def fit_sweep(tuner):
         raise SweepFailed(f"Tune's run ended on {error_line(e)}") from e
 
 
-def sweep_callbacks(settings: Settings, plan: SweepPlan, tracking, launch_id: str, board_handle):
+def sweep_callbacks(settings: Settings, plan: SweepPlan, tracking, launch_id: str, board_handle,
+                    scheduler: SchedulerPolicy | None = None):
     """Tune's callbacks on the driver; also the progress line and the MLflow runs' callback (None
     without tracking), which the caller closes."""
     from sweep.hooks.disk_stop import StopOnDiskFull
@@ -136,11 +149,11 @@ def sweep_callbacks(settings: Settings, plan: SweepPlan, tracking, launch_id: st
     from sweep.hooks.staging_lines import StagingLines
     from sweep.plan.scale import NodeWait
 
-    progress = SweepProgress(settings, plan.total, plan.forecast)
+    progress = SweepProgress(settings, plan.total, plan.forecast, scheduler)
     # a full disk ends the sweep with its one line; late nodes' staging lines reach this terminal
     # ... and an ended trial's per-metric analysis, which nothing reads, leaves the driver's memory
     callbacks = [progress, StopOnDiskFull(), StagingLines(plan.staging.relay), ForgetEndedTrialMetrics()]
-    trial_runs = TrialRuns(settings, tracking, launch_id, board_handle) if tracking is not None else None
+    trial_runs = TrialRuns(settings, tracking, launch_id, board_handle, scheduler) if tracking is not None else None
     if trial_runs is not None:  # every trial's MLflow run, logged here from its reports (no node talks to MLflow)
         callbacks.append(trial_runs)
     if plan.first.waiting:
@@ -151,17 +164,8 @@ def sweep_callbacks(settings: Settings, plan: SweepPlan, tracking, launch_id: st
     return callbacks, progress, trial_runs
 
 
-def record_copies(settings: Settings, tracking_uri: str, out_dir: Path):
-    from sweep.hooks.store_copies import CopyTheRecords
-    from sweep.storage.mlflow_copies import StoreCopies
-
-    storage = settings.storage
-    return CopyTheRecords(StoreCopies(tracking_uri, storage.output_prefix, Path(out_dir), storage.endpoint,
-                                      storage.region, settings.tracking.copy_every_s))
-
-
 def make_tuner(settings: Settings, policies: SweepPolicies, plan: SweepPlan, callbacks: list, launch_id: str,
-               rungs_board: str | None, ledger: Ledger):
+               rungs_board: str | None, ledger: Ledger, metrics: Mapping[str, MetricFn] | None = None):
     """One Tuner over every trial, or (resume) over those the sweep's ledger says are left; a sweep begun
     before the ledger is restored from Tune's own state. Returns it and what is left (None: Tune's restore)."""
     from ray import tune
@@ -172,6 +176,8 @@ def make_tuner(settings: Settings, policies: SweepPolicies, plan: SweepPlan, cal
     trainable = tune.with_parameters(
         train_driver_fn, settings=settings, sizes=plan.sizes, storage=plan.storage, launch_id=launch_id,
         rungs_board=rungs_board, staging=plan.staging,
+        # the user's scheduler policy for the trials to ask (None: they build the config's) and metrics
+        scheduler=None if _built_in(policies.scheduler) else policies.scheduler, metrics=dict(metrics or {}),
     )
     trainable = tune.with_resources(trainable, ResourcesByTask(plan.sizes))
     # a trial whose saved checkpoint a kill left deleted goes on from its newest whole one (not only on resume)
@@ -367,3 +373,8 @@ def _tune_scheduler(scheduler: SchedulerPolicy, rungs_board: str | None) -> dict
     Tune's default."""
     tune_scheduler = scheduler.tune_scheduler(rungs_board)
     return {} if tune_scheduler is None else {"scheduler": tune_scheduler}
+
+
+def _built_in(scheduler: SchedulerPolicy) -> bool:
+    """One of the policies sweep.scheduler names: the trials build it again from the config (nothing to pickle)."""
+    return type(scheduler) in SCHEDULERS.values()

@@ -1,7 +1,7 @@
 """Did a task learn anything? Its best score against the trivial score, within the noise of its eval rows.
 
 The trivial score is what a model that ignores its input scores on the rows the trials were scored
-on (``sweep.train.metrics.trivial_metrics``, read from the eval labels by ``sweep.train.trivial``).
+on (``sweep.train.metrics.trivial_metrics``, read from the eval labels by ``sweep.outputs.trivial``).
 A best score within noise of it is no evidence of learning: the summary says so, the plot draws the
 line, and the registry does not promote such a model to champion.
 """

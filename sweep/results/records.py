@@ -149,7 +149,7 @@ def format_points(records: list[TrialRecord], specs: list[TaskSpec], aggregate: 
 def summarize(records: list[TrialRecord], specs: list[TaskSpec], aggregate: str | None = None,
               trivial: Mapping[str, TrivialScore] | None = None) -> list[TaskSummary]:
     """Per task: the seeds' statistics, the best trial and, with ``trivial`` (task -> its trivial score on
-    the eval rows, ``sweep.train.trivial``), whether that best learned anything."""
+    the eval rows, ``sweep.outputs.trivial``), whether that best learned anything."""
     best = best_per_task(records, specs, aggregate)
     out = []
     for spec in specs:

@@ -11,8 +11,6 @@
 - ``hub_data.py``:   the data folder built from the Hub's snapshots (GLUE configs linked, WikiText rows as text)
 - ``shipping.py``:   the driver's own folders (storage=local) packed for, and unpacked on, nodes that lack them
 - ``folder_upload.py``: pack and upload folders the way ``storage=s3`` reads them (the command: ``sweep upload``)
-- ``mlflow_upload.py``: after the sweep, a sqlite MLflow store (a consistent copy) and its artifacts to
-                    ``<output_prefix>/mlflow/``, openable where it is downloaded
-- ``mlflow_copies.py``: the same while the sweep runs (``StoreCopies``), and taken back by a resumed sweep on
-                    a new cluster (``restore_store``)
+
+The MLflow store's copies to S3 are tracking's (sweep/tracking/store_upload.py, store_copies.py), on ``s3.py``.
 """

@@ -21,6 +21,12 @@ what is left is one file for ``sweep replay FILE [--uri URI]`` (sweep/cli/replay
 - ``registry.py``:  ``register_best``: a new model version, alias champion only when it beats the champion
 - ``model_flavor.py``: the best model as an MLflow Model (transformers flavor) on its trial's run; a logged
                     model's files back into one folder for the server
+- ``store_upload.py``: after the sweep, a sqlite store (a consistent copy) and its artifacts to
+                    ``<output_prefix>/mlflow/``, openable where it is downloaded (over sweep/storage/s3.py)
+- ``store_copies.py``: the same while the sweep runs (``StoreCopies``), taken back by a resumed sweep on a new
+                    cluster (``restore_store``)
+- ``session.py``:   ``TrackingSession``: every MLflow call of one sweep behind one object (``NoTracking``:
+                    tracking=none), what the driver, the hooks and the end of the sweep call
 - ``replaying.py``: ``replay`` kept calls into a store (the command: ``sweep replay``)
 - ``ui_urls.py``:   MLflow's UI on a store: the URLs of a sweep's runs, ``mlflow server``'s command (``sweep ui``)
 - ``ui_app.py``:    the ``mlflow.app`` plugin ``sweep ui`` starts the server with: a landing page that opens a

@@ -5,7 +5,6 @@
 - ``lora.py``:         LoRA / QLoRA through PEFT: adapters on the frozen base, target checks, the merged export
 - ``loading.py``:      a model folder -> tokenizer and model with the task's head; the device
 - ``metrics.py``:      GLUE metrics, perplexity, the selection score and the trivial (best constant answer) score
-- ``trivial.py``:      each task's trivial score from the eval labels, on the driver (results/chance judges it)
 - ``sequential.py``:   every trial one after another in this process (the baseline the benchmarks compare to)
 - ``tiny_exports.py``: tiny untrained models in the layout a sweep exports (tests, the serving benchmark, a demo)
 """

@@ -1,7 +1,7 @@
 """The sweep's sqlite MLflow store to S3 when the sweep ends, so its records outlive the head's disk.
 
 A KubeRay RayJob deletes its cluster, and with it the head's ``sqlite:///mlflow.db``, when the sweep ends.
-With ``storage.output_prefix`` set, the driver (``sweep.app.upload_outputs``) writes, under
+With ``storage.output_prefix`` set, the end of the sweep (sweep/outputs/publish.py, ``UploadOutputs``) writes, under
 ``<output_prefix>/mlflow/``:
 
     mlflow.db      a consistent copy of the store (sqlite3's backup API, never the raw file being written),

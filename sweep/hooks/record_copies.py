@@ -1,12 +1,12 @@
 """The Tune callback that keeps a copy of the sweep's MLflow records in ``storage.output_prefix`` while it
-runs (sweep/storage/mlflow_copies.py does the work, on its own thread): one when the sweep starts (the
+runs (sweep/tracking/store_copies.py does the work, on its own thread): one when the sweep starts (the
 parent's id), after each trial that ended, and every few minutes while trials run."""
 
 from __future__ import annotations
 
 from ray.tune import Callback
 
-from sweep.storage.mlflow_copies import StoreCopies
+from sweep.tracking.store_copies import StoreCopies
 
 
 class CopyTheRecords(Callback):

@@ -1,7 +1,7 @@
 """The sweep's MLflow records kept in ``storage.output_prefix`` while it runs, and taken back by a resumed
 sweep on a new cluster (Kueue preempted the RayJob: the head went, its disk with it).
 
-While the sweep runs, ``StoreCopies`` writes what ``mlflow_upload`` writes at the end (a consistent,
+While the sweep runs, ``StoreCopies`` writes what ``store_upload`` writes at the end (a consistent,
 relocated copy of a ``sqlite:///`` store and its new artifact files, under ``<output_prefix>/mlflow/``)
 after each trial that ended and every ``every_s`` seconds, on one background thread: never in Tune's
 event loop, never two at once. Beside it, the parent run's identity (``mlflow-parent.json``), for any
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sweep.failures import first_line
-from sweep.storage.mlflow_upload import ARTIFACTS, DB_NAME, SUBDIR, sqlite_file, text_columns, upload_store
+from sweep.tracking.store_upload import ARTIFACTS, DB_NAME, SUBDIR, sqlite_file, text_columns, upload_store
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class StoreCopies:
 
 
 def unrelocate(db: Path, artifact_root: Path) -> int:
-    """The reverse of ``mlflow_upload.relocate`` in a downloaded copy: each ``mlartifacts/...`` location
+    """The reverse of ``store_upload.relocate`` in a downloaded copy: each ``mlartifacts/...`` location
     becomes this machine's ``file://<artifact_root>/...``."""
     root = artifact_root.resolve().as_uri()
     changed = 0
