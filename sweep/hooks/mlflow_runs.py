@@ -28,7 +28,7 @@ from ray.tune import Callback
 
 from sweep.config.settings import Settings, with_hparams
 from sweep.failures import first_line
-from sweep.schedulers.policies import policies_for
+from sweep.schedulers.policies import SchedulerPolicy, policies_for
 from sweep.trials import Report, sweep_trial_id, trial_of
 
 log = logging.getLogger(__name__)
@@ -71,10 +71,11 @@ class TrialRuns(Callback):
     says why a trial it stopped ended.
     """
 
-    def __init__(self, settings: Settings, tracking, launch_id: str, rungs_board=None) -> None:
+    def __init__(self, settings: Settings, tracking, launch_id: str, rungs_board=None,
+                 scheduler: SchedulerPolicy | None = None) -> None:
         self.settings, self.tracking, self.launch_id, self.board = settings, tracking, launch_id, rungs_board
         # PBT changes these mid-run: a run's name keeps to what names the trial (task, seed, grid point)
-        self.mutated = set(policies_for(settings.sweep).scheduler.mutations)
+        self.mutated = set(policies_for(settings.sweep, scheduler).scheduler.mutations)
         # a search's samples (and PBT's trials, named without their mutated values) may share a point:
         # names add the number
         self.sampled = bool(settings.sweep.search) or bool(self.mutated)

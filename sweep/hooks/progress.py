@@ -14,7 +14,7 @@ from sweep.config.settings import Settings
 from sweep.failures import error_line
 from sweep.plan.eta import Forecast
 from sweep.results.records import rank_key
-from sweep.schedulers.policies import policies_for
+from sweep.schedulers.policies import SchedulerPolicy, policies_for
 from sweep.trials import Report, point_of, trial_key, trial_of
 
 
@@ -24,7 +24,8 @@ def _clock(seconds: float) -> str:
 
 
 class SweepProgress(Callback):
-    def __init__(self, settings: Settings, total: int, forecast: Forecast | None = None):
+    def __init__(self, settings: Settings, total: int, forecast: Forecast | None = None,
+                 scheduler: SchedulerPolicy | None = None):
         self.total = total
         self.forecast = forecast  # the ETA from the trials' costs, then their observed pace
         self.epochs = settings.train.epochs
@@ -37,7 +38,7 @@ class SweepProgress(Callback):
         self.failed = 0
         self.start = time.time()
         self.last_line = ""
-        self.pauses = policies_for(settings.sweep).scheduler.pauses_trials
+        self.pauses = policies_for(settings.sweep, scheduler).scheduler.pauses_trials
         self.waiting: str | None = None  # what the sweep waits for from the autoscaler (WaitForNodes sets it)
 
     def _on_forecast(self, method: str, *args: Any) -> Any:

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from sweep.config.metric_names import BUILT_IN
 from sweep.config.settings import TrainConfig
 from sweep.config.tasks import TaskSpec
 from sweep.plan.costs import DataVolume, StepCost, trained_rows
@@ -72,7 +73,10 @@ def probe_step_cost(spec: TaskSpec, model_dir: Path, data_dir: Path, train: Trai
 
         from sweep.train.loop import setup
 
-        run = setup(spec, model_dir, data_dir, small, seed=0, device=torch.device("cpu"),
+        # it times, it picks nothing: a built-in metric stands in for the user's own (sweep.run(metrics=...)),
+        # which only the trials compute
+        timed = replace(spec, metric=BUILT_IN[spec.kind][0])
+        run = setup(timed, model_dir, data_dir, small, seed=0, device=torch.device("cpu"),
                     cache_dir=cache_dir if spec.kind == "causal_lm" else None)
         setup_seconds = time.perf_counter() - started
         with CpuLoadMeter() as meter:

@@ -27,7 +27,11 @@ Board = tuple[type, dict[str, Any]]  # a rungs board's class and its keyword arg
 
 class SchedulerPolicy:
     """What a ``sweep.scheduler`` means for the rest of the sweep; the answers of one that does nothing
-    beyond running every trial to its end."""
+    beyond running every trial to its end.
+
+    Public (``sweep.SchedulerPolicy``): a subclass's instance passed as ``sweep.run(settings, scheduler=...)``
+    is asked instead of the one ``sweep.scheduler`` names, on the driver and (pickled) in every trial.
+    """
 
     # pauses trials (their slot lent, resumed later from their checkpoint): Tune's searcher gets no
     # concurrency limit, the progress line counts the paused, DDP trials are refused (validate)
@@ -172,10 +176,13 @@ SCHEDULERS: dict[str, type[SchedulerPolicy]] = {
 SEARCHERS: dict[str, type[SearcherPolicy]] = {"random": RandomSearchPolicy, "optuna": OptunaSearchPolicy}
 
 
-def policies_for(sweep: SweepConfig) -> SweepPolicies:
-    """The sweep's scheduler and searcher policies, from its (validated) config."""
-    scheduler = _chosen(SCHEDULERS, "sweep.scheduler", sweep.scheduler)
+def policies_for(sweep: SweepConfig, own: SchedulerPolicy | None = None) -> SweepPolicies:
+    """The sweep's scheduler and searcher policies, from its (validated) config; ``own``: the user's scheduler
+    policy (``sweep.run(scheduler=...)``), used instead of the one ``sweep.scheduler`` names."""
     searcher = _chosen(SEARCHERS, "sweep.search_alg", sweep.search_alg)
+    if own is not None:
+        return SweepPolicies(scheduler=own, searcher=searcher(sweep))
+    scheduler = _chosen(SCHEDULERS, "sweep.scheduler", sweep.scheduler)
     return SweepPolicies(scheduler=scheduler(sweep), searcher=searcher(sweep))
 
 

@@ -36,7 +36,8 @@ import shutil
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ from ray import tune
 from ray.train import Checkpoint, CheckpointConfig, FailureConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
+from sweep.config.metric_names import MetricFn
 from sweep.config.settings import Settings, TrainConfig, with_hparams
 from sweep.config.tasks import TaskSpec
 from sweep.disk import folder_size, writing
@@ -57,7 +59,7 @@ from sweep.plan.rung_boards import ASHA_NAMESPACE, EarlyStop, EvalPoint
 from sweep.plan.rungs import past_rung
 from sweep.plan.scale import TrialResources
 from sweep.plan.sizes import SweepStorage
-from sweep.schedulers.policies import policies_for
+from sweep.schedulers.policies import SchedulerPolicy, policies_for
 from sweep.trial.tune_reports import fit_reporting_to_tune
 from sweep.trials import (
     CHECKPOINT_MARKER,
@@ -95,6 +97,10 @@ class TrialContext:
     # the checkpoint (URI) an earlier launch's trial reached, as the ledger has it: where a resumed
     # launch's first start of this trial goes on from (Tune's own retries go on from Tune's)
     continues_from: str | None = None
+    # sweep.run(scheduler=, metrics=): the user's scheduler policy (None: the one sweep.scheduler names) and
+    # metric functions, pickled with the context (Ray sends it to the trial's process)
+    scheduler: SchedulerPolicy | None = None
+    metrics: Mapping[str, MetricFn] = field(default_factory=dict)
 
     @property
     def in_trial_process(self) -> bool:  # Train's local mode: report to Tune directly
@@ -139,7 +145,7 @@ class EvaluationReporter:
         # the rows after its own checkpoint are redone; after an exploit its own past stays
         self.history = history_to_go_on_from(history, resumed_from, ctx.trial_id) if resumed_from else history
         self.board = ray.get_actor(ctx.rungs_board, namespace=ASHA_NAMESPACE) if ctx.rungs_board else None
-        scheduler = policies_for(ctx.settings.sweep).scheduler
+        scheduler = policies_for(ctx.settings.sweep, ctx.scheduler).scheduler
         # PBT's mutated keys ({} otherwise): reported each evaluation; a row written before its report
         self.mutated: dict[str, Any] = scheduler.mutations
         halving = scheduler.halving  # seed halving's rung, None when the sweep does not halve seeds
@@ -316,7 +322,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
                 rank=rank, world_size=world,
                 wrap_model=partial(ray.train.torch.prepare_model, move_to_device=device) if world > 1 else None,
             ),
-            device=device,
+            device=device, metrics=ctx.metrics,
         )
     except EarlyStop as stop:
         # a finished trial with fewer steps; its best checkpoint is already reported
@@ -413,7 +419,8 @@ def _has_nccl() -> bool:
 
 
 def train_driver_fn(config: dict[str, Any], settings: Settings, sizes: dict[str, TrialResources], storage: SweepStorage,
-                    launch_id: str, rungs_board: str | None = None, staging=None) -> None:
+                    launch_id: str, rungs_board: str | None = None, staging=None,
+                    scheduler: SchedulerPolicy | None = None, metrics: Mapping[str, MetricFn] | None = None) -> None:
     """The Tune trainable: one TorchTrainer run for this (task, seed, hparams)."""
     os.environ.setdefault(REUSE_WAIT_ENV, REUSE_WAIT_S)  # read in this process by the next trial's reset
     # an earlier launch's trial goes on under its id (the ledger's): its history, Train run and MLflow run
@@ -424,6 +431,7 @@ def train_driver_fn(config: dict[str, Any], settings: Settings, sizes: dict[str,
         trial_id=trial_id, launch_id=launch_id, driver_started=time.time(), histories=storage.histories,
         size=sizes[task], rungs_board=rungs_board, staging=staging,
         continues_from=(config.get("continues") or {}).get("checkpoint"),
+        scheduler=scheduler, metrics=dict(metrics or {}),
     )
     done = _finished_before(ctx)
     if done is not None:  # finished before a killed driver's Tune state recorded it: report, don't rerun
