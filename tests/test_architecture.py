@@ -625,3 +625,53 @@ def test_a_nodes_staging_task_imports_no_tune() -> None:
     check = "import sys, sweep.cluster.stage_nodes; print(sorted(m for m in sys.modules if m.startswith('ray.tune')))"
     printed = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True).stdout
     assert printed.strip() == "[]", printed
+
+# ---- the public API is sweep.__all__ (docs/api.md): the docs use nothing else -------------------------
+
+PUBLIC_DOCS = (PACKAGE.parent / "README.md", *sorted((PACKAGE.parent / "docs").glob("*.md")))
+
+
+def non_public_uses(code: str, public: set[str]) -> list[str]:
+    """What a snippet takes from sweep beyond ``public``: a submodule imported, a name not in it."""
+    found = []
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.startswith("sweep.")]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "sweep":
+            names = [node.module] if node.module != "sweep" else [f"sweep.{a.name}" for a in node.names]
+            found += [n for n in names if n.removeprefix("sweep.") not in public]
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "sweep":
+            found += [f"sweep.{node.attr}"] if node.attr not in public else []
+    return found
+
+
+def python_blocks(text: str) -> list[str]:
+    import re
+
+    return re.findall(r"^```python\n(.*?)^```", text, re.M | re.S)
+
+
+def test_the_docs_python_uses_only_the_public_api() -> None:
+    import sweep
+
+    found = [f"{path.name}: {use}" for path in PUBLIC_DOCS for block in python_blocks(path.read_text())
+             for use in non_public_uses(block, set(sweep.__all__))]
+    assert found == []
+    assert any("sweep.run(" in b for b in python_blocks((PACKAGE.parent / "docs" / "api.md").read_text()))
+
+
+def test_the_public_check_can_fail() -> None:
+    code = ("import sweep\nimport sweep.app\nfrom sweep.config.validate import compose\n"
+            "from sweep import run, app\nsweep.errors")
+    assert non_public_uses(code, {"run"}) == ["sweep.app", "sweep.config.validate", "sweep.app", "sweep.errors"]
+
+
+def test_the_public_names_are_all_and_each_resolves_to_its_home() -> None:
+    import importlib
+
+    import sweep
+
+    homes = vars(sweep)["_HOMES"]  # the package's own table (not an import of a private name)
+    assert sorted(sweep.__all__) == sorted(homes) == sorted(set(sweep.__all__))
+    for name, home in homes.items():
+        assert getattr(sweep, name) is getattr(importlib.import_module(home), name), name
