@@ -88,7 +88,7 @@ def main() -> int:
             write_results(out, records, summarize(records, settings.tasks))
 
         def importance() -> None:
-            assert report_importance(records, settings, out) is not None
+            assert report_importance(records, settings.tasks, settings.sweep, out) is not None
 
         def expected_max() -> None:
             curves = sweep_curves(records, settings.tasks)
@@ -98,7 +98,7 @@ def main() -> int:
         runs = {name: timed(step, args.repeats) for name, step in
                 (("baseline", baseline), ("importance", importance), ("expected_max", expected_max))}
         with contextlib.redirect_stdout(io.StringIO()) as lines:
-            report_importance(records, settings, out)
+            report_importance(records, settings.tasks, settings.sweep, out)
 
     print(f"{len(settings.tasks)} tasks x {len(seeds)} seeds x {len(GRID['lr']) * len(GRID['batch_size'])} points "
           f"= {len(records)} records; {args.repeats} repeats; python {sys.version.split()[0]}")

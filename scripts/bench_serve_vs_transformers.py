@@ -122,8 +122,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from scripts.cpu_hog import hog_command, wait_until_ready  # noqa: E402
-from sweep.cpus import CGROUP_ROOT, proc_cgroups  # noqa: E402
 from sweep.models.tiny import build_tiny_model  # noqa: E402
+from sweep.plan.cpus import CGROUP_ROOT, proc_cgroups  # noqa: E402
 from sweep.serving.server import ServeOptions  # noqa: E402
 from sweep.testing.local_cluster import free_port  # noqa: E402
 

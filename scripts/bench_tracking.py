@@ -54,9 +54,9 @@ import psutil
 
 from sweep.config.validate import compose_settings
 from sweep.hooks.mlflow_runs import TrialRuns, evaluation_metrics, run_name
+from sweep.results.trial_reports import CHECKPOINT_RANK, Report, checkpoint_rank
 from sweep.testing.local_cluster import free_port
 from sweep.tracking import SweepTracker, TrialLogger, TrialTracking
-from sweep.trials import CHECKPOINT_RANK, Report, checkpoint_rank
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = "WNLI"

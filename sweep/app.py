@@ -84,11 +84,11 @@ def run(settings: Settings | DictConfig, out_dir: str | os.PathLike[str] | None 
 
 def planned_identities(settings: Settings) -> list[str]:
     """Every trial's ledger identity for this command (task, seed, grid point, sample round)."""
-    from sweep.ledger import identity_of
     from sweep.plan.costs import grid_points
+    from sweep.results.ledger import identity_of
 
     return [identity_of(spec.name, seed, point, r) for r in range(settings.sweep.num_samples)
-            for spec in settings.tasks for seed in settings.sweep.seeds for point in grid_points(settings)]
+            for spec in settings.tasks for seed in settings.sweep.seeds for point in grid_points(settings.sweep)]
 
 
 def ended_before(settings: Settings, ledger, out: Path) -> list[TaskSummary]:
@@ -107,8 +107,8 @@ def ended_before(settings: Settings, ledger, out: Path) -> list[TaskSummary]:
 
 
 def sweep_ledger(settings: Settings, out_dir: Path):
-    """The sweep's ledger (sweep/ledger.py) in its storage path: ``cluster.storage_path``, else out_dir/ray."""
-    from sweep.ledger import Ledger
+    """The sweep's ledger (sweep/results/ledger.py) in its storage path: ``cluster.storage_path``, else out_dir/ray."""
+    from sweep.results.ledger import Ledger
 
     return Ledger(settings.cluster.storage_path or str(out_dir / "ray"))
 

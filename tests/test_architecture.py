@@ -11,20 +11,19 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "sweep"
-# Where Ray may be imported: the cluster, the schedulers and searchers, the Tune hooks, the trial, the
-# driver, the Jobs client and the test clusters. Everything below them is plain Python.
-RAY_ROOMS = ("sweep.cluster", "sweep.schedulers", "sweep.hooks", "sweep.trial", "sweep.driver",
-             "sweep.ray_jobs", "sweep.testing")
+# Where Ray may be imported: the cluster (and its Jobs client), the schedulers and searchers, the Tune hooks,
+# the trial, the driver and the test clusters. Everything below them is plain Python.
+RAY_ROOMS = ("sweep.cluster", "sweep.schedulers", "sweep.hooks", "sweep.trial", "sweep.driver", "sweep.testing")
 
 # Lowest first: a module may import its own layer and those below, never one above (docs/architecture.md §1).
-BASE = ("errors", "secrets", "disk", "files", "lock", "remote_files", "trials", "ledger", "failures", "export_layout",
-        "cpus")
+# The small single-job helpers beside the packages: at most 8 (test_few_flat_modules); the rest joins a package.
+BASE = ("errors", "secrets", "disk", "files", "lock", "remote_files", "failures")
 LAYERS = (
     tuple(f"sweep.{m}" for m in BASE),
     ("sweep.config",), ("sweep.data",), ("sweep.models",), ("sweep.results",), ("sweep.storage",),
     ("sweep.tracking",), ("sweep.train",), ("sweep.plan",), ("sweep.serving",), ("sweep.outputs",),
     ("sweep.cluster",), ("sweep.schedulers",), ("sweep.hooks",), ("sweep.trial",), ("sweep.driver",),
-    ("sweep.ray_jobs", "sweep.testing"),
+    ("sweep.testing",),
     ("sweep.app", "sweep.__main__", "sweep.cli"),
 )
 PACKAGES = ("config", "data", "models", "train", "plan", "results", "storage", "serving", "outputs", "cluster",
@@ -625,6 +624,14 @@ def test_a_nodes_staging_task_imports_no_tune() -> None:
     check = "import sys, sweep.cluster.stage_nodes; print(sorted(m for m in sys.modules if m.startswith('ray.tune')))"
     printed = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True).stdout
     assert printed.strip() == "[]", printed
+
+
+def test_few_flat_modules() -> None:
+    """Beside the packages only the small single-job helpers (``BASE``, at most 8) and the entry points:
+    a module that does a package's job lives in that package."""
+    flat = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__", "app"))
+    assert flat == sorted(BASE) and len(flat) <= 8, f"sweep/*.py: {flat}: move what is not a helper to its package"
+
 
 # ---- the public API is sweep.__all__ (docs/api.md): the docs use nothing else -------------------------
 

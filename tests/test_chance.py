@@ -77,7 +77,7 @@ def test_trivial_score_is_read_from_the_rows_the_trials_were_scored_on(shared_da
 
 def test_labels_that_cannot_be_read_leave_the_verdict_unknown_with_why(tmp_path: Path):
     settings = compose_settings("task=RTE", f"storage.data_dir={tmp_path}")  # no glue_data/RTE in it
-    (unknown,) = trivial_scores(settings, None, ["RTE"]).values()
+    (unknown,) = trivial_scores(settings.tasks, None, settings.storage, None, ["RTE"]).values()
     assert unknown.score is None and "no data for task RTE" in unknown.unknown
 
 
@@ -86,12 +86,12 @@ def test_with_s3_the_driver_reads_the_labels_only_from_its_own_node_cache(tmp_pa
     settings = compose_settings("task=WNLI", "storage=s3", "storage.bucket=data", f"storage.cache_dir={tmp_path}")
     data = RemoteSource("data", "glue_data", "archive", etag="e1", size=1)
     sources = DriverSources(pins=SourcePins(model=None, data=data))
-    (unknown,) = trivial_scores(settings, sources, ["WNLI"]).values()
+    (unknown,) = trivial_scores(settings.tasks, None, settings.storage, sources, ["WNLI"]).values()
     assert unknown.score is None and "s3://data/glue_data is not staged on the driver's machine" in unknown.unknown
     target = staged_target(tmp_path, data)  # as a node of the sweep on this machine leaves it
     shutil.copytree(synthetic_glue_dir, target)
     (target / MARKER).write_text(json.dumps(data.version))
-    (known,) = trivial_scores(settings, sources, ["WNLI"]).values()
+    (known,) = trivial_scores(settings.tasks, None, settings.storage, sources, ["WNLI"]).values()
     assert known == task_trivial_score(load_task("WNLI"), lambda: synthetic_glue_dir, None) and known.rows == 64
 
 

@@ -14,9 +14,9 @@ import httpx
 import pytest
 
 from sweep.config.tasks import load_task
-from sweep.export_layout import MADE_BY
+from sweep.results.export_layout import MADE_BY
 from sweep.results.records import load_records
-from sweep.trials import TRAINING_STATE
+from sweep.results.trial_reports import TRAINING_STATE
 from tests.helpers.sweeps import sweep_cmd, sweep_killed_after
 
 

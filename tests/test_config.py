@@ -202,7 +202,7 @@ def test_a_disagreeing_default_is_caught(monkeypatch):
 def test_the_cache_folder_and_store_defaults_have_one_home_in_code(home, monkeypatch):
     """conf/'s cache_dir (every storage option) and tracking.uri resolve to sweep.config.defaults' values,
     which the schema, the Jobs client, the tracking fallback and the server import."""
-    import sweep.ray_jobs as ray_jobs
+    import sweep.cluster.jobs as ray_jobs
     import sweep.tracking.store as store
     from sweep.config.defaults import CACHE_DIR_ENV, TRACKING_URI, default_cache_dir
     from sweep.config.settings import StorageConfig, TrackingConfig

@@ -54,14 +54,14 @@ def test_every_trial_is_costed_and_grid_points_change_the_cost():
     sizes = {"WNLI": DataVolume("WNLI", 635, 40.0), "RTE": DataVolume("RTE", 2490, 60.0)}
     cost = CostModel(seconds_per_token_param=1e-9)
     trials = sweep_trials(settings, sizes, params=1_000_000, cost=cost)
-    assert grid_points(settings) == [{"epochs": 1}, {"epochs": 2}]
+    assert grid_points(settings.sweep) == [{"epochs": 1}, {"epochs": 2}]
     assert len(trials) == 2 * 2 * 2
     seconds = {(t.task, t.seed, t.point): t.gpu_seconds for t in trials}
     assert seconds[("WNLI", 1, 0)] == pytest.approx(500 * 40 * 1 * 1e6 * 1e-9)  # capped at 500 rows
     assert seconds[("RTE", 2, 1)] == pytest.approx(500 * 60 * 2 * 1e6 * 1e-9)
     padded = demo_settings("train.padding=max_length", "train.max_seq_length=128", "train.max_train_samples=null").train
     assert trial_seconds(sizes["RTE"], padded, 1_000_000, cost) == pytest.approx(2490 * 128 * padded.epochs * 1e-3)
-    assert grid_points(demo_settings()) == [{}]
+    assert grid_points(demo_settings().sweep) == [{}]
 
 
 def test_a_task_whose_data_does_not_read_is_costed_as_the_others_mean(tiny_roberta_dir, tmp_path):

@@ -1,4 +1,4 @@
-"""The CPUs a process may use (sweep/cpus.py) and the server's threads (sweep/serving/cpu_budget.py): cgroup
+"""The CPUs a process may use (sweep/plan/cpus.py) and the server's threads (sweep/serving/cpu_budget.py): cgroup
 quotas read from real files laid out as the kernel mounts them (v1 and v2, nested, unlimited), affinity from
 the kernel, and the thread counts that follow. The servers' own use of it: tests/test_serve_continuous.py."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sweep.cpus import cgroup_quota, usable_cpus
+from sweep.plan.cpus import cgroup_quota, usable_cpus
 from sweep.serving.cpu_budget import DEFAULT_DECODING_THREADS, ServerWork, decoding_threads, server_threads
 
 

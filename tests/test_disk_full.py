@@ -17,8 +17,8 @@ from datasets import Dataset, DatasetDict
 from sweep.data.cache import cached_dataset
 from sweep.disk import disk_full_line, folder_size, is_disk_full
 from sweep.errors import USER_ERRORS, DiskFullError
-from sweep.export_layout import MADE_BY
 from sweep.files import atomic_folder, partial_folders, write_text
+from sweep.results.export_layout import MADE_BY
 from sweep.results.records import TrialRecord, export_best, load_records
 from tests.helpers.sweeps import sweep_cmd
 

@@ -1,4 +1,4 @@
-"""The trial contract (sweep/trials.py): a report row as Tune and the history hold it, and the
+"""The trial contract (sweep/results/trial_reports.py): a report row as Tune and the history hold it, and the
 trials' history files, in a folder and on a real S3 endpoint (moto_server): the same rows come back
 either way, a missing trial has none, and a write replaces the file whole."""
 
@@ -10,7 +10,7 @@ import boto3
 import pytest
 
 from sweep.remote_files import fetch_folder, remove_folder
-from sweep.trials import Report, TrialHistories
+from sweep.results.trial_reports import Report, TrialHistories
 from tests.helpers.s3 import s3_env
 
 ROWS = [Report("t1", step=5, score=0.5, rung=False, metrics={"accuracy": 0.5}), Report("t1", step=10, score=0.75)]
@@ -71,7 +71,7 @@ def test_a_trial_resumed_from_a_checkpoint_its_history_missed_gets_the_row_back(
     the checkpoint's marker carries it; without it the trial's record ends an evaluation short."""
     import json
 
-    from sweep.trials import history_to_go_on_from
+    from sweep.results.trial_reports import history_to_go_on_from
 
     rows = [Report("t1", epoch=1, step=5, end_of_epoch=True, checkpoint_id="a")]
     last = Report("t1", epoch=2, step=10, steps_total=10, end_of_epoch=True, checkpoint_id="b",

@@ -132,7 +132,7 @@ def test_records_outside_the_configured_space_or_without_a_finite_score_are_left
 def test_report_writes_the_csv_and_prints_a_line_per_task(tmp_path, capsys):
     settings = demo_settings("task=[RTE,MRPC]", "+sweep.grid.lr=[1e-5,2e-5,5e-5]", "+sweep.grid.batch_size=[16,32]")
     records = grid_records("RTE", lr_matters) + grid_records("MRPC", lr_matters, seeds=[38])[:2]
-    path = report_importance(records, settings, tmp_path)
+    path = report_importance(records, settings.tasks, settings.sweep, tmp_path)
     assert path == tmp_path / "importance.csv"
     rows = list(csv.DictReader(io.StringIO(path.read_text())))
     assert [(r["task"], r["param"], r["trials"]) for r in rows] == [("RTE", "lr", "60"), ("RTE", "batch_size", "60")]
@@ -151,5 +151,5 @@ def test_report_writes_the_csv_and_prints_a_line_per_task(tmp_path, capsys):
 def test_no_varied_key_no_output(tmp_path, capsys, grid):
     settings = demo_settings("task=RTE", *grid)
     records = [TrialRecord("RTE", seed, {"lr": 2e-5} if grid else {}, score=0.6 + seed / 1000) for seed in SEEDS]
-    assert report_importance(records, settings, tmp_path) is None
+    assert report_importance(records, settings.tasks, settings.sweep, tmp_path) is None
     assert capsys.readouterr().out == "" and not (tmp_path / "importance.csv").exists()

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from ray.tune import Checkpoint
 
+from sweep.results.trial_reports import CHECKPOINT_MARKER, Report, TrialHistories
 from sweep.trial.kept_checkpoints import kept_instead, newest_recorded
-from sweep.trials import CHECKPOINT_MARKER, Report, TrialHistories
 from tests.helpers.s3 import s3_env
 
 TRIAL = "e2d65b53"

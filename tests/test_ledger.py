@@ -1,4 +1,4 @@
-"""The sweep's ledger (sweep/ledger.py), Ray-free: entries on a folder and in S3 (a real moto_server), what a
+"""The sweep's ledger (sweep/results/ledger.py), Ray-free: entries on a folder and in S3 (a real moto_server), what a
 resume runs and keeps, the lease between two drivers; the searchers carrying the ledger's trials; the end's
 checkpoint lookups (sweep/trial/kept_checkpoints.py) when storage lost the best one.
 
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from sweep.errors import OutDirInUseError
-from sweep.ledger import LeaseHolder, Ledger, TrialEntry, identity_of, left_to_run, resuming_line
+from sweep.results.ledger import LeaseHolder, Ledger, TrialEntry, identity_of, left_to_run, resuming_line
+from sweep.results.trial_reports import CHECKPOINT_MARKER, point_of
 from sweep.trial.kept_checkpoints import newest_whole, with_marker
-from sweep.trials import CHECKPOINT_MARKER, point_of
 from tests.helpers.s3 import s3_env
 
 
@@ -242,7 +242,7 @@ def test_the_records_of_trials_an_earlier_launch_ended_come_from_the_ledger_and_
 
     from sweep.config.validate import compose_settings
     from sweep.driver.tune_results import records_from_ledger
-    from sweep.trials import Report, TrialHistories
+    from sweep.results.trial_reports import Report, TrialHistories
 
     settings = compose_settings("experiment=demo", "train.epochs=2")
     histories = TrialHistories(str(tmp_path / "history"))

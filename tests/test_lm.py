@@ -23,8 +23,8 @@ from sweep.data.lm import BlockSizeError, check_block_fits, lm_blocks, token_ids
 from sweep.data.synthetic import write_synthetic_wikitext
 from sweep.data.task_files import check_corpus
 from sweep.errors import ConfigError, DataFormatError
-from sweep.export_layout import MADE_BY
 from sweep.models.local_folder import resolve_model_dir
+from sweep.results.export_layout import MADE_BY
 from sweep.results.records import load_records, rank_key
 from sweep.train.evaluate import evaluate
 from sweep.train.loading import load_for_task

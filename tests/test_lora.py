@@ -18,6 +18,7 @@ from sweep.models.tiny import build_tiny_model
 from sweep.plan.costs import METHOD_STEP_RATIO, DataVolume, trial_seconds
 from sweep.plan.makespan import CostModel
 from sweep.results.records import TrialRecord, copy_model, export_best
+from sweep.results.trial_reports import TRAINING_STATE
 from sweep.train.loading import load_for_task
 from sweep.train.loop import finetune, setup
 from sweep.train.lora import (
@@ -28,7 +29,6 @@ from sweep.train.lora import (
     export_merged,
     trainable_parameters,
 )
-from sweep.trials import TRAINING_STATE
 from tests.helpers.configs import train_config
 from tests.helpers.files import modes, umask, unshared
 
@@ -199,7 +199,7 @@ def test_a_grid_over_lora_rank_is_one_point_per_value():
     from sweep.plan.costs import grid_points
 
     s = compose_settings("train.method=lora", "+sweep.grid.lora.r=[4,16]", "+sweep.grid.lr=[1e-4,1e-3]")
-    assert grid_points(s) == [{"lora.r": 4, "lr": 1e-4}, {"lora.r": 4, "lr": 1e-3},
+    assert grid_points(s.sweep) == [{"lora.r": 4, "lr": 1e-4}, {"lora.r": 4, "lr": 1e-3},
                               {"lora.r": 16, "lr": 1e-4}, {"lora.r": 16, "lr": 1e-3}]
 
 

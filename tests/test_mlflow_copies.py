@@ -159,8 +159,8 @@ def test_a_resumed_sweep_makes_each_run_whole_from_the_trials_histories(tmp_path
     from sweep.config.validate import compose_settings
     from sweep.hooks.mlflow_runs import TrialRuns
     from sweep.results.records import TrialRecord
+    from sweep.results.trial_reports import Report, TrialHistories
     from sweep.tracking import TrialTracking
-    from sweep.trials import Report, TrialHistories
 
     shutil.copy(empty_store, tmp_path / DB_NAME)
     uri = f"sqlite:///{tmp_path / DB_NAME}"

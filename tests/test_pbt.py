@@ -13,9 +13,9 @@ import json
 
 import pytest
 
-from sweep.export_layout import MADE_BY
+from sweep.results.export_layout import MADE_BY
 from sweep.results.records import load_records
-from sweep.trials import CHECKPOINT_MARKER, Report
+from sweep.results.trial_reports import CHECKPOINT_MARKER, Report
 from tests.helpers.sweeps import sweep_cmd
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]

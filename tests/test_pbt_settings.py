@@ -10,7 +10,7 @@ import pytest
 from sweep.config.validate import compose_settings
 from sweep.errors import ConfigError
 from sweep.results.records import format_schedule
-from sweep.trials import Report, pbt_schedule
+from sweep.results.trial_reports import Report, pbt_schedule
 
 LR = "+sweep.pbt.mutations.lr={dist:loguniform,low:1e-5,high:1e-2}"
 PBT = ["experiment=demo", "sweep.scheduler=pbt", "sweep.seeds=[1,2,3,4]", "train.epochs=2"]
@@ -104,8 +104,8 @@ def test_pbt_ranks_equal_scores_by_eval_loss_and_a_diverged_trial_last() -> None
 
 
 def test_each_task_and_grid_point_is_a_population_of_its_own() -> None:
+    from sweep.results.trial_reports import point_of
     from sweep.schedulers.pbt import population_of
-    from sweep.trials import point_of
 
     def config(task, seed, grid):
         return {"trial": point_of(task, seed, grid), "hparams": {"lr": 1e-4}}
@@ -120,7 +120,7 @@ def _at(step: int, checkpoint: str, **extra) -> Report:
 
 
 def test_the_history_a_trial_goes_on_with_is_cut_at_its_checkpoint_not_by_step() -> None:
-    from sweep.trials import history_to_go_on_from
+    from sweep.results.trial_reports import history_to_go_on_from
 
     # t1 ran to step 20, cloned t3 at step 10 and went on to 20 again, then 30 (not registered: it crashed)
     rows = [_at(10, "a"), _at(20, "b"), _at(20, "c", donor="t3", donor_step=10), _at(30, "d")]
@@ -143,7 +143,7 @@ def test_a_pbt_trials_mlflow_run_is_named_without_the_values_pbt_changes() -> No
 
 
 def test_a_pbt_trials_steps_trained_count_each_stretch() -> None:
-    from sweep.trials import steps_trained
+    from sweep.results.trial_reports import steps_trained
 
     plain = [_at(10, "a"), _at(20, "b")]
     assert steps_trained(plain) == 20
@@ -156,8 +156,8 @@ def test_an_exploit_copies_the_donors_values_but_never_its_identity() -> None:
     round, the earlier launch's trial it goes on as), or a resume would count it as the donor."""
     from types import SimpleNamespace
 
+    from sweep.results.trial_reports import point_of
     from sweep.schedulers.pbt import make_pbt
-    from sweep.trials import point_of
 
     settings = compose_settings("experiment=demo", "sweep.scheduler=pbt",
                                 "+sweep.pbt.mutations.lr={dist:loguniform,low:1e-5,high:1e-3}")

@@ -9,7 +9,7 @@ import pytest
 
 from sweep.plan.eta import Forecast, Overheads
 from sweep.plan.makespan import TrialWork
-from sweep.trials import point_of, trial_key
+from sweep.results.trial_reports import point_of, trial_key
 from tests.helpers.configs import demo_settings
 
 
@@ -110,7 +110,7 @@ def test_a_failing_eta_is_dropped_with_one_warning_and_the_progress_goes_on(monk
 
 
 def test_a_resumed_sweep_counts_the_trials_its_ledger_holds_ended_as_done_and_not_in_the_eta(monkeypatch, capsys):
-    from sweep.ledger import TrialEntry
+    from sweep.results.ledger import TrialEntry
 
     line, forecast, trials, clock = watched_sweep(monkeypatch, Overheads(launch=6.0, cold=10.0, warm=1.0, finish=0.0))
     line.count_ended([TrialEntry("WNLI-seed38-x-r0", "WNLI", 38, state="finished"),

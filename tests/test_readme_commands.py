@@ -27,11 +27,11 @@ from pathlib import Path
 import pytest
 
 from sweep.config.tasks import load_task
-from sweep.export_layout import MADE_BY
+from sweep.results.export_layout import MADE_BY
 from sweep.results.records import rank_key
+from sweep.results.trial_reports import TRAINING_STATE
 from sweep.testing.hub_repos import fetched, glue_files
 from sweep.testing.stand_in_hub import StandInHub
-from sweep.trials import TRAINING_STATE
 from tests.helpers.doc_blocks import Block, bash_blocks, commands, with_overrides
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]

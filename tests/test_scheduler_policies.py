@@ -122,9 +122,9 @@ def test_optuna_learns_over_the_search_space_only() -> None:
 
 
 def test_each_searcher_builds_its_tune_searcher_in_the_trials_order() -> None:
+    from sweep.results.trial_reports import point_of
     from sweep.schedulers.gate import RandomSearch
     from sweep.schedulers.optuna_search import TaskOptunaSearch
-    from sweep.trials import point_of
 
     trials = [point_of("WNLI", seed, {}) for seed in (1, 2, 3, 4)]
     random = policies_for(SweepConfig(search={"lr": LR}, search_seed=3))

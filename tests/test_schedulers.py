@@ -156,7 +156,7 @@ def test_a_resumed_sweeps_board_learns_the_rungs_again_from_the_histories(tmp_pa
     """resume=true starts a new board: the rung rows and the failures before a rung in the trials'
     histories give it the same decision as the board of the killed driver."""
     from sweep.plan.rung_boards import recorded_rungs
-    from sweep.trials import TrialHistories
+    from sweep.results.trial_reports import TrialHistories
 
     def row(trial, seed, step, score, rung=False):
         return {"trial_id": trial, "task": "RTE", "seed": seed, "epoch": 1, "step": step, "progress": step / 40,

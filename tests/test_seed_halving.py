@@ -15,8 +15,8 @@ import json
 import pytest
 
 from sweep.config.tasks import load_task
-from sweep.export_layout import MADE_BY
 from sweep.plan.rungs import BELOW_CUT, DEGENERATE, RungEntry, ranked
+from sweep.results.export_layout import MADE_BY
 from sweep.results.records import load_records, rank_key
 from tests.helpers.sweeps import sweep_cmd
 

@@ -22,7 +22,7 @@ from unittest import mock
 import pytest
 
 from sweep.cli.submit import parse_args
-from sweep.ray_jobs import (
+from sweep.cluster.jobs import (
     WORKING_DIR_EXCLUDES,
     Command,
     SubmitError,

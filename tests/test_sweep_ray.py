@@ -20,10 +20,10 @@ from sweep.config.validate import validate
 from sweep.data.synthetic import write_synthetic_glue
 from sweep.driver.tuner import run_tune
 from sweep.errors import ResourceError
-from sweep.export_layout import MADE_BY
 from sweep.plan.cpu_load import trial_niceness
+from sweep.results.export_layout import MADE_BY
 from sweep.results.records import load_records, rank_key
-from sweep.trials import CHECKPOINT_MARKER
+from sweep.results.trial_reports import CHECKPOINT_MARKER
 from tests.helpers.configs import demo_config
 from tests.helpers.overlap import most_at_once
 from tests.helpers.sweeps import TRAIN_WORKER, actors

@@ -153,7 +153,7 @@ def test_a_bad_label_trial_fails_after_exactly_one_attempt(cache_dir, tmp_path, 
     from sweep.data.synthetic import write_synthetic_glue
     from sweep.plan.sizes import EXPERIMENT
     from sweep.results.records import load_records
-    from sweep.trials import TrialHistories
+    from sweep.results.trial_reports import TrialHistories
     from tests.helpers.configs import demo_config
     from tests.helpers.sweeps import TRAIN_WORKER, actors
 

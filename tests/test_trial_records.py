@@ -10,7 +10,7 @@ from sweep.config.validate import compose_settings
 from sweep.driver.tune_results import records_from_results
 from sweep.results.outcome import EXIT_TASK_FAILED, exit_code
 from sweep.results.records import summarize
-from sweep.trials import point_of
+from sweep.results.trial_reports import point_of
 
 FOLDER = "train_driver_fn_e2d65b53_2_seed=38,task=RTE_2026-12-04_17-41-50"
 

@@ -59,29 +59,29 @@ def test_trial_count_is_tasks_seeds_grid_samples():
 
 def test_multi_node_without_shared_storage_says_what_to_set(tmp_path):
     with pytest.raises(ResourceError, match="cluster.storage_path: this Ray cluster has 3 nodes"):
-        storage_path(settings(), tmp_path, node_count=3)
+        storage_path(settings().cluster, tmp_path, node_count=3)
     # a local folder on several nodes: only when the user says every node mounts it
     with pytest.raises(ResourceError, match=r"cluster.storage_path=.*: a folder on this machine, but this Ray cluster "
                                             r"has 3 nodes.*cluster.shared_storage=true"):
-        storage_path(settings(f"cluster.storage_path={tmp_path}"), tmp_path / "x", 3)
+        storage_path(settings(f"cluster.storage_path={tmp_path}").cluster, tmp_path / "x", 3)
     shared = settings(f"cluster.storage_path={tmp_path}", "cluster.shared_storage=true")
-    assert storage_path(shared, tmp_path / "x", 3) == str(tmp_path)
-    assert storage_path(settings("cluster.storage_path=s3://b/p"), tmp_path, 3) == "s3://b/p"
-    assert storage_path(settings(), tmp_path, 1) == str(tmp_path / "ray")
+    assert storage_path(shared.cluster, tmp_path / "x", 3) == str(tmp_path)
+    assert storage_path(settings("cluster.storage_path=s3://b/p").cluster, tmp_path, 3) == "s3://b/p"
+    assert storage_path(settings().cluster, tmp_path, 1) == str(tmp_path / "ray")
 
 
 def test_a_cluster_that_can_grow_needs_storage_every_node_reaches(tmp_path):
     """A head alone whose autoscaler can launch workers (KubeRay from minReplicas 0) is many nodes."""
     grows = AutoscalerView(None, (NodeType("gpu-workers", {"CPU": 8, "GPU": 1}, 0, 4),), None, "test")
     with pytest.raises(ResourceError, match="this Ray cluster can launch nodes of type gpu-workers"):
-        storage_path(settings(), tmp_path, 1, grows)
+        storage_path(settings().cluster, tmp_path, 1, grows)
     with pytest.raises(ResourceError, match="a folder on this machine"):
-        storage_path(settings(f"cluster.storage_path={tmp_path}"), tmp_path, 1, grows)
+        storage_path(settings(f"cluster.storage_path={tmp_path}").cluster, tmp_path, 1, grows)
     declared = settings("+cluster.node_types=[{name:gpu,resources:{GPU:1},max_workers:2}]")
     with pytest.raises(ResourceError, match=r"can launch nodes of type gpu \(cluster.node_types\)"):
-        storage_path(declared, tmp_path, 1)
+        storage_path(declared.cluster, tmp_path, 1)
     never = AutoscalerView(None, (NodeType("gpu-workers", {"GPU": 1}, 0, 0),), None, "test")  # max 0: it never launches
-    assert storage_path(settings(), tmp_path, 1, never) == str(tmp_path / "ray")
+    assert storage_path(settings().cluster, tmp_path, 1, never) == str(tmp_path / "ray")
 
 
 @pytest.mark.parametrize("override, expected", [

@@ -3,7 +3,7 @@
     sweep submit --address http://HEAD:8265 [--working-dir DIR] [--no-wait] [--job-id ID] -- task=RTE ...
     sweep submit status JOB_ID | logs JOB_ID [--follow] | stop JOB_ID | list     [--address URL]
 
-The command line becomes a ``Command``; what is done with it is sweep/ray_jobs.py (Ray's Jobs API).
+The command line becomes a ``Command``; what is done with it is sweep/cluster/jobs.py (Ray's Jobs API).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from sweep.ray_jobs import (
+from sweep.cluster.jobs import (
     ACTIONS,
     EXIT_DETACHED,
     EXIT_USAGE,

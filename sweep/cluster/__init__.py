@@ -6,4 +6,5 @@
 - ``stage_nodes.py``: staging on every node before the first trial (and on nodes that join later),
                       the driver's folders shipped through Ray, the nodes' progress lines
 - ``ray_internals.py``: the trial's and hooks' uses of Ray's private modules, each with why (none is public)
+- ``jobs.py``:        a sweep as a Ray Job on a running cluster, and its jobs (Ray's Jobs API: ``sweep submit``)
 """

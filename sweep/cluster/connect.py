@@ -7,7 +7,7 @@ import os
 import warnings
 from typing import Any
 
-from sweep.config.settings import Settings
+from sweep.config.settings import ClusterConfig
 
 
 def quiet_ray() -> None:
@@ -28,19 +28,19 @@ def no_prestarted_workers() -> None:
     os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
 
 
-def connect(settings: Settings) -> bool:
+def connect(cluster: ClusterConfig) -> bool:
     """Join the cluster named by cluster.address, or start a local Ray; True: this call started Ray."""
     import ray
 
     if ray.is_initialized():
         return False
-    kwargs: dict[str, Any] = {"log_to_driver": settings.cluster.verbose, "logging_level": logging.ERROR,
+    kwargs: dict[str, Any] = {"log_to_driver": cluster.verbose, "logging_level": logging.ERROR,
                               "configure_logging": True}
-    if settings.cluster.address:
-        ray.init(address=settings.cluster.address, **kwargs)
+    if cluster.address:
+        ray.init(address=cluster.address, **kwargs)
     else:
         no_prestarted_workers()
-        ray.init(num_cpus=settings.cluster.num_cpus, include_dashboard=False, **kwargs)
+        ray.init(num_cpus=cluster.num_cpus, include_dashboard=False, **kwargs)
     return True
 
 

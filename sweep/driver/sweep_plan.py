@@ -11,7 +11,7 @@ from pathlib import Path
 
 from sweep.cluster.connect import alive_node_resources, beside_the_driver, only_the_drivers_node
 from sweep.cluster.stage_nodes import ProgressRelay, Staging, ship_sources, stage_all_nodes
-from sweep.config.settings import AUTO, Settings, with_hparams
+from sweep.config.settings import AUTO, ClusterConfig, Settings, SweepConfig, TrainConfig, with_hparams
 from sweep.config.validate import check_halving_trials
 from sweep.failures import first_line
 from sweep.plan.costs import DataVolume, evaluations, grid_points, measure_sizes, sweep_trials, trained_rows
@@ -28,9 +28,9 @@ from sweep.plan.sizes import (
     sweep_storage,
     trial_count,
 )
+from sweep.results.trial_reports import point_of, trial_key
 from sweep.storage.hub import snapshot_folder
 from sweep.storage.staging import DriverSources, cache_root
-from sweep.trials import point_of, trial_key
 
 
 @dataclass(frozen=True)
@@ -65,9 +65,9 @@ class SweepPlan:
 def plan_sweep(settings: Settings, sources: DriverSources, out_dir: Path) -> SweepPlan:
     """Plan the sweep on the connected cluster; every error a person can fix comes before any trial."""
     nodes, total = alive_node_resources(), trial_count(settings)
-    autoscaler = _autoscaler(settings)
+    autoscaler = _autoscaler(settings.cluster)
     # where trials write what this driver reads back: a place every node reaches, before any staging
-    storage = sweep_storage(storage_path(settings, out_dir, len(nodes), autoscaler))
+    storage = sweep_storage(storage_path(settings.cluster, out_dir, len(nodes), autoscaler))
     fixed = {spec.name: plan_trials(settings, nodes, autoscaler, wanted=total, task=spec.name)
              for spec in settings.tasks if settings.resources.gpus_for(spec.name) != AUTO}  # no node holds one: now
     here = autoscaler is None and only_the_drivers_node()  # no other node, and none can join: stage it here
@@ -95,8 +95,9 @@ def plan_sweep(settings: Settings, sources: DriverSources, out_dir: Path) -> Swe
     concurrency = min(max(p.max_concurrent for p in tasks.values()), total)
     if probe is not None:  # the trials at once share this CPU, beside its other work: their cost at that share
         chosen = dispatch(settings, sweep_trials(settings, sizes, params, step=probe.step_at(concurrency)), cluster)
-    saves = _saves(settings, sizes, chosen)  # checkpoints a trial saves: its end, on the plan line and in the ETA
-    forecast = _forecast(settings, chosen, cluster, concurrency, on_cpu, probe, saves)
+    # checkpoints a trial saves: its end, on the plan line and in the ETA
+    saves = _saves(settings.sweep, settings.train, sizes, chosen)
+    forecast = _forecast(settings.sweep, chosen, cluster, concurrency, on_cpu, probe, saves)
     plan = SweepPlan(total, nodes, autoscaler, storage, tasks, chosen, concurrency, forecast, staging)
     cpu = None
     if on_cpu:
@@ -107,15 +108,15 @@ def plan_sweep(settings: Settings, sources: DriverSources, out_dir: Path) -> Swe
     return plan
 
 
-def _autoscaler(settings: Settings) -> AutoscalerView | None:
+def _autoscaler(cluster: ClusterConfig) -> AutoscalerView | None:
     """Only a cluster the sweep joined can have an autoscaler; the local Ray it starts itself has none."""
     from sweep.cluster.autoscale import declared_view, read_autoscaler
 
-    if not settings.cluster.address:
+    if not cluster.address:
         return None
     autoscaler = read_autoscaler()
-    if not autoscaler.node_types and settings.cluster.node_types:
-        autoscaler = declared_view(autoscaler, settings.cluster.node_types)
+    if not autoscaler.node_types and cluster.node_types:
+        autoscaler = declared_view(autoscaler, cluster.node_types)
     return autoscaler
 
 
@@ -150,24 +151,24 @@ def _probe(settings: Settings, sources: DriverSources, sizes: dict[str, DataVolu
         return None, f"the timing probe failed ({first_line(e)})"
 
 
-def _saves(settings: Settings, sizes: dict[str, DataVolume], chosen: Dispatch) -> float:
+def _saves(sweep: SweepConfig, train: TrainConfig, sizes: dict[str, DataVolume], chosen: Dispatch) -> float:
     """Checkpoints a trial saves, on average over the sweep's trials: one per evaluation (a grid point may
     change the epochs or the rows)."""
-    points = grid_points(settings)
+    points = grid_points(sweep)
     counts = []
     for t in chosen.order:
-        train = with_hparams(settings.train, points[t.point])
-        counts.append(evaluations(trained_rows(sizes[t.task], train), train))
+        point_train = with_hparams(train, points[t.point])
+        counts.append(evaluations(trained_rows(sizes[t.task], point_train), point_train))
     return sum(counts) / len(counts) if counts else 0.0
 
 
-def _forecast(settings: Settings, chosen: Dispatch, cluster: ClusterGPUs, concurrency: int, on_cpu: bool,
+def _forecast(sweep: SweepConfig, chosen: Dispatch, cluster: ClusterGPUs, concurrency: int, on_cpu: bool,
               probe: Probe | None, saves: float) -> Forecast:
     """The progress line's ETA: every trial's predicted loop (Tune repeats the grid per search sample);
     on CPU in trial slots, known only where the probe measured this machine, the trial processes'
     start-ups and ends as slow as their steps on this CPU's share (the same niced processes do all three)."""
-    points = grid_points(settings)
-    every = list(chosen.order) * settings.sweep.num_samples
+    points = grid_points(sweep)
+    every = list(chosen.order) * sweep.num_samples
     keys = [trial_key({"trial": point_of(t.task, t.seed, points[t.point])}) for t in every]
     if on_cpu:
         slower = probe.slowdown(concurrency) if probe else 1.0

@@ -13,10 +13,10 @@ from ray.tune import Callback
 
 from sweep.config.settings import Settings
 from sweep.failures import trial_failure_line
-from sweep.ledger import TrialEntry
 from sweep.plan.sizes import TaskPlacement
+from sweep.results.ledger import TrialEntry
 from sweep.results.records import TrialRecord
-from sweep.trials import (
+from sweep.results.trial_reports import (
     CHECKPOINT_MARKER,
     Report,
     TrialHistories,

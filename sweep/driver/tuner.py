@@ -15,17 +15,17 @@ from sweep.config.settings import Settings
 from sweep.driver.extensions import Extensions
 from sweep.driver.sweep_plan import SweepPlan, plan_sweep
 from sweep.hooks.ledger_entries import KeepTheLedger
-from sweep.ledger import Ledger, TrialEntry, identity_of, left_to_run, resuming_line
 from sweep.plan.costs import grid_points
 from sweep.plan.makespan import TrialWork
 from sweep.plan.scale import TrialResources
 from sweep.plan.sizes import EXPERIMENT
+from sweep.results.ledger import Ledger, TrialEntry, identity_of, left_to_run, resuming_line
 from sweep.results.outcome import SavedTrial
 from sweep.results.records import TrialRecord
+from sweep.results.trial_reports import CHECKPOINT_RANK, TrialHistories, point_of, trial_of
 from sweep.schedulers.policies import SCHEDULERS, SchedulerPolicy, SweepPolicies, policies_for
 from sweep.storage.staging import DriverSources, check_sources
 from sweep.tracking.session import NoTracking
-from sweep.trials import CHECKPOINT_RANK, TrialHistories, point_of, trial_of
 
 
 def run_tune(settings: Settings, out_dir: Path, session=None,
@@ -45,7 +45,7 @@ def run_tune(settings: Settings, out_dir: Path, session=None,
     quiet_ray()
     from sweep.driver.stop import stop_signals
 
-    started_ray = connect(settings)
+    started_ray = connect(settings.cluster)
     # After ray.init (which installs its own exit-at-once SIGTERM handler): a signal stops the sweep
     # cleanly, its state saved for resume=true.
     with stop_signals() as stop:
@@ -264,7 +264,7 @@ def make_search(settings: Settings, policies: SweepPolicies, order: Sequence[Tri
     left, each started trial as it was, and its searcher learns the ended ones' scores."""
     from ray.tune.search import ConcurrencyLimiter
 
-    points = grid_points(settings)
+    points = grid_points(settings.sweep)
     planned = [point_of(t.task, t.seed, points[t.point]) for t in order] * settings.sweep.num_samples
     rounds = [i // max(len(order), 1) for i in range(len(planned))]
     identities = [identity_of(p["task"], p["seed"], p["grid"], r) for p, r in zip(planned, rounds)]

@@ -1,4 +1,4 @@
-"""The Tune callback that keeps the sweep's ledger (sweep/ledger.py): each trial's entry written at every
+"""The Tune callback that keeps the sweep's ledger (sweep/results/ledger.py): each trial's entry written at every
 change of its state, on Tune's event loop, before Tune goes on (one small file; one PUT on S3).
 
 Started: its id, hparams and Tune folder. A checkpoint Tune registered: its URI and step. Ended: finished,
@@ -16,9 +16,9 @@ from typing import Any
 from ray.tune import Callback
 
 from sweep.failures import first_line, trial_failure_line
-from sweep.ledger import Ledger, TrialEntry
 from sweep.remote_files import uri_of
-from sweep.trials import Report, sweep_trial_id, trial_of
+from sweep.results.ledger import Ledger, TrialEntry
+from sweep.results.trial_reports import Report, sweep_trial_id, trial_of
 
 log = logging.getLogger(__name__)
 

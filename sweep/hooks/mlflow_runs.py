@@ -28,8 +28,8 @@ from ray.tune import Callback
 
 from sweep.config.settings import Settings, with_hparams
 from sweep.failures import first_line
+from sweep.results.trial_reports import Report, sweep_trial_id, trial_of
 from sweep.schedulers.policies import SchedulerPolicy, policies_for
-from sweep.trials import Report, sweep_trial_id, trial_of
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from sweep.config.settings import Settings
 from sweep.failures import error_line
 from sweep.plan.eta import Forecast
 from sweep.results.records import rank_key
+from sweep.results.trial_reports import Report, point_of, trial_key, trial_of
 from sweep.schedulers.policies import SchedulerPolicy, policies_for
-from sweep.trials import Report, point_of, trial_key, trial_of
 
 
 def _clock(seconds: float) -> str:

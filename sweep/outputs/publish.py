@@ -74,7 +74,7 @@ class MarkEnded(Step):
     name = "ledger"
 
     def __init__(self, ledger, prune: bool) -> None:
-        self.ledger, self.prune = ledger, prune  # sweep.ledger.Ledger
+        self.ledger, self.prune = ledger, prune  # sweep.results.ledger.Ledger
 
     def wanted(self, outcome: Outcome) -> bool:
         return outcome.complete

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from sweep.config.settings import Settings, TrainConfig
+from sweep.config.settings import Settings, SweepConfig, TrainConfig
 from sweep.config.tasks import TaskSpec
 from sweep.failures import error_line
 from sweep.outputs.steps import Outcome, Step
@@ -94,13 +94,13 @@ class Importance(Step):
     name = "importance"
     required = False
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings  # its tasks, sweep.grid and sweep.search
+    def __init__(self, tasks: Sequence[TaskSpec], sweep: SweepConfig) -> None:
+        self.tasks, self.sweep = list(tasks), sweep  # what it varied: sweep.grid and sweep.search
 
     def run(self, outcome: Outcome) -> None:
         from sweep.results.importance import report_importance
 
-        report_importance(outcome.records, self.settings, outcome.out_dir)
+        report_importance(outcome.records, self.tasks, self.sweep, outcome.out_dir)
 
 
 class GlueSubmission(Step):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sweep.config.settings import Settings
+from sweep.config.settings import StorageConfig
 from sweep.config.tasks import TaskSpec
 from sweep.data.glue import load_task_data
 from sweep.errors import StagingError
@@ -42,33 +42,34 @@ def task_trivial_score(spec: TaskSpec, data_dir: Callable[[], Path], max_eval_sa
     return TrivialScore(metrics[spec.metric] if metrics else None, len(labels))
 
 
-def trivial_scores(settings: Settings, sources: DriverSources | None, tasks: Iterable[str]) -> dict[str, TrivialScore]:
+def trivial_scores(specs: Iterable[TaskSpec], max_eval_samples: int | None, storage: StorageConfig,
+                   sources: DriverSources | None, tasks: Iterable[str]) -> dict[str, TrivialScore]:
     """The trivial score of each of ``tasks``; one whose labels cannot be read here is unknown, saying why
     (the sweep's models and results are done by now: this never fails it)."""
     wanted = set(tasks)
-    data_dir = cache(lambda: driver_data_dir(settings, sources))  # found once, and only if a task has labels
+    data_dir = cache(lambda: driver_data_dir(storage, sources))  # found once, and only if a task has labels
     out: dict[str, TrivialScore] = {}
-    for spec in settings.tasks:
+    for spec in specs:
         if spec.name in wanted:
             try:
-                out[spec.name] = task_trivial_score(spec, data_dir, settings.train.max_eval_samples)
+                out[spec.name] = task_trivial_score(spec, data_dir, max_eval_samples)
             except Exception as e:
                 out[spec.name] = TrivialScore(None, unknown=error_line(e))
     return out
 
 
-def driver_data_dir(settings: Settings, sources: DriverSources | None) -> Path:
+def driver_data_dir(storage: StorageConfig, sources: DriverSources | None) -> Path:
     """The data folder on this machine: the one the driver's check found, else the configured one. With
     storage=s3 the driver downloads nothing (docs/architecture.md §2): the pinned data only if this
     machine's node cache holds it already (a driver on a node of the sweep), else a StagingError."""
     if sources is not None and sources.local is not None:
         return sources.local.data_dir
-    if settings.storage.kind != "s3":
-        return local_data_dir(settings.storage)
+    if storage.kind != "s3":
+        return local_data_dir(storage)
     if sources is None or sources.pins is None:
         raise StagingError("storage=s3 without the driver's pins: the data's version is not known here")
     data = sources.pins.data
-    target = staged_target(cache_root(settings.storage), data)
+    target = staged_target(cache_root(storage), data)
     if not is_staged(target, data):
         raise StagingError(f"{data.uri} is not staged on the driver's machine, and the driver downloads nothing")
     return target

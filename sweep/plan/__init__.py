@@ -6,6 +6,7 @@
 - ``eta.py``:         the remaining time: predicted loops and start-ups, then the trials' observed pace
 - ``makespan.py``:    the cost model, GPU shares per task ("auto") and a simulated dispatch (the makespan)
 - ``dispatch.py``:    each task's GPUs per trial and the longest-first order of the trials
+- ``cpus.py``:        the CPUs a process may use as the kernel enforces them (affinity, cgroup quota)
 - ``sizes.py``:       what one trial needs and how many run at once on the cluster
 - ``scale.py``:       what an autoscaling cluster can grow to, the node wait and its texts
 - ``rungs.py``:       the rung rules: a ranking without ties, ASHA's cut, seed halving's verdicts

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sweep.config.settings import Settings, TrainConfig, with_hparams
+from sweep.config.settings import Settings, SweepConfig, TrainConfig, with_hparams
 from sweep.config.tasks import TaskSpec
 from sweep.errors import DataFormatError
 from sweep.failures import first_line
@@ -105,9 +105,9 @@ def evaluations(rows: int, train: TrainConfig) -> int:
     return steps // train.eval_every + sum(1 for e in range(1, train.epochs + 1) if (e * batches) % train.eval_every)
 
 
-def grid_points(settings: Settings) -> list[dict[str, Any]]:
+def grid_points(sweep: SweepConfig) -> list[dict[str, Any]]:
     """The sweep's grid as a list of points (one empty point without a grid), in a fixed order."""
-    grid = settings.sweep.grid
+    grid = sweep.grid
     keys = list(grid)
     return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))] or [{}]
 
@@ -231,7 +231,7 @@ def sweep_trials(settings: Settings, sizes: Mapping[str, DataVolume], params: in
     A grid point that sets ``epochs``, ``max_train_samples``, ``method``… changes its trials' cost.
     """
     trials = []
-    for index, point in enumerate(grid_points(settings)):
+    for index, point in enumerate(grid_points(settings.sweep)):
         train = with_hparams(settings.train, point)
         for spec in settings.tasks:
             seconds = trial_seconds(sizes[spec.name], train, params, cost, step)

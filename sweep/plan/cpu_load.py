@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sweep.cpus import affinity, usable_cpus
+from sweep.plan.cpus import affinity, usable_cpus
 
 PROC_STAT = Path("/proc/stat")
 BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user nice system . . irq softirq steal (idle and iowait are not busy)

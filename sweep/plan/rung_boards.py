@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sweep.plan.rungs import GO_ON, RungEntry, Verdict, asha_verdict, halving_verdicts, keep_count, past_rung
-from sweep.trials import Report
+from sweep.results.trial_reports import Report
 
 ASHA_NAMESPACE = "sweep"  # the Ray namespace of the named rungs actor (the driver creates it, trials look it up)
 

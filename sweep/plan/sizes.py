@@ -9,11 +9,11 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from sweep.config.settings import Settings
+from sweep.config.settings import ClusterConfig, Settings
 from sweep.errors import ResourceError
 from sweep.plan.scale import AutoscalerView, ScalePlan, TrialResources, format_bundle, plan_scale, trials_fit_on
 from sweep.remote_files import is_remote
-from sweep.trials import FOLDER as HISTORY_FOLDER, TrialHistories
+from sweep.results.trial_reports import FOLDER as HISTORY_FOLDER, TrialHistories
 
 EXPERIMENT = "tune"  # Tune's experiment folder under the storage path
 
@@ -119,12 +119,12 @@ def many_nodes(node_count: int, autoscaler: AutoscalerView | None, declared: lis
     return None
 
 
-def storage_path(settings: Settings, out_dir: Path, node_count: int, autoscaler: AutoscalerView | None = None) -> str:
+def storage_path(cluster: ClusterConfig, out_dir: Path, node_count: int,
+                 autoscaler: AutoscalerView | None = None) -> str:
     """Where the trials write what the driver reads back (checkpoints, histories, Tune's state).
 
     On a cluster that is or can become several nodes, each with its own disk, that must be a place
     every node reaches: s3://…, or a folder the user says every node mounts (cluster.shared_storage)."""
-    cluster = settings.cluster
     several = many_nodes(node_count, autoscaler, cluster.node_types)
     path = cluster.storage_path
     if several is None:

@@ -7,4 +7,7 @@
 - ``report.py``:  the plots: every trial's score per task, the expected best against the trials run
 - ``expected_max.py``: expected validation performance (Dodge et al. 2019): E[best of n trials] and its sd
 - ``importance.py``: which varied train key mattered, per task: fANOVA (Optuna) over the finished trials
+- ``trial_reports.py``: the trial contract: the ``Report`` row a trial reports and keeps in its history file
+- ``ledger.py``:  the sweep's own ledger: one entry per trial identity, what a resume runs; the driver's lease
+- ``export_layout.py``: an exported model folder's layout (``MADE_BY``, the adapter folder, the registry name)
 """

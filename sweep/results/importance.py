@@ -24,7 +24,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.importance import FanovaImportanceEvaluator, get_param_importances
 from optuna.trial import create_trial
 
-from sweep.config.settings import Settings
+from sweep.config.settings import SweepConfig
 from sweep.config.tasks import TaskSpec
 from sweep.files import write_text
 from sweep.results.records import TrialRecord
@@ -139,14 +139,14 @@ def importance_csv(results: Sequence[Importance]) -> str:
     return text.getvalue()
 
 
-def report_importance(records: Sequence[TrialRecord], settings: Settings, out_dir: Path) -> Path | None:
-    """importance.csv in ``out_dir`` and a line per task when the sweep varied a ``train.*`` key; None
-    (and nothing printed) when it varied none. ``settings``: the sweep's ``Settings`` (its tasks and
-    ``sweep.grid`` / ``sweep.search``)."""
-    space = varied_space(settings.sweep.grid, settings.sweep.search)
+def report_importance(records: Sequence[TrialRecord], tasks: Sequence[TaskSpec], sweep: SweepConfig,
+                      out_dir: Path) -> Path | None:
+    """importance.csv in ``out_dir`` and a line per task when the sweep varied a ``train.*`` key (its
+    ``sweep.grid`` / ``sweep.search``); None (and nothing printed) when it varied none."""
+    space = varied_space(sweep.grid, sweep.search)
     if not space:
         return None
-    results = param_importances(records, settings.tasks, space)
+    results = param_importances(records, list(tasks), space)
     path = write_text(Path(out_dir) / "importance.csv", importance_csv(results), key="out_dir")
     for result in results:
         print(format_importance(result))

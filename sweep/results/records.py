@@ -21,11 +21,11 @@ from typing import Any
 from sweep.config.settings import TrainConfig
 from sweep.config.tasks import TaskSpec
 from sweep.disk import folder_size, writing
-from sweep.export_layout import MADE_BY
 from sweep.files import atomic_folder, write_json, write_text
 from sweep.remote_files import fetch_folder, is_remote
 from sweep.results.chance import TrivialScore, learned, noise_margin
-from sweep.trials import TRAINING_STATE
+from sweep.results.export_layout import MADE_BY
+from sweep.results.trial_reports import TRAINING_STATE
 
 
 @dataclass

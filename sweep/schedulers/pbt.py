@@ -21,7 +21,7 @@ from ray.train.constants import CHECKPOINT_DIR_NAME
 from ray.tune.schedulers import FIFOScheduler, PopulationBasedTraining
 
 from sweep.config.settings import PbtConfig
-from sweep.trials import EVAL_PREFIX, OWN_KEYS
+from sweep.results.trial_reports import EVAL_PREFIX, OWN_KEYS
 
 METRIC, MODE = "score", "max"  # the task's selection score, higher is better (trials.Report)
 PERTURBATION_FACTORS = (1.2, 0.8)  # Tune's default, named so that KeepInRange bounces with the same ones

@@ -14,7 +14,7 @@ from ray.tune.schedulers import FIFOScheduler
 
 from sweep.plan.rung_boards import ASHA_NAMESPACE, EvalPoint
 from sweep.plan.rungs import past_rung
-from sweep.trials import Report, sweep_trial_id, trial_of
+from sweep.results.trial_reports import Report, sweep_trial_id, trial_of
 
 
 class SeedHalvingScheduler(FIFOScheduler):

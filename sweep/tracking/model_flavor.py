@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sweep.config.tasks import TaskSpec
-from sweep.export_layout import ADAPTER_FOLDER, MADE_BY, MODEL_DIR, TOKENIZER_DIR
+from sweep.results.export_layout import ADAPTER_FOLDER, MADE_BY, MODEL_DIR, TOKENIZER_DIR
 
 # Greedy, the new tokens only: what `python -m sweep serve` answers at temperature 0 (a caller's
 # `params` of the same names change them per request).

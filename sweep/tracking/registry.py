@@ -12,7 +12,7 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
 from sweep.config.tasks import TaskSpec
-from sweep.export_layout import registry_name
+from sweep.results.export_layout import registry_name
 from sweep.tracking.model_flavor import log_best_model, tracking_at
 from sweep.tracking.store import client_for, with_retries
 

@@ -28,10 +28,10 @@ from sweep.config.tasks import TaskSpec
 from sweep.data.collate import count_tokens, make_collator, make_lm_collator
 from sweep.data.glue import load_task_data, tokenize_task
 from sweep.data.lm import check_block_fits, lm_blocks
+from sweep.results.trial_reports import TRAINING_STATE
 from sweep.train.evaluate import autocast, autocast_dtype, evaluate, to_device
 from sweep.train.loading import load_for_task, pick_device
 from sweep.train.metrics import merge_splits, selection_score, trivial_score
-from sweep.trials import TRAINING_STATE
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import torch
 from sweep.config.settings import TrainConfig
 from sweep.config.tasks import TaskSpec
 from sweep.errors import ConfigError
-from sweep.export_layout import ADAPTER_FOLDER
+from sweep.results.export_layout import ADAPTER_FOLDER
 
 ADAPTER_CONFIG = "adapter_config.json"  # PEFT's: a checkpoint folder holding an adapter, not a whole model
 

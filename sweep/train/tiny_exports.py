@@ -14,9 +14,9 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from sweep.config.tasks import CONF_DIR, load_task
-from sweep.export_layout import MADE_BY
 from sweep.models.local_folder import resolve_model_dir
 from sweep.models.quiet import quiet_transformers
+from sweep.results.export_layout import MADE_BY
 from sweep.train.loading import load_for_task
 
 

@@ -9,7 +9,7 @@ storage anymore"): seen in a fresh-clone run of tests/test_preemption.py.
 Which of the trial's other checkpoint folders is whole: the one whose marker's ``checkpoint_id`` is in the
 trial's history, which the trial writes only once ``report`` has persisted that checkpoint (a folder still
 being copied at the kill has no row). The trial goes on from the newest such; its history past it is
-dropped as after any retry (sweep/trials.py). None found: Tune's own error stands.
+dropped as after any retry (sweep/results/trial_reports.py). None found: Tune's own error stands.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sweep.trials import CHECKPOINT_MARKER, TrialHistories
+from sweep.results.trial_reports import CHECKPOINT_MARKER, TrialHistories
 
 CHECKPOINT_PREFIX = "checkpoint_"  # Tune's folder names: checkpoint_000000, checkpoint_000001, ...
 

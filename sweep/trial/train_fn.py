@@ -20,7 +20,7 @@ Either way the trainable sees the trial's failure first and sorts it (``failures
 error of the trial's own data, config or model limits ends the trial at once, failed, unretried
 (``trial_error`` in its last report and history row); anything else is raised and retried.
 
-What a trial reports and keeps is the Ray-free contract of ``sweep/trials.py`` (``Report``); the
+What a trial reports and keeps is the Ray-free contract of ``sweep/results/trial_reports.py`` (``Report``); the
 worker loop below it is plain Python (``sweep.train.loop``).
 """
 
@@ -59,9 +59,7 @@ from sweep.plan.rung_boards import ASHA_NAMESPACE, EarlyStop, EvalPoint
 from sweep.plan.rungs import past_rung
 from sweep.plan.scale import TrialResources
 from sweep.plan.sizes import SweepStorage
-from sweep.schedulers.policies import SchedulerPolicy, policies_for
-from sweep.trial.tune_reports import fit_reporting_to_tune
-from sweep.trials import (
+from sweep.results.trial_reports import (
     CHECKPOINT_MARKER,
     CHECKPOINT_RANK,
     Report,
@@ -71,6 +69,8 @@ from sweep.trials import (
     sweep_trial_id,
     trial_of,
 )
+from sweep.schedulers.policies import SchedulerPolicy, policies_for
+from sweep.trial.tune_reports import fit_reporting_to_tune
 
 PROCESS_STARTED = psutil.Process().create_time()  # this worker process's start (before its imports)
 # How long Tune waits, when it hands this (reused) process the next trial, for the last trial's thread to end:
