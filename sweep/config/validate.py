@@ -65,9 +65,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "tracking.kind": get_args(TrackingKind),
     "model.builder.arch": get_args(Arch),
 }
-# What the checks below must know of a scheduler or searcher by its name. All else is its policy's
-# (sweep/schedulers/policies.py), a layer above config that validation cannot ask; a test holds these
-# to the policies' answers (tests/test_scheduler_policies.py).
+# What the checks below must know of a scheduler or searcher by its name: their one home (the policies in
+# sweep/schedulers/policies.py, a layer above that validation cannot ask, take their answers from here).
 PAUSING: tuple[Scheduler, ...] = ("seed_halving", "pbt")  # pause trials (resumed later from their checkpoint)
 MUTATING: tuple[Scheduler, ...] = ("pbt",)  # change a trial's values mid-run: sweep.pbt is checked
 LEARNING: tuple[SearchAlg, ...] = ("optuna",)  # learn from the scores: a space, a point over several seeds

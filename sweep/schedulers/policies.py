@@ -8,8 +8,8 @@ stay where they are (``seed_halving.py``, ``pbt.py``, ``optuna_search.py``, ``ga
 ones in ``sweep/plan/`` (the rungs boards): a policy constructs them.
 
 Validation (``sweep/config/validate.py``) is a layer below and cannot ask a policy: the few facts its
-checks need by name (``PAUSING``, ``MUTATING``, ``LEARNING``) are held equal to the answers here by
-``tests/test_scheduler_policies.py``.
+checks need by name (``PAUSING``, ``LEARNING``) have their one home there, and the policies here take
+their answers from them.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from sweep.config.settings import HalvingConfig, Settings, SweepConfig
+from sweep.config.validate import LEARNING, PAUSING
 from sweep.errors import ConfigError
 from sweep.plan.rung_boards import AshaRungs, SeedHalving, trials_per_task
 
@@ -77,7 +78,7 @@ class SeedHalvingPolicy(SchedulerPolicy):
     """sweep.scheduler=seed_halving: one decision per task at fraction ``at`` of training; a trial that gets
     there first is paused (its slot lent) until its task is decided."""
 
-    pauses_trials = True
+    pauses_trials = "seed_halving" in PAUSING
 
     @property
     def halving(self) -> HalvingConfig:
@@ -98,7 +99,7 @@ class PbtPolicy(SchedulerPolicy):
     """sweep.scheduler=pbt: one population per task (and grid point) whose bottom trials clone the top ones'
     checkpoints with mutated values (a pause, then a restart from the donor's checkpoint)."""
 
-    pauses_trials = True
+    pauses_trials = "pbt" in PAUSING
     # an exploit clones a top trial's checkpoint of its last perturbation, which may no longer be its
     # best or latest
     keeps_every_checkpoint = True
@@ -150,7 +151,7 @@ class OptunaSearchPolicy(SearcherPolicy):
     """sweep.search_alg=optuna: a TPE study per task and grid point asked for each point
     (``optuna_search.TaskOptunaSearch``)."""
 
-    learns_from_scores = True
+    learns_from_scores = "optuna" in LEARNING
 
     def space(self, scheduler: SchedulerPolicy) -> dict[str, Any]:
         return dict(self.sweep.search)
