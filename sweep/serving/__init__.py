@@ -4,6 +4,7 @@
 - ``kserve_model.py``: the kserve.Model subclasses that answer the Open Inference Protocol
 - ``openai_model.py``: the causal LM over KServe's OpenAI endpoints too (completions, chat, streaming)
 - ``adapter_pool.py``: many LoRA adapters on one base (``adapters=``): each its own model name and micro-batch queue
+- ``routes.py``:      every HTTP route the server answers (one table) and the app built from it
 - ``client.py``:      one inference call to a running server (the command: sweep/cli/infer.py)
 
 - ``model_location.py``: where the model comes from (folder, ``models:/name@alias``, ``s3://``) and its name
@@ -18,7 +19,6 @@
 - ``admission.py``:  at most N sequences generating and M waiting; past them, 429 (``Overloaded``)
 - ``engines.py``:    the loaded classifier / causal LM and one batched forward pass each
 - ``model_kind.py``: what a model folder holds (classifier or causal LM), from its config.json alone
-- ``glue_submission.py``: the best models' predictions of GLUE's test splits -> ``glue_submission.zip``
 - ``generation.py``: what a generated sequence becomes: text cut at a stop sequence, token counts
 - ``server_metrics.py``: the ``sweep_`` Prometheus metrics on ``GET /metrics``
 - ``kserve_import.py``: import kserve without it reading our ``sys.argv``

@@ -29,6 +29,7 @@ base's (the base built on the meta device), a ``model=`` that is itself an adapt
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import threading
@@ -40,11 +41,11 @@ from pathlib import Path
 from typing import Any
 
 from sweep.config.defaults import default_cache_dir
-from sweep.export_layout import ADAPTER_FOLDER, MADE_BY, registry_name
+from sweep.results.export_layout import ADAPTER_FOLDER, MADE_BY, registry_name
 from sweep.serving.cpu_budget import ServerWork, set_server_threads
 from sweep.serving.model_location import made_by, task_inputs
 from sweep.serving.protocol import TaskInputs
-from sweep.serving.server import ServeError, ServeOptions, port_taken
+from sweep.serving.server import Loader, Served, ServeError, ServeOptions, serve
 
 ADAPTER_CONFIG = "adapter_config.json"  # PEFT's; a folder holding it is an adapter, not a model
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
@@ -453,35 +454,32 @@ def _label_names(adapter: Adapter, generic: Sequence[str]) -> list[str]:
 
 
 def serve_adapters(options: ServeOptions) -> None:
-    """``sweep serve model=BASE adapters=...``: check everything, load the base once, serve every adapter."""
+    """``sweep serve model=BASE adapters=...``: the one start-up (server.serve) with the adapters as its models."""
+    serve(options, find_adapter_pool)
+
+
+def find_adapter_pool(options: ServeOptions) -> Loader:
+    """Every adapter found and checked against the base, before any weight is read; what loads them."""
     if options.name:
         raise ServeError("name: names the one model of a plain server; with adapters= each adapter has its own "
                          "name (NAME=DIR)")
-    if options.grpc and options.grpc_port == options.port:
-        raise ServeError(f"grpc_port: must differ from port (both {options.port}); or grpc=false")
     adapters = find_adapters(options.adapters or "")
     model_dir = resolve_base(options)
     num_labels = check_base(model_dir, options.model, adapters)
-    grpc_port = options.grpc_port if options.grpc else None
-    if grpc_port and port_taken(grpc_port):
-        raise ServeError(f"grpc_port: port {grpc_port} is in use (another server?); "
-                         "choose another grpc_port= or grpc=false")
+    return functools.partial(load_adapter_pool, model_dir, adapters, num_labels, options)
+
+
+def load_adapter_pool(model_dir: Path, adapters: Sequence[Adapter], num_labels: int | None,
+                      options: ServeOptions) -> Served:
+    """The base loaded once with every adapter, each its own model; or a ``ServeError`` saying why not."""
     try:
         models = build_adapter_models(model_dir, adapters, num_labels, options)
     except (OSError, ValueError, RuntimeError) as e:  # transformers' / PEFT's way of saying a folder is broken
         raise ServeError(f"model={options.model}: cannot load the base with its adapters: "
                          f"{' '.join(str(e).split())}") from None
-    from sweep.serving.kserve_model import serve
-
-    openai = ", POST /openai/v1/completions (and /chat/completions)" if hasattr(models[0], "create_completion") else ""
-    names = ", ".join(a.name for a in adapters)
-    print(
-        f"serving {len(adapters)} adapter(s) on {model_dir} ({models[0].engine.kind}): {names} on port {options.port}: "
-        f"POST /v2/models/<name>/infer{openai}, GET /metrics; "
-        f"{f'gRPC v2 on port {grpc_port}' if grpc_port else 'gRPC off'}; batching per adapter "
-        f"{'on' if options.batching else 'off'}"
-        # transformers' continuous batch runs one set of weights: adapters' rows must not share a step
-        + ("; generation=batched per adapter (continuous batching serves one model, not adapters)" if openai else ""),
-        flush=True,
-    )
-    serve(models, options.port, options.log_requests, grpc_port)
+    openai = hasattr(models[0], "create_completion")
+    batching = f"batching per adapter {'on' if options.batching else 'off'}"
+    if openai:  # transformers' continuous batch runs one set of weights: adapters' rows must not share a step
+        batching += "; generation=batched per adapter (continuous batching serves one model, not adapters)"
+    what = f"{len(adapters)} adapter(s) on {model_dir} ({models[0].engine.kind}): {', '.join(a.name for a in adapters)}"
+    return Served(models, what, "<name>", batching)

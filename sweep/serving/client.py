@@ -22,6 +22,7 @@ from typing import Any, TextIO
 import httpx
 
 from sweep.serving.protocol import STOP, TEXT, TEXT_PAIR, parameters_for_grpc, tensor_by_name
+from sweep.serving.routes import OPENAI_COMPLETIONS, V1_MODELS, V2_INFER, V2_MODEL
 
 
 class InferError(RuntimeError):
@@ -66,7 +67,7 @@ def pick_model(client: httpx.Client, name: str | None) -> str:
     """``name``, or the server's only model."""
     if name:
         return name
-    models = _get(client, "/v1/models").get("models", [])
+    models = _get(client, V1_MODELS.path).get("models", [])
     if len(models) != 1:
         raise InferError(f"the server has {len(models)} models ({', '.join(models)}): choose one with --model")
     return models[0]
@@ -101,8 +102,8 @@ def infer(url: str, model: str | None, texts: Sequence[str], options: InferOptio
     with (_http_errors(url, options.timeout),
           httpx.Client(base_url=url.rstrip("/"), timeout=options.timeout) as client):
         name = pick_model(client, model)
-        kind = model_kind(o["name"] for o in _get(client, f"/v2/models/{name}").get("outputs", []))
-        return kind, _check(client.post(f"/v2/models/{name}/infer", json=build_request(kind, texts, options)))
+        kind = model_kind(o["name"] for o in _get(client, V2_MODEL.url(name)).get("outputs", []))
+        return kind, _check(client.post(V2_INFER.url(name), json=build_request(kind, texts, options)))
 
 
 @contextmanager
@@ -150,11 +151,11 @@ def stream_completions(url: str, model: str | None, texts: Sequence[str], option
     with (_http_errors(url, options.timeout),
           httpx.Client(base_url=url.rstrip("/"), timeout=options.timeout) as client):
         name = pick_model(client, model)
-        if model_kind(o["name"] for o in _get(client, f"/v2/models/{name}").get("outputs", [])) != "generator":
+        if model_kind(o["name"] for o in _get(client, V2_MODEL.url(name)).get("outputs", [])) != "generator":
             raise InferError("--stream is for causal LMs; this model is a classifier")
         for text in texts:
             request = completion_request(name, text, options)
-            with client.stream("POST", "/openai/v1/completions", json=request) as response:
+            with client.stream(OPENAI_COMPLETIONS.method, OPENAI_COMPLETIONS.path, json=request) as response:
                 if response.status_code >= 400:
                     response.read()
                     _check(response)

@@ -6,25 +6,43 @@ Imported only once the command line is valid: kserve takes seconds to import, an
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import uuid
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sweep.serving.engines import Classifier, Generator
 from sweep.serving.kserve_import import import_kserve
 
 kserve = import_kserve()
-from fastapi import Request  # noqa: E402 - after kserve, which builds the app
+import uvicorn  # noqa: E402
+from fastapi import Request  # noqa: E402 - after kserve, imported with our argv hidden
 from fastapi.exceptions import RequestValidationError  # noqa: E402
 from fastapi.responses import JSONResponse  # noqa: E402
-from grpc import StatusCode  # noqa: E402
-from kserve.errors import InvalidInput, ModelNotFound, ModelNotReady  # noqa: E402
+from grpc import StatusCode, aio  # noqa: E402
+from kserve.errors import (  # noqa: E402
+    InferenceError,
+    InvalidInput,
+    ModelNotFound,
+    ModelNotReady,
+    ServerNotLive,
+    ServerNotReady,
+    UnsupportedProtocol,
+    generic_exception_handler,
+    inference_error_handler,
+    not_implemented_error_handler,
+    server_not_live_handler,
+    server_not_ready_handler,
+    unsupported_protocol_error_handler,
+)
 from kserve.logging import logger  # noqa: E402
-from kserve.protocol.grpc import server as kserve_grpc_server  # noqa: E402
-from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor  # noqa: E402
+from kserve.protocol.grpc.grpc_predict_v2_pb2_grpc import add_GRPCInferenceServiceServicer_to_server  # noqa: E402
+from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor, LoggingInterceptor  # noqa: E402
+from kserve.protocol.grpc.servicer import InferenceServicer  # noqa: E402
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse, to_http_parameters  # noqa: E402
-from kserve.protocol.rest import server as kserve_rest_server  # noqa: E402
 
 from sweep.serving import server_metrics  # noqa: E402
 from sweep.serving.admission import Overloaded  # noqa: E402
@@ -45,6 +63,7 @@ from sweep.serving.protocol import (  # noqa: E402
     parse_classify,
     parse_generate,
 )
+from sweep.serving.routes import Handler, build_app, is_openai  # noqa: E402
 
 
 def _tensor(infer_input: Any) -> Tensor:
@@ -58,9 +77,6 @@ def _tensor(infer_input: Any) -> Tensor:
         except Exception as e:  # noqa: BLE001 - any decoding failure is the client's payload
             raise InvalidInput(f"input {infer_input.name!r}: cannot decode its binary data: {e}") from None
     return Tensor(infer_input.name, list(infer_input.shape or []), infer_input.datatype, data)
-
-
-# KServe's OpenAI routes that take a body (under its prefix, /openai by default).
 
 
 def _io_spec(name: str, datatype: str, shape: Sequence[int]) -> dict[str, Any]:
@@ -85,6 +101,10 @@ class BatchedTextModel(kserve.Model):
     def why_not_ready(self) -> str | None:
         """Why the model cannot answer though it loaded (the 503 says it), or None."""
         return None
+
+    def exception_handlers(self) -> dict[type[BaseException], Handler]:
+        """The app's handlers this model needs beyond the v2 ones (``exception_handlers`` below)."""
+        return {}
 
     def parse(self, inputs: list[Tensor], parameters: Mapping[str, Any] | None) -> tuple[Hashable | None, list[Any]]:
         raise NotImplementedError
@@ -238,7 +258,7 @@ async def validation_error(_: Request, exc: RequestValidationError) -> JSONRespo
 def _error(request: Request, status: int, message: str, kind: str,
            headers: Mapping[str, str] | None = None) -> JSONResponse:
     """An error answer: OpenAI's error body on its routes, v2's elsewhere."""
-    if "/openai/" in request.url.path:
+    if is_openai(request.url.path):
         body: dict[str, Any] = {"error": {"message": message, "type": kind, "param": None, "code": str(status)}}
     else:
         body = {"error": message}
@@ -292,11 +312,6 @@ class ClientErrorsInOneLine(ExceptionToStatusInterceptor):
         await super().handle_exception(ex, request_or_iterator, context, method_name)
 
 
-def _not_a_grpc_call_line(record: logging.LogRecord) -> bool:
-    """False for KServe's per-call gRPC log line ("grpc method: ..."), which log_requests=false drops."""
-    return not str(record.msg).startswith("grpc method:")
-
-
 class UnknownModel(ModelNotFound):
     """KServe's "Model with name X does not exist.", naming the models served (a 404; gRPC NOT_FOUND)."""
 
@@ -324,54 +339,82 @@ async def _unknown_model(request: Request, exc: ModelNotFound) -> JSONResponse:
 
 _SERVED: dict[str, BatchedTextModel] = {}  # the models serve() registered, by name
 
-_KSERVE_TIMING = kserve_rest_server.TimingMiddleware
+
+def exception_handlers(models: Sequence[BatchedTextModel]) -> dict[type[BaseException], Handler]:
+    """The handlers kserve 0.21's RESTServer adds, four of them ours, and whatever the models add (OpenAI's)."""
+    handlers: dict[type[BaseException], Handler] = {
+        InvalidInput: bad_request, InferenceError: inference_error_handler, ModelNotFound: _unknown_model,
+        ModelNotReady: not_ready, NotImplementedError: not_implemented_error_handler,
+        UnsupportedProtocol: unsupported_protocol_error_handler, ServerNotLive: server_not_live_handler,
+        ServerNotReady: server_not_ready_handler, Exception: generic_exception_handler,
+        RequestValidationError: validation_error, Overloaded: overloaded, DecodingGone: not_ready,
+    }
+    for model in models:
+        handlers.update(model.exception_handlers())
+    return handlers
 
 
-class _NoTiming:
-    """In place of KServe's TimingMiddleware when nothing would print its timings (``log_requests=false``):
-    the app it wraps, unwrapped. It only feeds the ``kserve.trace`` log, yet it matched every request's route
-    and read the process's CPU time twice (measured: 3% of the server's event loop at 16 streams)."""
+def grpc_server(server: Any, port: int, log_requests: bool) -> aio.Server:
+    """KServe's v2 gRPC service (its ``InferenceServicer``) on a server of ours: our interceptors passed to it,
+    KServe's per-call log line only if requests are logged."""
+    options = vars(kserve.model_server.args)
+    interceptors = [LoggingInterceptor()] if log_requests else []
+    grpc = aio.server(ThreadPoolExecutor(max_workers=server.max_threads),
+                      interceptors=[*interceptors, ClientErrorsInOneLine()],
+                      options=[(f"grpc.{key}", options.get(f"grpc_{key}"))
+                               for key in ("max_send_message_length", "max_receive_message_length")])
+    add_GRPCInferenceServiceServicer_to_server(InferenceServicer(server.dataplane, server.model_repository_extension),
+                                               grpc)
+    grpc.add_insecure_port(f"[::]:{port}")
+    logger.info("gRPC server on [::]:%d", port)
+    return grpc
 
-    def __new__(cls, app: Any, **_: Any) -> Any:
-        return app
+
+async def _run(rest: uvicorn.Server, grpc_factory: Callable[[], aio.Server] | None, grace_s: float) -> None:
+    """gRPC (made here: it binds to the running loop), then REST until SIGINT/SIGTERM (uvicorn catches
+    them), then gRPC stopped."""
+    grpc = grpc_factory() if grpc_factory is not None else None
+    if grpc is not None:
+        await grpc.start()
+    try:
+        await rest.serve()
+    finally:
+        if grpc is not None:
+            await grpc.stop(grace=grace_s)
 
 
-def use_timing_middleware(log_requests: bool) -> None:
-    """KServe's TimingMiddleware in the app it builds next if its lines are logged, else none."""
-    kserve_rest_server.TimingMiddleware = _KSERVE_TIMING if log_requests else _NoTiming
+def _quiet_request_logs() -> None:
+    """``log_requests=false``: no access line, no timing line per request."""
+    for logger_name in ("uvicorn.access", "kserve.trace"):
+        logging.getLogger(logger_name).setLevel(logging.WARNING)
 
 
-def serve(models: BatchedTextModel | Sequence[BatchedTextModel], port: int, log_requests: bool,
-          grpc_port: int | None = None) -> None:
-    """Run KServe's ModelServer with the model(s) until SIGINT/SIGTERM: REST on ``port``, and the v2
-    gRPC service (KServe's own gRPC server) on ``grpc_port`` unless it is None."""
-    models = [models] if isinstance(models, BatchedTextModel) else list(models)
-    _SERVED.clear()
-    _SERVED.update({m.name: m for m in models})
-    # KServe adds its own InvalidInput, ModelNotFound and ModelNotReady handlers when the app is built (in
-    # server.start), and its gRPC interceptors when the gRPC server starts: it takes ours by name
-    kserve_rest_server.invalid_input_handler = bad_request
-    kserve_rest_server.model_not_found_handler = _unknown_model
-    kserve_rest_server.model_not_ready_handler = not_ready
-    use_timing_middleware(log_requests)
-    kserve_grpc_server.ExceptionToStatusInterceptor = ClientErrorsInOneLine
-    server = kserve.ModelServer(
-        http_port=port,
-        grpc_port=grpc_port or 0,  # unused when gRPC is off
-        enable_grpc=grpc_port is not None,
-        enable_latency_logging=log_requests,
-        workers=1,
-        registered_models=ServedModels(),
-    )
-    if not log_requests:
-        for logger_name in ("uvicorn.access", "kserve.trace"):
-            logging.getLogger(logger_name).setLevel(logging.WARNING)
-        logging.getLogger("kserve").addFilter(_not_a_grpc_call_line)
-    kserve.model_server.app.add_exception_handler(RequestValidationError, validation_error)
-    kserve.model_server.app.add_exception_handler(Overloaded, overloaded)
-    kserve.model_server.app.add_exception_handler(DecodingGone, not_ready)
-    kserve.model_server.app.add_middleware(server_metrics.RequestMetrics)  # sweep_http_* on GET /metrics
+def _register(server: Any, models: Sequence[BatchedTextModel], log_requests: bool) -> None:
+    """The models loaded, in KServe's registry, started (what ``ModelServer.start`` does first, kserve 0.21)."""
     for model in models:
         model.load()
+        server.register_model(model)
+        model.enable_latency_logging = log_requests
+        model.start()
+
+
+def serve(models: Sequence[BatchedTextModel], port: int, log_requests: bool, grpc_port: int | None = None) -> None:
+    """Run the models until SIGINT/SIGTERM: our app (routes.py) on ``port``, KServe's v2 gRPC service on
+    ``grpc_port`` unless it is None; KServe's ModelServer holds the models, its data plane answers."""
+    _SERVED.clear()
+    _SERVED.update({m.name: m for m in models})
+    server = kserve.ModelServer(http_port=port, grpc_port=grpc_port or 0, enable_grpc=grpc_port is not None,
+                                enable_latency_logging=log_requests, workers=1, registered_models=ServedModels())
+    if not log_requests:
+        _quiet_request_logs()
+    _register(server, models, log_requests)
+    app = build_app(server.dataplane, server.model_repository_extension, exception_handlers(models),
+                    [server_metrics.RequestMetrics], log_requests)  # sweep_http_* on GET /metrics
+    rest = uvicorn.Server(uvicorn.Config(app, host="0.0.0.0", port=port, log_config=None,
+                                         timeout_graceful_shutdown=server.grace_period,
+                                         timeout_keep_alive=server.timeout_keep_alive, loop=server.event_loop))
+    grpc = functools.partial(grpc_server, server, grpc_port, log_requests) if grpc_port is not None else None
     freeze_startup_objects()
-    server.start(models)
+    server.setup_event_loop()
+    server.register_signal_handler()  # after uvicorn's exit: KServe's stop, which unloads (stops) the models
+    asyncio.run(_run(rest, grpc, server.grace_period))

@@ -73,12 +73,13 @@ from kserve.protocol.rest.openai.types import (  # noqa: E402
 from sweep.serving import server_metrics  # noqa: E402
 from sweep.serving.batcher import Batched  # noqa: E402
 from sweep.serving.continuous import Stream  # noqa: E402
-from sweep.serving.kserve_model import GeneratorModel, kserve, validation_error, validation_problems  # noqa: E402
+from sweep.serving.kserve_model import GeneratorModel, validation_error, validation_problems  # noqa: E402
 from sweep.serving.openai_protocol import OpenAIJob, chat_messages, completion_prompts, openai_job  # noqa: E402
 from sweep.serving.protocol import (
     Completion as Generated,  # noqa: E402
     RequestError,  # noqa: E402
 )
+from sweep.serving.routes import OPENAI_BODY_PATHS, Handler  # noqa: E402
 
 BATCH_SIZE_HEADER = "X-Batch-Size"
 
@@ -89,9 +90,6 @@ def error_response(message: str, status: HTTPStatus = HTTPStatus.BAD_REQUEST, pa
     return create_error_response(message, err_type=kind, param=param, status_code=status)
 
 
-OPENAI_BODY_ROUTES = ("/v1/completions", "/v1/chat/completions")
-
-
 def validation_error_response(message: str) -> JSONResponse:
     """A body FastAPI could not parse into the request type, in OpenAI's error shape."""
     return JSONResponse(status_code=400, content=error_response(message).model_dump())
@@ -99,7 +97,7 @@ def validation_error_response(message: str) -> JSONResponse:
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     """OpenAI's error body on the OpenAI routes; the v2 one (``kserve_model.validation_error``) elsewhere."""
-    if request.url.path.endswith(OPENAI_BODY_ROUTES):
+    if request.url.path.endswith(OPENAI_BODY_PATHS):
         return validation_error_response(f"malformed request: {validation_problems(exc) or 'not a JSON object'}")
     return await validation_error(request, exc)
 
@@ -120,7 +118,7 @@ def _raised_reading_the_body(exc: BaseException) -> bool:
 
 
 async def _body_error(request: Request, exc: Exception) -> JSONResponse:
-    if request.url.path.endswith(OPENAI_BODY_ROUTES) and _raised_reading_the_body(exc):
+    if request.url.path.endswith(OPENAI_BODY_PATHS) and _raised_reading_the_body(exc):
         return validation_error_response(
             f"malformed request: the body must be a JSON object of the request's fields, each of its type ({exc})"
         )
@@ -227,12 +225,11 @@ class _Chunks:
 class OpenAIGeneratorModel(GeneratorModel, OpenAIGenerativeModel):
     """The causal LM over v2 (``GeneratorModel``) and over KServe's OpenAI endpoints."""
 
-    def start(self) -> None:
-        """Called by ModelServer.start before it builds the app: our handler joins KServe's there."""
-        for kind in (AttributeError, TypeError, KeyError, IndexError):
-            kserve.model_server.app.add_exception_handler(kind, _body_error)
-        kserve.model_server.app.add_exception_handler(RequestValidationError, _validation_error)  # replaces v2's
-        super().start()
+    def exception_handlers(self) -> dict[type[BaseException], Handler]:
+        """OpenAI's error body for a body KServe's OpenAI routes could not read (in place of v2's handler)."""
+        body_errors: dict[type[BaseException], Handler] = {
+            kind: _body_error for kind in (AttributeError, TypeError, KeyError, IndexError)}
+        return {**super().exception_handlers(), **body_errors, RequestValidationError: _validation_error}
 
     # -- the OpenAI endpoints (called by KServe's OpenAIDataPlane) ----------------------------
 

@@ -2,22 +2,27 @@
 
 The command is ``sweep serve model=... [port=8080] ...`` (``python -m sweep serve``; its ``key=value``
 arguments are read in sweep/cli/serve.py into a ``ServeOptions``). It speaks the Open Inference Protocol
-v2 REST API: ``/v2/health/live``, ``/v2/health/ready``, ``/v2/models/{name}``, ``/v2/models/{name}/ready``,
-``/v2/models/{name}/infer`` (and ``GET /v1/models``), the same v2 service over gRPC on ``grpc_port``
-(KServe's gRPC server), and Prometheus metrics at ``GET /metrics``. A classifier answers labels and
-scores for texts or text pairs; a causal LM answers completions with token counts.
+v2 over REST (every route it answers is in sweep/serving/routes.py), the same v2 service over gRPC on
+``grpc_port`` (KServe's servicer), and Prometheus metrics at ``GET /metrics``. A classifier answers labels
+and scores for texts or text pairs; a causal LM answers completions with token counts.
+
+``serve`` is the one start-up: one model (``serve_model``) and an adapter pool (adapter_pool.py) only
+find and load their models differently.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sweep.config.defaults import default_cache_dir
 from sweep.serving.cpu_budget import ServerWork, set_server_threads
+from sweep.serving.routes import announced
 
 DEFAULT_PORT = 8080
 DEFAULT_GRPC_PORT = 8081
@@ -110,14 +115,51 @@ def build_model(model_dir: Path, name: str, options: ServeOptions) -> Any:
     return OpenAIGeneratorModel(name, engine, generator_options, continuous)
 
 
-def serve_model(options: ServeOptions) -> None:
-    """Find the model, load it, say what is served (one line), then serve until stopped.
+@dataclass(frozen=True)
+class Served:
+    """What a server serves: its models, and what its start-up line says of them."""
 
-    Every mistake a person can make is a ``ServeError``, raised before the server starts; the
-    heavier imports come stage by stage, so that a mistake is reported fast.
-    """
+    models: list[Any]
+    what: str  # "NAME (kind, DIR)", or "N adapter(s) on DIR (kind): NAME, NAME"
+    route_name: str  # the model's name in the routes the line names ("<name>" for several)
+    batching: str
+
+
+Loader = Callable[[], Served]
+
+
+def serve(options: ServeOptions, find: Callable[[ServeOptions], Loader]) -> None:
+    """The one start-up of a server: options checked, models found (``find``), the gRPC port checked, the
+    models loaded, one line said, then served until stopped. Every mistake is a ``ServeError``, raised
+    before the server starts; the heavier imports come stage by stage, so that a mistake is reported fast."""
     if options.grpc and options.grpc_port == options.port:
         raise ServeError(f"grpc_port: must differ from port (both {options.port}); or grpc=false")
+    load = find(options)
+    grpc_port = options.grpc_port if options.grpc else None
+    if grpc_port and port_taken(grpc_port):
+        raise ServeError(f"grpc_port: port {grpc_port} is in use (another server?); "
+                         "choose another grpc_port= or grpc=false")
+    served = load()
+    print(startup_line(served, options.port, grpc_port), flush=True)
+    from sweep.serving.kserve_model import serve as run
+
+    run(served.models, options.port, options.log_requests, grpc_port)
+
+
+def startup_line(served: Served, port: int, grpc_port: int | None) -> str:
+    """What is served where, in one line (the routes named from routes.py's table)."""
+    routes = announced(served.route_name, hasattr(served.models[0], "create_completion"))
+    grpc = f"gRPC v2 on port {grpc_port}" if grpc_port else "gRPC off"
+    return f"serving {served.what} on port {port}: {routes}; {grpc}; {served.batching}"
+
+
+def serve_model(options: ServeOptions) -> None:
+    """``sweep serve model=...``: one model, found, loaded and served."""
+    serve(options, find_model)
+
+
+def find_model(options: ServeOptions) -> Loader:
+    """The model's folder (downloaded if it must be) and name; what loads it."""
     from sweep.errors import StagingError
     from sweep.serving.model_location import ModelSourceError, published_name, resolve_model_source
 
@@ -127,6 +169,11 @@ def serve_model(options: ServeOptions) -> None:
         name = options.name or published_name(model_dir, options.model)
     except (ModelSourceError, StagingError) as e:  # StagingError: an s3:// source (credentials, key, archive)
         raise ServeError(str(e)) from None
+    return functools.partial(load_model, model_dir, name, options)
+
+
+def load_model(model_dir: Path, name: str, options: ServeOptions) -> Served:
+    """The loaded model, or a ``ServeError`` saying why it cannot be."""
     from sweep.serving.model_kind import ModelKindError
 
     try:
@@ -136,25 +183,16 @@ def serve_model(options: ServeOptions) -> None:
     except (OSError, ValueError) as e:  # transformers' way of saying the folder is incomplete or corrupt
         raise ServeError(f"model={options.model}: cannot load the model in {model_dir}: "
                          f"{' '.join(str(e).split())}") from None
+    return Served([model], f"{name} ({model.engine.kind}, {model_dir})", name, _batching(model, options))
+
+
+def _batching(model: Any, options: ServeOptions) -> str:
     batching = (
         f"batching on (up to {options.max_batch_size} texts, waits <= {options.max_latency_ms:g} ms)"
         if options.batching else "batching off"
     )
     continuous = getattr(model, "continuous", None)
-    if continuous is not None:
-        unstreamed = "; unstreamed requests: the micro-batcher" if options.unstreamed == "batched" else ""
-        batching = f"{continuous.describe()}{unstreamed}; {batching}"
-    grpc_port = options.grpc_port if options.grpc else None
-    if grpc_port and port_taken(grpc_port):
-        raise ServeError(f"grpc_port: port {grpc_port} is in use (another server?); "
-                         "choose another grpc_port= or grpc=false")
-    grpc = f"gRPC v2 on port {grpc_port}" if grpc_port else "gRPC off"
-    openai = ", POST /openai/v1/completions (and /chat/completions)" if hasattr(model, "create_completion") else ""
-    print(
-        f"serving {name} ({model.engine.kind}, {model_dir}) on port {options.port}: "
-        f"POST /v2/models/{name}/infer{openai}, GET /metrics; {grpc}; {batching}",
-        flush=True,
-    )
-    from sweep.serving.kserve_model import serve
-
-    serve(model, options.port, options.log_requests, grpc_port)
+    if continuous is None:
+        return batching
+    unstreamed = "; unstreamed requests: the micro-batcher" if options.unstreamed == "batched" else ""
+    return f"{continuous.describe()}{unstreamed}; {batching}"

@@ -1,0 +1,145 @@
+"""Every HTTP route the model server answers, in one table, and the FastAPI app built from it.
+
+The app is our own (``build_app``), made of KServe's public parts (kserve 0.21): its route registrars
+(``register_v1_endpoints``, ``register_v2_endpoints``, ``maybe_register_openai_endpoints``), its
+``metrics_handler`` and ``DataPlane.live``, its exception handlers and its ``TimingMiddleware`` client
+(``PrintTimings``), with ours added by FastAPI's ``add_exception_handler`` and ``add_middleware``. Nothing
+of KServe's modules is reassigned. Each ``Family`` is the routes one registrar adds; ``ROUTES`` is all
+of them, what the start-up line, the OpenAI error bodies, the docs and the tests read.
+
+This module imports neither kserve nor FastAPI until an app is built: the client reads the table too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+MODEL = "{model_name}"
+VERSION = "{model_version}"
+OPENAI_PREFIX = "/openai"  # KServe's default OPENAI_ROUTE_PREFIX (env KSERVE_OPENAI_ROUTE_PREFIX)
+
+
+@dataclass(frozen=True)
+class Route:
+    """One route: its method and FastAPI path template (the ``route`` label of ``sweep_http_requests_total``)."""
+
+    method: str
+    path: str
+
+    def url(self, model: str, version: str = "1") -> str:
+        """The path with the model's name (and a version) filled in."""
+        return self.path.replace(MODEL, model).replace(VERSION, version)
+
+    def __str__(self) -> str:
+        return f"{self.method} {self.path}"
+
+
+@dataclass(frozen=True)
+class Family:
+    """The routes one registrar adds to the app; ``openai_only``: only when an OpenAI model is served."""
+
+    name: str
+    routes: tuple[Route, ...]
+    openai_only: bool = False
+
+
+def _get(*paths: str) -> tuple[Route, ...]:
+    return tuple(Route("GET", p) for p in paths)
+
+
+V2_INFER = Route("POST", f"/v2/models/{MODEL}/infer")
+V2_MODEL = Route("GET", f"/v2/models/{MODEL}")
+V2_LIVE, V2_READY = _get("/v2/health/live", "/v2/health/ready")
+V1_MODELS = Route("GET", "/v1/models")
+METRICS = Route("GET", "/metrics")
+LIVE = Route("GET", "/")  # KServe's DataPlane.live: {"status": "alive"}
+OPENAI_COMPLETIONS = Route("POST", f"{OPENAI_PREFIX}/v1/completions")
+OPENAI_CHAT = Route("POST", f"{OPENAI_PREFIX}/v1/chat/completions")
+
+ROOT = Family("root", (LIVE, METRICS))
+OPENAPI = Family("openapi", _get("/openapi.json"))  # FastAPI's own schema page
+V1 = Family("v1", (V1_MODELS, Route("GET", f"/v1/models/{MODEL}"), Route("POST", f"/v1/models/{MODEL}:predict"),
+                   Route("POST", f"/v1/models/{MODEL}:explain")))
+V2 = Family("v2", (
+    *_get("/v2"), V2_LIVE, V2_READY, *_get("/v2/models"), V2_MODEL, *_get(f"/v2/models/{MODEL}/versions/{VERSION}"),
+    *_get(f"/v2/models/{MODEL}/ready", f"/v2/models/{MODEL}/versions/{VERSION}/ready"),
+    V2_INFER, Route("POST", f"/v2/models/{MODEL}/versions/{VERSION}/infer"),
+    Route("POST", f"/v2/repository/models/{MODEL}/load"), Route("POST", f"/v2/repository/models/{MODEL}/unload"),
+))
+OPENAI = Family("openai", (
+    OPENAI_COMPLETIONS, OPENAI_CHAT, Route("POST", f"{OPENAI_PREFIX}/v1/embeddings"),
+    Route("POST", f"{OPENAI_PREFIX}/v1/rerank"),
+    *_get(f"{OPENAI_PREFIX}/v1/models", f"{OPENAI_PREFIX}/v1/models/{MODEL}"),
+), openai_only=True)
+
+FAMILIES = (ROOT, OPENAPI, V1, V2, OPENAI)
+ANNOUNCED = (V2_INFER, OPENAI_COMPLETIONS, OPENAI_CHAT, METRICS)  # what the start-up line names
+OPENAI_BODY_PATHS = (OPENAI_COMPLETIONS.path, OPENAI_CHAT.path)  # the OpenAI routes whose body we parse
+
+
+def served_routes(openai: bool) -> list[Route]:
+    """Every route of a server, with or without an OpenAI model among its models."""
+    return [r for f in FAMILIES if openai or not f.openai_only for r in f.routes]
+
+
+def announced(model: str, openai: bool) -> str:
+    """The start-up line's routes: ``POST /v2/models/NAME/infer, ..., GET /metrics``."""
+    served = served_routes(openai)
+    return ", ".join(f"{r.method} {r.url(model)}" for r in ANNOUNCED if r in served)
+
+
+def is_openai(path: str) -> bool:
+    """Whether a request path is one of the OpenAI routes (whose errors have OpenAI's body)."""
+    return path.startswith(f"{OPENAI_PREFIX}/")
+
+
+Handler = Callable[..., Any]
+
+
+def register_families(app: FastAPI, dataplane: Any, repository_extension: Any) -> None:
+    """Each family's registrar, KServe's own where it has one; OpenAI's adds routes only for OpenAI models."""
+    from kserve.protocol.rest.openai.config import maybe_register_openai_endpoints
+    from kserve.protocol.rest.server import metrics_handler
+    from kserve.protocol.rest.v1_endpoints import register_v1_endpoints
+    from kserve.protocol.rest.v2_endpoints import register_v2_endpoints
+
+    app.add_api_route(LIVE.path, dataplane.live, methods=[LIVE.method])
+    app.add_api_route(METRICS.path, metrics_handler, methods=[METRICS.method])
+    register_v1_endpoints(app, dataplane, repository_extension)
+    register_v2_endpoints(app, dataplane, repository_extension)
+    maybe_register_openai_endpoints(app, dataplane.model_registry)
+
+
+def add_middleware(app: FastAPI, middleware: Sequence[type], log_requests: bool) -> None:
+    """Ours innermost; KServe's timing lines (``kserve.trace``) outermost, as KServe adds it, if they are logged."""
+    from kserve.protocol.rest.server import PrintTimings
+    from timing_asgi import TimingMiddleware
+    from timing_asgi.integrations import StarletteScopeToName
+
+    for cls in middleware:
+        app.add_middleware(cls)
+    if log_requests:
+        app.add_middleware(TimingMiddleware, client=PrintTimings(),
+                           metric_namer=StarletteScopeToName(prefix="kserve.io", starlette_app=app))
+
+
+def build_app(dataplane: Any, repository_extension: Any, handlers: Mapping[type[BaseException], Handler],
+              middleware: Iterable[type], log_requests: bool) -> FastAPI:
+    """The server's app: the table's routes, the exception handlers given, our middleware (and KServe's timing)."""
+    from importlib import metadata
+
+    from fastapi import FastAPI
+    from fastapi.responses import ORJSONResponse
+
+    app = FastAPI(title="KServe ModelServer", version=metadata.version("kserve"), docs_url=None, redoc_url=None,
+                  default_response_class=ORJSONResponse)  # kserve.model_server's app, with the docs page off
+    add_middleware(app, list(middleware), log_requests)
+    register_families(app, dataplane, repository_extension)
+    for exception, handler in handlers.items():
+        app.add_exception_handler(exception, handler)
+    return app
