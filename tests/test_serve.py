@@ -7,6 +7,7 @@ classifier and a tiny GPT-2 language model, each saved as a sweep exports its be
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 import shlex
@@ -22,7 +23,7 @@ import pytest
 import yaml
 
 from sweep.cli.key_values import UsageError, parse_key_values
-from sweep.export_layout import MADE_BY
+from sweep.results.export_layout import MADE_BY
 from sweep.serving.batcher import MicroBatcher
 from sweep.serving.generation import finish_completion
 from sweep.serving.model_location import ModelSourceError, published_name, resolve_model_source
@@ -460,23 +461,134 @@ def test_log_requests_logs_each_request_with_its_timing(servers: dict[str, Serve
     assert any(f'"POST /v2/models/{server.name}/infer HTTP/1.1" 200' in li for li in lines), "\n".join(lines)
 
 
+def _app(log_requests: bool, openai: bool = False) -> Any:
+    """The server's app (routes.build_app) over KServe's data plane, with one model registered, not started."""
+    from sweep.serving.kserve_import import import_kserve
+
+    kserve = import_kserve()
+    from kserve.protocol.dataplane import DataPlane
+    from kserve.protocol.model_repository_extension import ModelRepositoryExtension
+
+    from sweep.serving.routes import build_app
+
+    if openai:
+        from kserve.protocol.rest.openai import OpenAIGenerativeModel
+
+        class Model(OpenAIGenerativeModel):
+            async def create_completion(self, *_: Any, **__: Any) -> Any: ...
+            async def create_chat_completion(self, *_: Any, **__: Any) -> Any: ...
+    else:
+        Model = kserve.Model  # noqa: N806
+    registry = kserve.ModelRepository()
+    registry.update(Model("m"), "m")
+    return build_app(DataPlane(model_registry=registry), ModelRepositoryExtension(model_registry=registry), {}, [],
+                     log_requests)
+
+
 def test_without_request_logs_kserves_timing_middleware_is_left_out() -> None:
-    """log_requests=false puts, where KServe adds its TimingMiddleware, the app it would wrap, unwrapped."""
-    from starlette.middleware import Middleware
+    """log_requests=false builds the app without KServe's TimingMiddleware (nothing would print its lines)."""
     from timing_asgi import TimingMiddleware
 
-    from sweep.serving.kserve_model import _NoTiming, kserve_rest_server, use_timing_middleware
+    assert TimingMiddleware not in [m.cls for m in _app(log_requests=False).user_middleware]
+    assert TimingMiddleware in [m.cls for m in _app(log_requests=True).user_middleware]
 
-    def app() -> None: ...
 
-    try:
-        use_timing_middleware(log_requests=False)
-        cls, args, kwargs = Middleware(kserve_rest_server.TimingMiddleware, client=object(), metric_namer=object())
-        assert cls is _NoTiming and cls(app, *args, **kwargs) is app
-        use_timing_middleware(log_requests=True)
-        assert kserve_rest_server.TimingMiddleware is TimingMiddleware
-    finally:
-        use_timing_middleware(log_requests=True)
+@pytest.mark.parametrize("openai", [False, True])
+def test_the_app_serves_no_route_outside_the_table(openai: bool) -> None:
+    """KServe's registrars add what the table says (a kserve upgrade that adds a route fails here)."""
+    from sweep.serving.routes import served_routes
+
+    schema = _app(log_requests=False, openai=openai).openapi()["paths"]
+    in_app = {f"{method.upper()} {path}" for path, methods in schema.items() for method in methods}
+    assert in_app | {"GET /openapi.json"} <= {str(r) for r in served_routes(openai)}
+    assert any(path.startswith("/openai/") for path in schema) == openai
+
+
+def kserve_attribute_assignments(source: str) -> list[str]:
+    """``name.attr = ...`` (or setattr) where ``name`` was imported from kserve or is ``import_kserve()``."""
+    tree = ast.parse(source)
+    kserve_names = {"kserve"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            kserve_names |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name.startswith("kserve")}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kserve"):
+            kserve_names |= {a.asname or a.name for a in node.names}
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) \
+                and getattr(node.value.func, "id", "") == "import_kserve":
+            kserve_names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+
+    def root(node: ast.AST) -> str:
+        while isinstance(node, ast.Attribute):
+            node = node.value
+        return node.id if isinstance(node, ast.Name) else ""
+
+    found = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else []
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("setattr", "delattr") and node.args:
+            targets = [node.args[0]]
+        found += [f"line {node.lineno}: {ast.unparse(t)}" for t in targets
+                  if (isinstance(t, ast.Attribute) or isinstance(node, ast.Call)) and root(t) in kserve_names]
+    return found
+
+
+def test_no_module_of_kserve_is_changed_by_assignment() -> None:
+    """The server is built on KServe's public parts: nothing of kserve's modules is reassigned (routes.py)."""
+    found = {str(path.relative_to(REPO)): kserve_attribute_assignments(path.read_text())
+             for path in (REPO / "sweep").rglob("*.py")}
+    assert {path: lines for path, lines in found.items() if lines} == {}
+
+
+def test_the_kserve_assignment_check_can_fail() -> None:
+    source = ("from kserve.protocol.rest import server as rest\nimport kserve.model_server\nk = import_kserve()\n"
+              "rest.TimingMiddleware = None\nkserve.model_server.app = 1\nk.x += 1\nsetattr(rest, 'y', 2)\n"
+              "other.z = 3\n")
+    assert kserve_attribute_assignments(source) == [
+        "line 4: rest.TimingMiddleware", "line 5: kserve.model_server.app", "line 6: k.x", "line 7: rest"]
+
+
+def test_the_docs_list_the_route_table() -> None:
+    """docs/serving.md's Routes table is routes.py's, row for row."""
+    from sweep.serving.routes import FAMILIES
+
+    text = (REPO / "docs" / "serving.md").read_text()
+    rows = [line for line in text.split("## Routes", 1)[1].split("\n## ", 1)[0].splitlines() if line.startswith("| ")]
+    assert rows[1:] == [f"| {f.name} | `{r.method}` | `{r.path}` |" for f in FAMILIES for r in f.routes]
+
+
+def _route_counts(server: Server) -> dict[tuple[str, str], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    page = httpx.get(f"{server.url}/metrics", timeout=30).text
+    return {(s.labels["method"], s.labels["route"]): s.value for family in text_string_to_metric_families(page)
+            for s in family.samples if s.name == "sweep_http_requests_total"}
+
+
+@pytest.mark.slow
+def test_every_route_of_the_table_answers(servers: dict[str, Server]) -> None:
+    """Each route of routes.py's table is matched (``sweep_http_requests_total`` counts it by its template) on
+    the LM's server, which has every family; the classifier's server has no OpenAI routes."""
+    from sweep.serving.routes import OPENAI, served_routes
+
+    lm, clf = servers["lm"], servers["classifier"]
+    before = _route_counts(lm)
+    statuses = {}
+    for route in served_routes(openai=True):
+        name = "no-such-model" if "/repository/" in route.path else lm.name  # not unloading the fixture's model
+        body = {"inputs": [texts("text", ["hello"])], "parameters": {"max_new_tokens": 1}}
+        statuses[str(route)] = httpx.request(route.method, f"{lm.url}{route.url(name)}", timeout=60,
+                                             json=body if route.method == "POST" else None).status_code
+    after = _route_counts(lm)
+    counted = {str(r): after.get((r.method, r.path), 0) - before.get((r.method, r.path), 0)
+               for r in served_routes(openai=True)}
+    # /metrics: the scrape before counts too; /openapi.json: FastAPI's own page, not an API route, is "unmatched"
+    assert counted == {**dict.fromkeys(statuses, 1), "GET /metrics": 2, "GET /openapi.json": 0}, statuses
+    assert statuses["GET /openapi.json"] == 200
+    assert all(status not in (404, 405) or "/repository/" in route for route, status in statuses.items()), statuses
+    assert all(status < 500 or status == 501 for status in statuses.values()), statuses  # 501: KServe's "versions"
+    for route in OPENAI.routes:
+        assert httpx.request(route.method, f"{clf.url}{route.url(clf.name)}", timeout=30).status_code == 404
 
 
 def _generate(server: Server, prompts: list[str], **parameters: Any) -> dict[str, Any]:
