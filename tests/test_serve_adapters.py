@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from sweep.config.tasks import load_task
-from sweep.export_layout import ADAPTER_FOLDER, MADE_BY
 from sweep.models.local_folder import resolve_model_dir
+from sweep.results.export_layout import ADAPTER_FOLDER, MADE_BY
 from sweep.serving.adapter_pool import check_base, find_adapters, resolve_base
 from sweep.serving.model_location import model_config_names, resolve_model_config
 from sweep.serving.protocol import GenerationParams, TaskInputs

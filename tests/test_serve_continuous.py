@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sweep.cpus import usable_cpus
+from sweep.plan.cpus import usable_cpus
 from sweep.serving.admission import Admission, Overloaded
 from sweep.serving.cpu_budget import DEFAULT_DECODING_THREADS
 from sweep.train.tiny_exports import export_tiny_lm

@@ -5,7 +5,7 @@ torch sizes its thread pool from the host's cores. In a pod with a CPU limit (a 
 pinned to a few cores (its affinity) that is more threads than CPUs: they spin and wait on each other, and
 on a busy 2-core machine the decoding process delivered a fraction of ``transformers serve``'s tokens/s
 (issue [22]; docs/benchmarks.md: Behind the code's choices). So the server counts what it may use, as the kernel
-enforces it (``sweep.cpus``).
+enforces it (``sweep.plan.cpus``).
 
 OpenMP's threads also busy-wait after each parallel region (a spin of ~200k iterations in GNU OpenMP) unless
 told to sleep: on a shared CPU that spin is time taken from the server and the other pods.
@@ -17,7 +17,7 @@ import math
 import os
 from enum import Enum
 
-from sweep.cpus import usable_cpus
+from sweep.plan.cpus import usable_cpus
 
 # Intra-op threads of a decoding step: measured best on CPU (scripts/bench_serve_vs_transformers.py); a
 # step of a small model is too short to split over more threads than this without their waits costing more.

@@ -36,7 +36,7 @@ import torch
 from transformers.generation.continuous_batching.cb_logits_processors import ContinuousBatchingLogitsProcessor
 from transformers.generation.continuous_batching.continuous_api import OutputRouter
 
-from sweep.cpus import usable_cpus
+from sweep.plan.cpus import usable_cpus
 from sweep.serving.cpu_budget import decoding_threads, freeze_startup_objects
 from sweep.serving.held_outputs import HeldOutputs
 

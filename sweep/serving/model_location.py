@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from sweep.errors import ModelSourceError
-from sweep.export_layout import MADE_BY, is_logged_model, registry_name
 from sweep.files import atomic_folder, is_model_folder, require_model_folder
+from sweep.results.export_layout import MADE_BY, is_logged_model, registry_name
 from sweep.serving.protocol import TaskInputs
 
 MODELS_SCHEME = "models:/"
