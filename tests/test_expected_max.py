@@ -175,3 +175,18 @@ def test_a_point_of_one_trial_has_no_curve_of_its_own():
     grid = [TrialRecord("RTE", seed, hparams={"lr": lr}, score=0.5 + seed / 10)
             for lr in (1e-5, 2e-5) for seed in (1, 2)]
     assert [c.point for c in sweep_curves(grid, [load_task("RTE")])] == ["", "lr=1e-05", "lr=2e-05"]
+
+
+def test_the_plot_names_its_estimator_and_its_band():
+    from sweep.config.tasks import load_task
+    from sweep.results.expected_max import sweep_curves
+    from sweep.results.records import TrialRecord
+    from sweep.results.report import expected_max_figure
+
+    records = [TrialRecord("RTE", seed, {"lr": 0.1}, score=score) for seed, score in ((1, 0.5), (2, 0.7), (3, 0.6))]
+    specs = [load_task("RTE"), load_task("WNLI")]
+    titles = {estimator: expected_max_figure(sweep_curves(records, specs, estimator), specs).get_suptitle()
+              for estimator in ("unbiased", "dodge")}
+    assert titles["unbiased"].startswith("unbiased E[max] (Tang et al. 2020)")
+    assert titles["dodge"].startswith("E[max] of Dodge et al. 2019") and "(biased)" in titles["dodge"]
+    assert all(t.endswith("band: ±1 sd of the best of n") for t in titles.values())

@@ -68,7 +68,8 @@ class ResultsFiles(Step):
 
 
 class ExpectedMax(Step):
-    """How many trials were enough (Dodge et al. 2019): expected_max.csv, expected_max.png, a line per task."""
+    """How many trials were enough: the expected best of n trials (unbiased, Tang et al. 2020), in
+    expected_max.csv (with its estimator column), expected_max.png (its title names the estimator), a line per task."""
 
     name = "expected_max"
     required = False

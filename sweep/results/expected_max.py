@@ -29,8 +29,8 @@ from typing import Literal
 
 Estimator = Literal["unbiased", "dodge"]
 LABELS: dict[str, str] = {  # the plot's words for each estimator
-    "unbiased": "unbiased E[max] (Tang et al. 2020, without replacement)",
-    "dodge": "E[max] of Dodge et al. 2019 (with replacement, biased low)",
+    "unbiased": "unbiased E[max] (Tang et al. 2020): n trials without replacement",
+    "dodge": "E[max] of Dodge et al. 2019: n draws with replacement (biased)",
 }
 SHORT: dict[str, str] = {"unbiased": "unbiased E[max]", "dodge": "Dodge E[max]"}  # the printed line's
 

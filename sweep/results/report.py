@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 
 from sweep.config.tasks import TaskSpec
 from sweep.files import atomic_file
+from sweep.results.expected_max import LABELS
 from sweep.results.records import TrialRecord, best_per_task
 
 JITTER = 0.12  # half-width of the horizontal scatter, so equal scores stay visible
@@ -75,11 +76,13 @@ def plot_seed_scores(records: list[TrialRecord], specs: list[TaskSpec], path: Pa
     return path
 
 
-def plot_expected_max(curves, specs: list[TaskSpec], path: Path) -> Path:
-    """A PNG of each task's expected best score against the number of trials, shaded ±1 sd
-    (``sweep.results.expected_max.sweep_curves``: the per-task curves, points left out)."""
-    path = Path(path)
-    fig = Figure(figsize=(3.6 * max(1, len(specs)), 3.8), layout="constrained")
+def expected_max_figure(curves, specs: list[TaskSpec]) -> Figure:
+    """Each task's expected best score against the number of trials, shaded ±1 sd of the best of n
+    (``sweep.results.expected_max.sweep_curves``: the per-task curves, points left out); the figure's title
+    names the estimator (the two give different numbers for the same trials)."""
+    fig = Figure(figsize=(3.6 * max(1, len(specs)), 4.1), layout="constrained")
+    estimators = sorted({p.estimator for c in curves for p in c.points}) or ["unbiased"]
+    fig.suptitle(", ".join(LABELS[e] for e in estimators) + "\nband: ±1 sd of the best of n", fontsize=8)
     for ax, spec in zip(fig.subplots(1, max(1, len(specs)), squeeze=False)[0], specs):
         ax.set_title(spec.name)
         ax.set_xlabel("trials")
@@ -93,6 +96,13 @@ def plot_expected_max(curves, specs: list[TaskSpec], path: Path) -> Path:
         ax.plot(n, mean, marker="o", ms=3)
         ax.fill_between(n, mean - std, mean + std, alpha=0.25)
         ax.set_xticks(n if len(n) <= 10 else np.linspace(1, n[-1], 10, dtype=int))
+    return fig
+
+
+def plot_expected_max(curves, specs: list[TaskSpec], path: Path) -> Path:
+    """Write expected_max_figure as a PNG and return its path."""
+    path = Path(path)
+    fig = expected_max_figure(curves, specs)
     with atomic_file(path, "wb") as f:
         fig.savefig(f, format="png", dpi=120)
     return path
