@@ -3,6 +3,7 @@
 - ``records.py``: ``TrialRecord``, the best per task, results.json / results.csv and the summary
 - ``outcome.py``: how the sweep ended: each failed trial's one line (the same reason once) and the exit code;
                  how a resumed sweep found its saved trials (``resuming_line``)
+- ``intervals.py``: the mean's 95% bootstrap interval over seeds; two points compared paired by seed (sign-flip test)
 - ``chance.py``:  did a task learn anything: its trivial score (``TrivialScore``) and the noise of its eval rows
 - ``report.py``:  the plots: every trial's score per task, the expected best against the trials run
 - ``expected_max.py``: expected validation performance (Dodge et al. 2019): E[best of n trials] and its sd
