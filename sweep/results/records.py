@@ -25,6 +25,7 @@ from sweep.files import atomic_folder, write_json, write_text
 from sweep.remote_files import fetch_folder, is_remote
 from sweep.results.chance import TrivialScore, learned, noise_margin
 from sweep.results.export_layout import MADE_BY
+from sweep.results.intervals import ALPHA, Paired, compare_paired, mean_interval, seeds_to_reject
 from sweep.results.trial_reports import TRAINING_STATE
 
 
@@ -87,6 +88,18 @@ class TaskSummary:
     eval_rows: int = 0  # the eval rows the trials were scored on (what the noise is measured on)
     noise: float | None = None  # how far from the trivial score chance lands (results/chance.noise_margin)
     learned: bool | None = None  # the best beats the trivial score by more than the noise (None: not known)
+    # the mean's 95% bootstrap interval over the finished trials' scores (None: under 2 scores; results/intervals.py)
+    ci_low: float | None = None
+    ci_high: float | None = None
+    # with 2 or more points (grid/search): the best point against the runner-up, paired by their shared seeds
+    best_point: str | None = None  # the points' labels: "batch_size=16, lr=2e-05"
+    runner_up: str | None = None
+    paired_seeds: int = 0  # the seeds both ran (under 2: not compared)
+    difference: float | None = None  # mean per-seed difference, > 0: the best is better in the task's mode
+    difference_low: float | None = None  # its 95% paired-bootstrap interval
+    difference_high: float | None = None
+    p_value: float | None = None  # the sign-flip test's, two-sided
+    distinguishable: bool | None = None  # the best beats the runner-up beyond noise (p < 0.05); None: not compared
 
 
 def rank_key(mode: str, score: float, seed: int) -> tuple[float, int]:
@@ -127,6 +140,12 @@ def best_per_task(records: list[TrialRecord], specs: list[TaskSpec],
     return best
 
 
+def point_label(hparams: Mapping[str, Any]) -> str:
+    """A point as people read it: 'batch_size=16, lr=2e-05' ('no search keys' when nothing varied)."""
+    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                     for k, v in sorted(hparams.items())) or "no search keys"
+
+
 def format_points(records: list[TrialRecord], specs: list[TaskSpec], aggregate: str, top: int = 3) -> str:
     """Per task, its best points by the aggregate of their seeds, with the spread: what the search ranked."""
     lines = []
@@ -138,9 +157,7 @@ def format_points(records: list[TrialRecord], specs: list[TaskSpec], aggregate: 
         for rs in ranked_points(done, spec, aggregate)[:top]:
             scores = [r.score for r in rs]
             spread = statistics.stdev(scores) if len(scores) > 1 else 0.0
-            point = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                              for k, v in sorted(rs[0].hparams.items()))
-            shown.append(f"{point or 'no search keys'}: {AGGREGATES[aggregate](scores):.4f} ± {spread:.4f} "
+            shown.append(f"{point_label(rs[0].hparams)}: {AGGREGATES[aggregate](scores):.4f} ± {spread:.4f} "
                          f"({len(scores)} seeds)")
         lines.append(f"points {spec.name} by the {aggregate} of their seeds: " + "; ".join(shown))
     return "\n".join(lines)
@@ -177,7 +194,36 @@ def summarize(records: list[TrialRecord], specs: list[TaskSpec], aggregate: str 
             )
         )
         _judge(out[-1], (trivial or {}).get(spec.name))
+        if interval := mean_interval(scores):
+            out[-1].ci_low, out[-1].ci_high = interval
+        _compare_points(out[-1], [r for r in mine if r.ok], spec, aggregate or "mean")
     return out
+
+
+def _compare_points(summary: TaskSummary, done: list[TrialRecord], spec: TaskSpec, aggregate: str) -> None:
+    """The best point against the runner-up (ranked as the sweep ranks them), paired by their shared seeds;
+    left unset with fewer than 2 points."""
+    points = ranked_points(done, spec, aggregate)
+    if len(points) < 2:
+        return
+    best, runner = points[0], points[1]
+    paired = compare_paired(_by_seed(best), _by_seed(runner), spec.mode)
+    summary.best_point, summary.runner_up = point_label(best[0].hparams), point_label(runner[0].hparams)
+    _fill_paired(summary, paired)
+
+
+def _by_seed(point: list[TrialRecord]) -> dict[int, float]:
+    """seed -> the point's score on it (the mean where a seed ran more than once: num_samples rounds)."""
+    scores: dict[int, list[float]] = {}
+    for r in point:
+        scores.setdefault(r.seed, []).append(r.score)
+    return {seed: statistics.fmean(s) for seed, s in scores.items()}
+
+
+def _fill_paired(summary: TaskSummary, paired: Paired) -> None:
+    summary.paired_seeds, summary.difference, summary.p_value = paired.seeds, paired.difference, paired.p_value
+    summary.difference_low, summary.difference_high = paired.low, paired.high
+    summary.distinguishable = paired.distinguishable
 
 
 def _judge(summary: TaskSummary, trivial: TrivialScore | None) -> None:
@@ -323,18 +369,40 @@ def _tries(train: TrainConfig, hparams: Mapping[str, Any]) -> str:
 
 
 def format_summary(summaries: list[TaskSummary]) -> str:
-    """A fixed-width table: per task n, mean ± std, median, min, max, best seed and score."""
+    """A fixed-width table: per task n, mean ± std with the mean's 95% interval, median, min, max, best seed and
+    score; then, per task with several points, whether its best point beats the runner-up beyond noise."""
     width = max([8, *(len(s.task) for s in summaries)])  # wikitext-2-raw is longer than any GLUE name
-    head = (f"{'task':<{width}} {'metric':<11} {'n':>3} {'mean ± std':>17} {'median':>8} {'min':>8} {'max':>8} "
-            f"{'best seed':>9} {'best':>8} {'GPU-h':>7}")
+    head = (f"{'task':<{width}} {'metric':<11} {'n':>3} {'mean ± std':>17} {'95% CI of mean':>18} {'median':>8} "
+            f"{'min':>8} {'max':>8} {'best seed':>9} {'best':>8} {'GPU-h':>7}")
     lines = [head, "-" * len(head)]
     for s in summaries:
         notes = f" ({s.failed} failed)" if s.failed else ""
         if s.learned is False:
             notes += f" (within noise of the trivial {s.trivial_score:.4f})"
         best = f"{s.best_score:8.4f}" if s.best_score is not None else f"{'-':>8}"
+        ci = f"[{s.ci_low:.4f}, {s.ci_high:.4f}]" if s.ci_low is not None and s.ci_high is not None else "-"
         lines.append(
-            f"{s.task:<{width}} {s.metric:<11} {s.n:>3} {s.mean:8.4f} ± {s.std:6.4f} {s.median:8.4f} {s.min:8.4f} "
-            f"{s.max:8.4f} {s.best_seed if s.best_seed is not None else '-':>9} {best} {s.gpu_hours:7.3f}{notes}"
+            f"{s.task:<{width}} {s.metric:<11} {s.n:>3} {s.mean:8.4f} ± {s.std:6.4f} {ci:>18} {s.median:8.4f} "
+            f"{s.min:8.4f} {s.max:8.4f} {s.best_seed if s.best_seed is not None else '-':>9} {best} "
+            f"{s.gpu_hours:7.3f}{notes}"
         )
+    lines += [format_verdict(s) for s in summaries if s.runner_up is not None]
     return "\n".join(lines)
+
+
+def format_verdict(s: TaskSummary) -> str:
+    """One line: the best point beats the runner-up (named the winner), is within noise of it, or was not
+    compared (under 2 shared seeds). The test and alpha: results/intervals.py."""
+    pair = f"the best point {s.best_point} and the runner-up {s.runner_up}"
+    if s.p_value is None or s.difference is None:
+        return f"{s.task}: {pair} share {s.paired_seeds} seed(s): not compared (pairing needs 2 shared seeds)"
+    over = f"paired over {s.paired_seeds} seeds, p={s.p_value:.2g}"
+    if s.distinguishable:
+        return (f"{s.task}: best point {s.best_point} beats the runner-up {s.runner_up} by {s.difference:.4f} "
+                f"[95% CI {s.difference_low:.4f}, {s.difference_high:.4f}] ({over})")
+    if s.p_value < ALPHA:  # the shared seeds favour the runner-up: the ranking (aggregate, other seeds) disagrees
+        return (f"{s.task}: on their shared seeds the runner-up {s.runner_up} beats the best point {s.best_point} "
+                f"by {-s.difference:.4f} ({over}): no point is distinguishable as the best")
+    few = seeds_to_reject()
+    hint = f"; {s.paired_seeds} seeds cannot reach p<{ALPHA:g}, {few} can" if s.paired_seeds < few else ""
+    return f"{s.task}: {pair} are within noise ({over}): no point is distinguishable{hint}"

@@ -239,9 +239,12 @@ def _summary_metrics(records: list[TrialRecord], summaries: list[TaskSummary]) -
                "trials.failed": float(sum(not r.ok for r in records))}
     for s in summaries:
         learned = float(s.learned) if s.learned is not None else None  # 1: beat the trivial score by more than noise
+        # 1: the best point beats the runner-up beyond noise (paired by seed); absent where not compared
+        distinguishable = float(s.distinguishable) if s.distinguishable is not None else None
         for name, value in (("mean", s.mean), ("std", s.std), ("best", s.best_score), ("stopped", s.stopped),
                             ("steps", s.steps), ("steps_full", s.steps_full), ("trivial", s.trivial_score),
-                            ("learned", learned)):
+                            ("learned", learned), ("ci_low", s.ci_low), ("ci_high", s.ci_high),
+                            ("p_value_runner_up", s.p_value), ("distinguishable", distinguishable)):
             if value is not None and math.isfinite(value):  # a task with no finished trial has no stats
                 metrics[clean_key(f"{s.task}.{name}")] = float(value)
     return metrics
