@@ -127,6 +127,9 @@ class PbtConfig:
     resample_probability: float = 0.25  # an exploit draws a new value, else perturbs the donor's (x0.8 / x1.2)
 
 
+SELECTION_KINDS = ("train", "dev_half", "none")  # sweep.selection's values besides an eval split's name
+
+
 @dataclass
 class SweepConfig:
     seeds: list[int] = field(default_factory=lambda: list(range(38, 48)))
@@ -143,6 +146,10 @@ class SweepConfig:
     max_failures: int = 2
     keep_checkpoints: KeepCheckpoints = "best"  # best: prune all but the exported best model; all: keep every trial's
     predict_test: bool = False  # the best model per task predicts its test split: out_dir/glue_submission.zip
+    # where every decision is made (sweep/data/selection.py): train | dev_half | <an eval split's name> | none
+    selection: str = "train"
+    selection_fraction: float = 0.1  # selection=train: the share of the training rows it takes, in (0, 0.5]
+    selection_seed: int = 0  # the seed that draws the selection rows (the same rows for every trial)
 
 
 @dataclass

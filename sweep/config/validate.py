@@ -24,6 +24,7 @@ from sweep.config.settings import (
     DEFAULT_LR,
     METHODS,
     PBT_MUTABLE,
+    SELECTION_KINDS,
     Aggregate,
     Arch,
     ClusterConfig,
@@ -206,6 +207,7 @@ def _check_ranges(s: Settings) -> None:
            "optuna needs a search space to learn over, e.g. '+sweep.search.lr={dist: loguniform, low: 1e-5, "
            "high: 1e-3}' sweep.num_samples=20")
     _check_seeds_per_point(s.sweep)
+    _check_selection(s.sweep, s.tasks)
     _check_pbt(s)
     _check(s.sweep.max_failures >= 0, "sweep.max_failures", f"must be >= 0, got {s.sweep.max_failures}")
     _check_hparams(s)
@@ -220,6 +222,23 @@ def _check_ranges(s: Settings) -> None:
     _check_choice("tracking.kind", s.tracking.kind)
     if s.model.builder is not None:
         _check_choice("model.builder.arch", s.model.builder.arch)
+
+
+def _check_selection(sweep, tasks) -> None:
+    """sweep.selection: a built-in kind, or an eval split every task has beside at least one more to report on."""
+    kind, fraction = sweep.selection, sweep.selection_fraction
+    _check(0 < fraction <= 0.5, "sweep.selection_fraction",
+           f"must be in (0, 0.5] (the share of the training rows that selects), got {fraction}")
+    if kind in SELECTION_KINDS:
+        return
+    for spec in tasks:
+        splits = list(spec.eval_files)
+        _check(kind in splits, "sweep.selection",
+               f"{kind!r} is neither train, dev_half, none nor an eval split of task {spec.name} "
+               f"(its eval splits: {', '.join(splits)})")
+        _check(len(splits) > 1, "sweep.selection",
+               f"{kind!r} is task {spec.name}'s only eval split: nothing would be left to report on; "
+               "use sweep.selection=train or dev_half")
 
 
 def _check_method(t: TrainConfig) -> None:

@@ -6,4 +6,6 @@
 - ``cache.py``:     the per-node cache of tokenized datasets, keyed by content (built once, under a lock)
 - ``collate.py``:   rows -> padded tensors (classification and LM collators), token counts
 - ``synthetic.py``: generated GLUE-layout and WikiText-layout data (the demo's and the tests')
+- ``selection.py``: the selection split (sweep.selection): the rows every decision is made on, apart from the
+                  rows the chosen trial's score is reported on
 """

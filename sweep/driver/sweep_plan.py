@@ -181,6 +181,13 @@ def _forecast(sweep: SweepConfig, chosen: Dispatch, cluster: ClusterGPUs, concur
 def print_plan(settings: Settings, plan: SweepPlan, describe: list[str]) -> None:
     for warning in dict.fromkeys(p.warning for p in plan.tasks.values() if p.warning):
         print(f"warning: {warning}")
+    if settings.sweep.selection == "none":
+        print("warning: sweep.selection=none: the best checkpoint and trial are picked on the rows their score is "
+              "reported on, so that score is biased upward (the best of many noisy scores); "
+              "sweep.selection=train picks them on held-out training rows instead")
+    else:
+        print(f"selection: every decision on {_selection_rows(settings.sweep)}; the task's eval splits only report "
+              "the chosen trial's score")
     for line in describe:
         print(f"plan: {line}")
     scale = plan.first.scale
@@ -190,6 +197,15 @@ def print_plan(settings: Settings, plan: SweepPlan, describe: list[str]) -> None
           f"{' x grid' if settings.sweep.grid else ''}){synthetic}"
           f", up to {plan.concurrency} at once on {len(plan.nodes)} node(s)"
           f"{grows}; " + _describe_sizes(plan.tasks))
+
+
+def _selection_rows(sweep) -> str:
+    if sweep.selection == "train":
+        return (f"{sweep.selection_fraction:g} of the training rows (at most the dev split's rows, "
+                f"seed {sweep.selection_seed})")
+    if sweep.selection == "dev_half":
+        return f"half of the primary eval split (seed {sweep.selection_seed}; the other half reports)"
+    return f"the eval split {sweep.selection!r}"
 
 
 def _describe_sizes(plans: dict[str, TaskPlacement]) -> str:

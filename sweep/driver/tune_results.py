@@ -139,6 +139,8 @@ def _best_evaluation(record: TrialRecord, settings: Settings, rows: list[Report]
     record.metrics = dict(best.metrics)
     spec = next(t for t in settings.tasks if t.name == record.task)
     record.score = record.metrics.get(spec.metric)
+    record.report_metrics = dict(best.report)  # sweep.selection: the report split's, at this same evaluation
+    record.report_score = best.report.get(spec.metric)
     record.best_epoch = int(best.epoch or 0)
     _steps_and_stop(record, rows, best)
     first = rows[0]

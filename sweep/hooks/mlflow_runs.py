@@ -58,6 +58,8 @@ def evaluation_metrics(report: Report, train) -> tuple[int, dict[str, float]] | 
     metrics = {"train_loss": report.train_loss, "score": report.score,
                "epoch": report.step / report.steps_total * train.epochs if report.steps_total else None,
                **report.metrics,
+               # sweep.selection: the report split's, logged at each new best only (the last one is the trial's)
+               **{f"report.{k}": v for k, v in report.report.items()},
                **{f"pbt.{k}": v for k, v in report.pbt.items()}}  # PBT's values over the run: a curve
     return step, {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and v == v}
 

@@ -36,6 +36,10 @@ class TrialRecord:
     hparams: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)  # the best epoch's eval metrics
     score: float | None = None  # the task's metric at the best epoch (None: the trial failed)
+    # sweep.selection: metrics and score above are the selection split's; these the report split's, taken at
+    # the same best evaluation (the number to quote); empty / None without a selection split
+    report_metrics: dict[str, float] = field(default_factory=dict)
+    report_score: float | None = None
     best_epoch: int | None = None
     best_step: int | None = None  # the training step of the best evaluation (it may fall inside an epoch)
     epochs_done: int = 0  # whole epochs trained
@@ -100,6 +104,10 @@ class TaskSummary:
     difference_high: float | None = None
     p_value: float | None = None  # the sign-flip test's, two-sided
     distinguishable: bool | None = None  # the best beats the runner-up beyond noise (p < 0.05); None: not compared
+    # sweep.selection: the scores above are the selection split's (what picked the best); the report split's,
+    # which no decision read: the best trial's (the number to quote) and the mean over the finished trials
+    best_report_score: float | None = None
+    report_mean: float | None = None
 
 
 def rank_key(mode: str, score: float, seed: int) -> tuple[float, int]:
@@ -193,6 +201,7 @@ def summarize(records: list[TrialRecord], specs: list[TaskSpec], aggregate: str 
                 steps_full=sum(r.steps_total for r in mine),
             )
         )
+        _report_scores(out[-1], [r for r in mine if r.ok], best.get(spec.name))
         _judge(out[-1], (trivial or {}).get(spec.name))
         if interval := mean_interval(scores):
             out[-1].ci_low, out[-1].ci_high = interval
@@ -226,22 +235,33 @@ def _fill_paired(summary: TaskSummary, paired: Paired) -> None:
     summary.distinguishable = paired.distinguishable
 
 
+def _report_scores(summary: TaskSummary, done: list[TrialRecord], best: TrialRecord | None) -> None:
+    """sweep.selection: the best trial's report score and the report split's mean (unset without one)."""
+    reported = [r.report_score for r in done if r.report_score is not None]
+    summary.report_mean = statistics.fmean(reported) if reported else None
+    summary.best_report_score = best.report_score if best is not None else None
+
+
 def _judge(summary: TaskSummary, trivial: TrivialScore | None) -> None:
-    """The summary's trivial score, noise and verdict (left unset when either side is not known)."""
+    """The summary's trivial score, noise and verdict (left unset when either side is not known): the best
+    trial's score on the eval rows the trivial score is of (its report score with a selection split)."""
     if trivial is None or trivial.score is None:
         return
     summary.trivial_score, summary.eval_rows = trivial.score, trivial.rows
     summary.noise = noise_margin(summary.metric, trivial.score, trivial.rows)
-    if summary.best_score is not None:
-        summary.learned = learned(summary.best_score, trivial.score, summary.noise, summary.mode)
+    judged = summary.best_report_score if summary.best_report_score is not None else summary.best_score
+    if judged is not None:
+        summary.learned = learned(judged, trivial.score, summary.noise, summary.mode)
 
 
 def _flat_row(r: TrialRecord) -> dict[str, Any]:
-    row = {k: v for k, v in asdict(r).items() if k not in ("hparams", "metrics", "schedule", "sources")}
+    row = {k: v for k, v in asdict(r).items()
+           if k not in ("hparams", "metrics", "report_metrics", "schedule", "sources")}
     if r.schedule:  # one cell: "lr=1e-05 from 0; lr=1.2e-05 from 40 (cloned t_00002)"
         row["schedule"] = format_schedule(r.schedule)
     row.update({f"hp.{k}": v for k, v in sorted(r.hparams.items())})
-    row.update({f"metric.{k}": v for k, v in sorted(r.metrics.items())})
+    row.update({f"metric.{k}": v for k, v in sorted(r.metrics.items())})  # the split decisions were made on
+    row.update({f"report.{k}": v for k, v in sorted(r.report_metrics.items())})  # sweep.selection: the quoted one
     row.update({f"source.{k}": v for k, v in sorted(r.sources.items())})
     return row
 
@@ -354,7 +374,8 @@ def format_unlearned(s: TaskSummary, train: TrainConfig, hparams: Mapping[str, A
     trained with: its ``hparams`` over ``train``)."""
     fate = ("not promoted to champion (registered as a version without the alias)" if registry
             else "its model is exported all the same")
-    return (f"warning: {s.task} learned nothing: best {s.metric} {s.best_score:.4f} is within noise (±{s.noise:.4f} on "
+    judged = s.best_report_score if s.best_report_score is not None else s.best_score  # as _judge judged it
+    return (f"warning: {s.task} learned nothing: best {s.metric} {judged:.4f} is within noise (±{s.noise:.4f} on "
             f"{s.eval_rows} eval rows) of the trivial {s.trivial_score:.4f} a constant answer scores; {fate}; "
             f"try {_tries(train, hparams)}")
 
@@ -380,6 +401,8 @@ def format_summary(summaries: list[TaskSummary]) -> str:
         if s.learned is False:
             notes += f" (within noise of the trivial {s.trivial_score:.4f})"
         best = f"{s.best_score:8.4f}" if s.best_score is not None else f"{'-':>8}"
+        if s.best_report_score is not None:  # sweep.selection: picked on the selection split, quoted on report
+            notes += f" (best on the report split: {s.best_report_score:.4f})"
         ci = f"[{s.ci_low:.4f}, {s.ci_high:.4f}]" if s.ci_low is not None and s.ci_high is not None else "-"
         lines.append(
             f"{s.task:<{width}} {s.metric:<11} {s.n:>3} {s.mean:8.4f} ± {s.std:6.4f} {ci:>18} {s.median:8.4f} "

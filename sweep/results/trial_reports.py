@@ -65,6 +65,9 @@ class Report:
     rung: bool | None = None  # seed halving's decision point
     checkpoint_rank: float | None = None
     metrics: dict[str, float] = field(default_factory=dict)  # the eval metrics, without the prefix
+    # sweep.selection: the report split's metrics, at an evaluation that became the trial's best (metrics and
+    # score are then the selection split's); no decision reads them
+    report: dict[str, float] = field(default_factory=dict)
     train_seconds: float | None = None
     eval_seconds: float | None = None
     train_tokens: int | None = None
@@ -120,7 +123,8 @@ class Report:
 
 
 _FIELDS = dataclasses.fields(Report)
-_PREFIXED = {"metrics": EVAL_PREFIX, "pbt": PBT_PREFIX}  # dict fields, a flat key per entry
+REPORT_PREFIX = "report/"  # a report's key for each report-split metric (sweep.selection): report/acc, ...
+_PREFIXED = {"metrics": EVAL_PREFIX, "pbt": PBT_PREFIX, "report": REPORT_PREFIX}  # dict fields, a flat key each
 
 
 def _set(value: Any) -> bool:

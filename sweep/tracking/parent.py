@@ -244,7 +244,9 @@ def _summary_metrics(records: list[TrialRecord], summaries: list[TaskSummary]) -
         for name, value in (("mean", s.mean), ("std", s.std), ("best", s.best_score), ("stopped", s.stopped),
                             ("steps", s.steps), ("steps_full", s.steps_full), ("trivial", s.trivial_score),
                             ("learned", learned), ("ci_low", s.ci_low), ("ci_high", s.ci_high),
-                            ("p_value_runner_up", s.p_value), ("distinguishable", distinguishable)):
+                            ("p_value_runner_up", s.p_value), ("distinguishable", distinguishable),
+                            # sweep.selection: the report split's (best: selected on the selection split)
+                            ("report_best", s.best_report_score), ("report_mean", s.report_mean)):
             if value is not None and math.isfinite(value):  # a task with no finished trial has no stats
                 metrics[clean_key(f"{s.task}.{name}")] = float(value)
     return metrics

@@ -12,6 +12,7 @@ import math
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from sweep.config.tasks import TaskSpec
 from sweep.data.collate import count_tokens, make_collator, make_lm_collator
 from sweep.data.glue import load_task_data, tokenize_task
 from sweep.data.lm import check_block_fits, lm_blocks
+from sweep.data.selection import NO_SELECTION, SELECTION, Selection, carve_selection, report_splits
 from sweep.results.trial_reports import TRAINING_STATE
 from sweep.train.evaluate import autocast, autocast_dtype, evaluate, to_device
 from sweep.train.loading import load_for_task, pick_device
@@ -56,6 +58,9 @@ class Evaluation:
     steps_total: int = 0  # len(train_loader) * train.epochs
     end_of_epoch: bool = True
     trivial_score: float | None = None  # the score of predicting the majority class (None: causal LM)
+    # the report split's metrics (primary unprefixed), at an evaluation that became the best on the selection
+    # split (sweep.selection): taken then, on those weights, and read by no decision; None elsewhere
+    report_metrics: dict[str, float] | None = None
 
     @property
     def progress(self) -> float:
@@ -128,23 +133,27 @@ def _fused_ok(params: list[torch.Tensor]) -> bool:
     return bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
 
 
-def prepare_data(spec: TaskSpec, tokenizer, data_dir: Path, train: TrainConfig, cache_dir: Path | None):
-    """Read, subsample and tokenize a task's splits (the tokenized form is cached per machine).
+def prepare_data(spec: TaskSpec, tokenizer, data_dir: Path, train: TrainConfig, cache_dir: Path | None,
+                 selection: Selection = NO_SELECTION):
+    """Read, subsample and tokenize a task's splits (the tokenized form is cached per machine), with the
+    selection split carved out first (``selection``: none by default) from every row, so that each trial
+    selects on the same rows whatever it trains on.
 
     A causal-LM corpus becomes blocks of ``train.block_size`` tokens; max_train_samples and
     max_eval_samples then count blocks.
     """
     if spec.kind == "causal_lm":
         data = lm_blocks(spec, tokenizer, data_dir, train.block_size, cache_dir)
-        return _subsample_splits(data, spec, train)
-    raw = _subsample_splits(load_task_data(spec, data_dir), spec, train)
-    return tokenize_task(raw, spec, tokenizer, train.max_seq_length, cache_dir)
+        return _subsample_splits(carve_selection(data, spec, selection)[0], spec, train)
+    raw = carve_selection(load_task_data(spec, data_dir), spec, selection)[0]
+    return tokenize_task(_subsample_splits(raw, spec, train), spec, tokenizer, train.max_seq_length, cache_dir)
 
 
 def _subsample_splits(data, spec: TaskSpec, train: TrainConfig):
     data["train"] = subsample_rows(data["train"], train.max_train_samples)
-    for split in spec.eval_files:
-        data[split] = subsample_rows(data[split], train.max_eval_samples)
+    for split in [*spec.eval_files, SELECTION]:
+        if split in data:
+            data[split] = subsample_rows(data[split], train.max_eval_samples)
     return data
 
 
@@ -197,8 +206,10 @@ class Run:
     scaler: torch.amp.GradScaler
     amp_dtype: torch.dtype | None
     result: FinetuneResult
-    trivial_score: float | None = None  # of the primary eval split (None: causal LM)
+    trivial_score: float | None = None  # of the split decisions are made on (None: causal LM)
     own_metrics: Mapping[str, MetricFn] = field(default_factory=dict)  # the user's, beside the built-in ones
+    # sweep.selection: the report splits, evaluated only at a new best (eval_loaders then hold the selection split)
+    report_loaders: dict[str, DataLoader] = field(default_factory=dict)
 
     @property
     def bare_model(self) -> torch.nn.Module:
@@ -207,7 +218,8 @@ class Run:
 
 def setup(spec: TaskSpec, model_dir: Path, data_dir: Path, train: TrainConfig, seed: int,
           cache_dir: Path | None = None, device: torch.device | None = None, resume_from: Path | None = None,
-          dist: Distributed = Distributed(), metrics: Mapping[str, MetricFn] | None = None) -> Run:
+          dist: Distributed = Distributed(), metrics: Mapping[str, MetricFn] | None = None,
+          selection: Selection = NO_SELECTION) -> Run:
     """Model, data, loaders, optimizer and schedule for one run, seeded (the order below fixes the RNG draws)."""
     quiet_progress_bars()
     device = device or pick_device()
@@ -217,7 +229,7 @@ def setup(spec: TaskSpec, model_dir: Path, data_dir: Path, train: TrainConfig, s
         check_block_fits(train.block_size, usable_positions(model.config), Path(model_dir).name)
     if dist.wrap_model is not None:
         model = dist.wrap_model(model)
-    data = prepare_data(spec, tokenizer, Path(data_dir), train, cache_dir)
+    data = prepare_data(spec, tokenizer, Path(data_dir), train, cache_dir, selection)
     collate = _collator(spec, tokenizer, train)
 
     generator = torch.Generator().manual_seed(seed)  # the seed fixes the data order too
@@ -226,20 +238,21 @@ def setup(spec: TaskSpec, model_dir: Path, data_dir: Path, train: TrainConfig, s
         data["train"], batch_size=train.batch_size, sampler=sampler,
         collate_fn=collate, num_workers=train.num_workers,
     )
-    eval_loaders = {
-        split: DataLoader(data[split], batch_size=train.eval_batch_size, collate_fn=collate)
-        for split in spec.eval_files
-    }
+    loader = partial(DataLoader, batch_size=train.eval_batch_size, collate_fn=collate)
+    report = report_splits(spec, selection)
+    decides = [SELECTION] if selection.on else report  # the splits every decision reads
+    eval_loaders = {split: loader(data[split]) for split in decides}
     steps = len(train_loader) * train.epochs
     optimizer = _optimizer(model, train.lr, train.weight_decay)
     scheduler = get_linear_schedule_with_warmup(optimizer, int(train.warmup_ratio * steps), steps)
     amp_dtype = autocast_dtype(train.precision, device)
     scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
     # Causal-LM blocks hold token labels and have no majority baseline: trivial_score gives None.
-    labels = [] if spec.kind == "causal_lm" else data[spec.primary_eval]["labels"]
+    labels = [] if spec.kind == "causal_lm" else data[decides[0]]["labels"]
     return Run(spec, train, seed, device, tokenizer, model, sampler, train_loader, eval_loaders,
                optimizer, scheduler, scaler, amp_dtype, FinetuneResult(task=spec.name, seed=seed),
-               trivial_score(spec, np.asarray(labels), metrics), dict(metrics or {}))
+               trivial_score(spec, np.asarray(labels), metrics), dict(metrics or {}),
+               {split: loader(data[split]) for split in report} if selection.on else {})
 
 
 def _load_model(spec: TaskSpec, model_dir: Path, train: TrainConfig, device: torch.device,
@@ -385,10 +398,9 @@ def _evaluation(run: Run, epoch: int, batch_index: int, segment: Segment) -> Eva
     t1 = time.perf_counter()
     # iter(DataLoader) draws from torch's RNG: evaluating must not move the dropout draws of the
     # training that follows, or how often a run evaluates would change the model it trains.
-    with torch.random.fork_rng(devices=[run.device] if run.device.type == "cuda" else []):
-        per_split = {s: evaluate(run.model, loader, run.spec, run.device, run.amp_dtype, run.own_metrics)
-                     for s, loader in run.eval_loaders.items()}
-    metrics = merge_splits(run.spec, per_split)
+    per_split = _evaluate_splits(run, run.eval_loaders)
+    # the selection split's metrics unprefixed (sweep.selection), else the eval splits' (primary unprefixed)
+    metrics = per_split[SELECTION] if SELECTION in per_split else merge_splits(run.spec, per_split)
     n = len(run.train_loader)
     return Evaluation(
         epoch=epoch,
@@ -404,6 +416,14 @@ def _evaluation(run: Run, epoch: int, batch_index: int, segment: Segment) -> Eva
         end_of_epoch=batch_index == n,
         trivial_score=run.trivial_score,
     )
+
+
+def _evaluate_splits(run: Run, loaders: Mapping[str, DataLoader]) -> dict[str, dict[str, float]]:
+    # iter(DataLoader) draws from torch's RNG: evaluating must not move the dropout draws of the
+    # training that follows, or how often a run evaluates would change the model it trains.
+    with torch.random.fork_rng(devices=[run.device] if run.device.type == "cuda" else []):
+        return {s: evaluate(run.model, loader, run.spec, run.device, run.amp_dtype, run.own_metrics)
+                for s, loader in loaders.items()}
 
 
 def train_one_epoch(run: Run, epoch: int, resume: Resume | None = None) -> Iterator[Evaluation]:
@@ -431,6 +451,8 @@ def _record(run: Run, evaluation: Evaluation, out_dir: Path | None, on_evaluatio
     # Strictly better only: on a tie the earlier evaluation stays best.
     if result.best_index == 0 or evaluation.score > result.best.score:
         result.best_index = len(result.epochs)
+        if run.report_loaders:  # the report split, on the weights the selection split chose (no decision reads it)
+            evaluation.report_metrics = merge_splits(run.spec, _evaluate_splits(run, run.report_loaders))
         if out_dir is not None:
             save(run, Path(out_dir))
             result.checkpoint_dir = Path(out_dir)
@@ -451,6 +473,7 @@ def finetune(
     resume_from: Path | None = None,
     dist: Distributed = Distributed(),
     metrics: Mapping[str, MetricFn] | None = None,
+    selection: Selection = NO_SELECTION,
 ) -> FinetuneResult:
     """Fine-tune ``model_dir`` on ``spec`` with ``seed``; evaluate at every epoch's end, and within
     epochs with ``train.eval_every`` (steps) or ``train.evals_per_epoch``.
@@ -462,7 +485,7 @@ def finetune(
     with the same data order and dropout draws as an uninterrupted run. ``metrics``: the user's own
     (``{name: fn(predictions, labels) -> float}``), computed beside the built-in ones at every evaluation.
     """
-    run = setup(spec, model_dir, data_dir, train, seed, cache_dir, device, resume_from, dist, metrics)
+    run = setup(spec, model_dir, data_dir, train, seed, cache_dir, device, resume_from, dist, metrics, selection)
     resume = restore(run, resume_from) if resume_from is not None else None
     start = resume.epoch if resume is not None else 1
     for epoch in range(start, train.epochs + 1):

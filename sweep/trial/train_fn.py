@@ -52,6 +52,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from sweep.config.metric_names import MetricFn
 from sweep.config.settings import Settings, TrainConfig, with_hparams
 from sweep.config.tasks import TaskSpec
+from sweep.data.selection import selection_of
 from sweep.disk import folder_size, writing
 from sweep.errors import DiskFullError
 from sweep.failures import error_line, trial_error
@@ -175,7 +176,8 @@ class EvaluationReporter:
             step=evaluation.step, steps_total=evaluation.steps_total, progress=evaluation.progress,
             end_of_epoch=evaluation.end_of_epoch, trivial_score=evaluation.trivial_score,
             rung=self.is_rung(evaluation), checkpoint_rank=checkpoint_rank(evaluation.score, evaluation.progress),
-            metrics=dict(evaluation.metrics), train_seconds=evaluation.train_seconds,
+            metrics=dict(evaluation.metrics), report=dict(evaluation.report_metrics or {}),
+            train_seconds=evaluation.train_seconds,
             eval_seconds=evaluation.eval_seconds, train_tokens=evaluation.train_tokens,
             node=self.node, node_ip=self.node_ip, host=platform.node(), device=self.device, resumed=self.resumed,
             # where a trial's time goes: driver start -> worker process -> imports -> loop -> evaluations
@@ -322,7 +324,7 @@ def train_fn_per_worker(config: dict[str, Any]) -> None:
                 rank=rank, world_size=world,
                 wrap_model=partial(ray.train.torch.prepare_model, move_to_device=device) if world > 1 else None,
             ),
-            device=device, metrics=ctx.metrics,
+            device=device, metrics=ctx.metrics, selection=selection_of(ctx.settings.sweep),
         )
     except EarlyStop as stop:
         # a finished trial with fewer steps; its best checkpoint is already reported
