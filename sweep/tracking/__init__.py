@@ -32,19 +32,34 @@ what is left is one file for ``sweep replay FILE [--uri URI]`` (sweep/cli/replay
 - ``ui_app.py``:    the ``mlflow.app`` plugin ``sweep ui`` starts the server with: a landing page that opens a
                     sweep's runs in the Model training view with its parent expanded
 
-What other modules import is re-exported here: ``from sweep.tracking import SweepTracker``.
+What other modules import is re-exported here: ``from sweep.tracking import SweepTracker``. The names load on
+first use (PEP 562), so that importing a module of the package (``store_upload`` for ``sweep upload-mlflow``,
+``sweep submit``) does not import MLflow.
 """
 
-from sweep.errors import TrackingError
-from sweep.tracking.parent import FINAL_WAIT_S, PARENT_FILE, SweepTracker, TrialTracking, saved_parent
-from sweep.tracking.registry import CHAMPION, RegistrationResult, register_best
-from sweep.tracking.replaying import Replayed, replay
-from sweep.tracking.sender import ORIGINAL_TAG, find_child_run
-from sweep.tracking.store import FALLBACK_URI, check_reachable, ensure_experiment
-from sweep.tracking.trial_run import TrialLogger
+from __future__ import annotations
 
-__all__ = [
-    "CHAMPION", "FALLBACK_URI", "FINAL_WAIT_S", "ORIGINAL_TAG", "PARENT_FILE", "RegistrationResult", "Replayed",
-    "SweepTracker", "TrackingError", "TrialLogger", "TrialTracking", "check_reachable", "ensure_experiment",
-    "find_child_run", "register_best", "replay", "saved_parent",
-]
+from typing import Any
+
+# public name -> the module of the package that defines it
+_HOMES = {
+    "TrackingError": "sweep.errors",
+    **dict.fromkeys(("FINAL_WAIT_S", "PARENT_FILE", "SweepTracker", "TrialTracking", "saved_parent"),
+                    "sweep.tracking.parent"),
+    **dict.fromkeys(("CHAMPION", "RegistrationResult", "register_best"), "sweep.tracking.registry"),
+    **dict.fromkeys(("Replayed", "replay"), "sweep.tracking.replaying"),
+    **dict.fromkeys(("ORIGINAL_TAG", "find_child_run"), "sweep.tracking.sender"),
+    **dict.fromkeys(("FALLBACK_URI", "check_reachable", "ensure_experiment"), "sweep.tracking.store"),
+    "TrialLogger": "sweep.tracking.trial_run",
+}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'sweep.tracking' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_HOMES[name]), name)
+    globals()[name] = value  # once: the next lookup is a plain attribute
+    return value
