@@ -83,7 +83,7 @@ def main() -> None:
         if tree != Path(__file__).resolve().parents[1]:  # Ray's workers import the same tree, not the venv's
             import ray
 
-            ray.init(include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": str(tree)}})
+            ray.init(include_dashboard=False, runtime_env={"py_modules": [str(tree / "sweep")]})
         threading.setprofile(profile)
         sys.setprofile(profile)
         try:
