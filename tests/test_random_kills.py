@@ -1,6 +1,6 @@
 """A sweep whose whole cluster is SIGKILLed right after a checkpoint's upload to S3, once the first trials
-have written their evaluations, ends with every trial exactly once (sweep/testing/random_kills.py, the harness scripts/random_kills.py runs
-many times over).
+have written their evaluations, ends with every trial exactly once (sweep/testing/random_kills.py, the
+harness scripts/random_kills.py runs many times over).
 
 The KubeRay shape on this machine: a head on the driver's disk, a GPU worker node on its own disk, S3 from
 moto_server. A kill ends every process of the driver and of Ray at once and wipes the head's disk; S3 is
