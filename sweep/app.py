@@ -77,7 +77,7 @@ def run(settings: Settings | DictConfig, out_dir: str | os.PathLike[str] | None 
         try:
             if settings.resume and ledger.ended_with(planned_identities(settings)):
                 return ended_before(settings, ledger, out)
-            return run_holding_the_lease(settings, out, sources, extensions)
+            return run_holding_the_lease(settings, out, sources, ledger, extensions)
         finally:
             lease.release()
 
@@ -113,10 +113,10 @@ def sweep_ledger(settings: Settings, out_dir: Path):
     return Ledger(settings.cluster.storage_path or str(out_dir / "ray"))
 
 
-def run_holding_the_lease(settings: Settings, out: Path, sources,
+def run_holding_the_lease(settings: Settings, out: Path, sources, ledger,
                           extensions: Any = None) -> list[TaskSummary]:  # driver.extensions.Extensions
-    """The sweep from the MLflow parent on, its lease held: the tracking session, ONE Tune run, the end's
-    steps (sweep/outputs/end.py)."""
+    """The sweep from the MLflow parent on, its lease held in ``ledger``: the tracking session, ONE Tune run,
+    the end's steps (sweep/outputs/end.py), which mark the end in that ledger."""
     from sweep.driver.tuner import run_tune
     from sweep.outputs.end import end_of_sweep
     from sweep.tracking.session import tracking_session
@@ -127,7 +127,6 @@ def run_holding_the_lease(settings: Settings, out: Path, sources,
                  sources.provenance() if sources is not None else {})
     try:
         records, checkpoint_folders = run_tune(settings, out, session, sources, extensions)
-        ledger = sweep_ledger(settings, out)
         return end_of_sweep(settings, records, out, checkpoint_folders, session, sources, ledger).summaries
     except BaseException as e:
         # stopped by a signal (SweepStopped): KILLED, for resume=true to finish; never masks e
