@@ -92,6 +92,9 @@ class TrainConfig:
     num_workers: int = 0
     eval_every: Optional[int] = None  # evaluate every N optimizer steps (and at each epoch end)
     evals_per_epoch: int = 1  # or K evaluations spread evenly over each epoch
+    # the seed of the weights a trial creates (the task head, LoRA's A): null = the trial's own seed; a number
+    # gives every seed the same start (sweep.soup averages seeds, which needs one)
+    init_seed: Optional[int] = None
 
 
 def with_hparams(train: TrainConfig, point: dict[str, Any]) -> TrainConfig:
@@ -150,6 +153,8 @@ class SweepConfig:
     selection: str = "train"
     selection_fraction: float = 0.1  # selection=train: the share of the training rows it takes, in (0, 0.5]
     selection_seed: int = 0  # the seed that draws the selection rows (the same rows for every trial)
+    # after the sweep: average the best point's seeds into one model (outputs/soup.py), a candidate beside the best seed
+    soup: bool = False
 
 
 @dataclass

@@ -208,6 +208,7 @@ def _check_ranges(s: Settings) -> None:
            "high: 1e-3}' sweep.num_samples=20")
     _check_seeds_per_point(s.sweep)
     _check_selection(s.sweep, s.tasks)
+    _check_soup(s.sweep, s.train, s.tasks)
     _check_pbt(s)
     _check(s.sweep.max_failures >= 0, "sweep.max_failures", f"must be >= 0, got {s.sweep.max_failures}")
     _check_hparams(s)
@@ -239,6 +240,25 @@ def _check_selection(sweep, tasks) -> None:
         _check(len(splits) > 1, "sweep.selection",
                f"{kind!r} is task {spec.name}'s only eval split: nothing would be left to report on; "
                "use sweep.selection=train or dev_half")
+
+
+def _check_soup(sweep, train: TrainConfig, tasks) -> None:
+    """sweep.soup averages the seeds of a point: it needs two seeds a point, every one from the same start (a
+    classification head drawn from each trial's seed is a different start), and a checkpoint per trial."""
+    if not sweep.soup:
+        return
+    if sweep.search and sweep.search_alg not in LEARNING:
+        _check(False, "sweep.soup", "averages the seeds of the best point, and random search draws a new point for "
+               "every trial; use a grid (+sweep.grid.lr=[…]) or search_alg=optuna with sweep.seeds_per_point=2 or more")
+    per_point = sweep.seeds_per_point if sweep.search_alg in LEARNING else len(sweep.seeds)
+    _check(per_point >= 2, "sweep.soup",
+           f"averages the seeds of the best point, and each point runs on {per_point} seed; give sweep.seeds "
+           "two or more (with search_alg=optuna: sweep.seeds_per_point)")
+    heads = [spec.name for spec in tasks if spec.kind != "causal_lm"]
+    _check(train.init_seed is not None or not heads, "sweep.soup",
+           f"the trials do not share a base: each seed draws its own new head for {', '.join(heads)} "
+           "(train.init_seed=null), and heads from different starts do not average; add train.init_seed=0 "
+           "so every seed starts from the same weights")
 
 
 def _check_method(t: TrainConfig) -> None:

@@ -1,7 +1,8 @@
 """The end of a sweep: its steps in order, each built from the sections of the settings it reads.
 
-export the best -> trivial scores -> results files -> expected max -> importance -> GLUE submission ->
-closing lines -> MLflow (registry, parent) -> uploads -> the ledger's end and the checkpoints pruned.
+the best per task -> seed soups (sweep.soup) -> export the best -> trivial scores -> results files -> expected max ->
+importance -> GLUE submission -> closing lines -> MLflow (registry, parent) -> uploads -> the ledger's end and the
+checkpoints pruned.
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ from functools import cache
 from pathlib import Path
 
 from sweep.config.settings import Settings
+from sweep.data.selection import selection_of
 from sweep.outputs.export import ExportBest, PickBest, model_writer
 from sweep.outputs.publish import MarkEnded, RecordInTracking, UploadOutputs
 from sweep.outputs.reports import ClosingLines, ExpectedMax, GlueSubmission, Importance, ResultsFiles, TrivialScores
+from sweep.outputs.soup import SeedSoup
 from sweep.outputs.steps import Outcome, Step, run_steps
 from sweep.results.records import TrialRecord
 
@@ -35,10 +38,13 @@ def sweep_steps(settings: Settings, session, sources=None, ledger=None) -> list[
     aggregate = settings.sweep.aggregate if settings.sweep.seeds_per_point > 1 else None
     keep_best = settings.sweep.keep_checkpoints == "best"
     storage = settings.storage
-    steps: list[Step] = [
-        PickBest(settings.tasks, aggregate, sources.provenance() if sources is not None else {}),
-        ExportBest(settings.tasks, settings.model.name,
-                   model_writer(settings.train.method, settings.tasks, lambda: here().model_dir), keep_best),
+    writer = model_writer(settings.train.method, settings.tasks, lambda: here().model_dir)
+    steps: list[Step] = [PickBest(settings.tasks, aggregate, sources.provenance() if sources is not None else {})]
+    if settings.sweep.soup:  # before ExportBest lets go of the trials' checkpoints (keep_checkpoints=best)
+        steps.append(SeedSoup(settings.tasks, writer, lambda: here().data_dir, settings.train,
+                              selection_of(settings.sweep), settings.model.name))
+    steps += [
+        ExportBest(settings.tasks, settings.model.name, writer, keep_best),
         TrivialScores(lambda tasks: trivial_scores(settings.tasks, settings.train.max_eval_samples, storage,
                                                    sources, tasks)),
         ResultsFiles(settings.tasks, aggregate, settings.train, storage.synthetic, registry=session.enabled),

@@ -27,7 +27,7 @@ class RecordInTracking(Step):
 
     def run(self, outcome: Outcome) -> None:
         recorded = self.session.end(outcome.records, outcome.summaries, outcome.best, outcome.plot,
-                                    failed=bool(failed_tasks(outcome.summaries)))
+                                    failed=bool(failed_tasks(outcome.summaries)), soups=outcome.soups)
         outcome.complete = recorded and outcome.complete
         line = self.session.look_line()  # runs: sweep ui out_dir=... (or the URL)
         if line:

@@ -52,6 +52,10 @@ class ResultsFiles(Step):
         from sweep.results.report import plot_seed_scores
 
         outcome.summaries = summarize(outcome.records, self.tasks, self.aggregate, outcome.trivial)
+        for summary in outcome.summaries:  # sweep.soup: each task's soup beside its seeds
+            if (soup := outcome.soups.get(summary.task)) is not None:
+                summary.soup_seeds, summary.soup_score = len(soup.seeds), soup.score
+                summary.soup_report_score, summary.soup_wins = soup.report_score, soup.wins
         write_results(outcome.out_dir, outcome.records, outcome.summaries)
         outcome.plot = plot_seed_scores(outcome.records, self.tasks, outcome.out_dir / "seed_scores.png",
                                         {task: known.score for task, known in outcome.trivial.items()})

@@ -27,6 +27,7 @@ class Outcome:
     trivial: dict[str, TrivialScore] = field(default_factory=dict)
     summaries: list[TaskSummary] = field(default_factory=list)
     plot: Path | None = None
+    soups: dict = field(default_factory=dict)  # sweep.soup: task -> its Soup (outputs/soup.py)
     # nothing a resume of the sweep would do again (every best model exported, registered and recorded)
     complete: bool = True
 

@@ -108,6 +108,12 @@ class TaskSummary:
     # which no decision read: the best trial's (the number to quote) and the mean over the finished trials
     best_report_score: float | None = None
     report_mean: float | None = None
+    # sweep.soup: the best point's seeds averaged into one model (outputs/soup.py), scored on both splits; it is
+    # the task's model for the registry only if it beats the best seed on the selection split (soup_wins)
+    soup_seeds: int = 0
+    soup_score: float | None = None
+    soup_report_score: float | None = None
+    soup_wins: bool | None = None
 
 
 def rank_key(mode: str, score: float, seed: int) -> tuple[float, int]:
@@ -403,6 +409,9 @@ def format_summary(summaries: list[TaskSummary]) -> str:
         best = f"{s.best_score:8.4f}" if s.best_score is not None else f"{'-':>8}"
         if s.best_report_score is not None:  # sweep.selection: picked on the selection split, quoted on report
             notes += f" (best on the report split: {s.best_report_score:.4f})"
+        if s.soup_score is not None:
+            on_report = f", {s.soup_report_score:.4f} on the report split" if s.soup_report_score is not None else ""
+            notes += f" (soup of {s.soup_seeds} seeds: {s.soup_score:.4f}{on_report}{', wins' if s.soup_wins else ''})"
         ci = f"[{s.ci_low:.4f}, {s.ci_high:.4f}]" if s.ci_low is not None and s.ci_high is not None else "-"
         lines.append(
             f"{s.task:<{width}} {s.metric:<11} {s.n:>3} {s.mean:8.4f} ± {s.std:6.4f} {ci:>18} {s.median:8.4f} "

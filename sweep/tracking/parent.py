@@ -246,7 +246,10 @@ def _summary_metrics(records: list[TrialRecord], summaries: list[TaskSummary]) -
                             ("learned", learned), ("ci_low", s.ci_low), ("ci_high", s.ci_high),
                             ("p_value_runner_up", s.p_value), ("distinguishable", distinguishable),
                             # sweep.selection: the report split's (best: selected on the selection split)
-                            ("report_best", s.best_report_score), ("report_mean", s.report_mean)):
+                            ("report_best", s.best_report_score), ("report_mean", s.report_mean),
+                            # sweep.soup: the soup's scores on both splits; 1: it beat the best seed on selection
+                            ("soup", s.soup_score), ("soup_report", s.soup_report_score),
+                            ("soup_wins", float(s.soup_wins) if s.soup_wins is not None else None)):
             if value is not None and math.isfinite(value):  # a task with no finished trial has no stats
                 metrics[clean_key(f"{s.task}.{name}")] = float(value)
     return metrics

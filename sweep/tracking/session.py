@@ -37,7 +37,7 @@ class NoTracking:
         return None
 
     def end(self, records: list[TrialRecord], summaries: list[TaskSummary], best: Mapping[str, TrialRecord],
-            plot: Path | None, failed: bool) -> bool:
+            plot: Path | None, failed: bool, soups: Mapping[str, Any] = {}) -> bool:
         """The end of the sweep in the store; whether all of it was recorded."""
         return True
 
@@ -120,15 +120,18 @@ class TrackingSession(NoTracking):
                            self.storage.region, self.config.copy_every_s)
 
     def end(self, records: list[TrialRecord], summaries: list[TaskSummary], best: Mapping[str, TrialRecord],
-            plot: Path | None, failed: bool) -> bool:
-        """What waits in the spool, the registry, the parent's results. The results and best models are
-        written by now: a store that fails here loses none of them; the line says what was not recorded."""
+            plot: Path | None, failed: bool, soups: Mapping[str, Any] = {}) -> bool:
+        """What waits in the spool, each soup's run (sweep.soup: outputs/soup.py's ``Soup`` per task), the
+        registry, the parent's results. The results and best models are written by now: a store that fails here
+        loses none of them; the line says what was not recorded."""
         from sweep.tracking.parent import FINAL_WAIT_S
 
         complete = True
         try:
             self.tracker.flush_all(wait_s=FINAL_WAIT_S)  # what the trials' runs kept while the store was away
-            complete = self.register(best, summaries)
+            for soup in soups.values():
+                self._soup_run(soup)
+            complete = self.register(best, summaries, soups)
             self.tracker.finish(records, summaries, self.out_dir, plot, status="FAILED" if failed else "FINISHED")
         except Exception as e:  # noqa: BLE001 - the sweep's work is written; one line says what is not recorded
             complete = False
@@ -148,27 +151,33 @@ class TrackingSession(NoTracking):
                   f"python -m sweep replay {path}")
         return not unsent
 
-    def register(self, best: Mapping[str, TrialRecord], summaries: Sequence[TaskSummary] = ()) -> bool:
-        """The best model per task into the registry as <model>-<task>; alias champion only on improvement,
-        and never for a task whose best learned nothing (within noise of its trivial score). Whether every
-        task's is registered (else a resume of the sweep registers it)."""
+    def register(self, best: Mapping[str, TrialRecord], summaries: Sequence[TaskSummary] = (),
+                 soups: Mapping[str, Any] = {}) -> bool:
+        """The best model per task into the registry as <model>-<task> (its soup instead where the soup beat
+        the best seed on the selection split); alias champion only on improvement, and never for a task whose
+        best learned nothing (within noise of its trivial score). Whether every task's is registered (else a
+        resume of the sweep registers it)."""
         unlearned = {s.task for s in summaries if s.learned is False}
         every = True
         for task, record in best.items():
-            every = self._register_one(task, record, task not in unlearned) and every
+            soup = soups.get(task)
+            if soup is not None and soup.wins:
+                candidate = ("the soup", soup.run_id, soup.folder, soup.score)
+            else:
+                candidate = ("the best trial", record.run_id, self.out_dir / "best" / task, record.score)
+            every = self._register_one(task, *candidate, task not in unlearned) and every
         return every
 
-    def _register_one(self, task: str, record: TrialRecord, learned: bool) -> bool:
+    def _register_one(self, task: str, what: str, run_id: str, model: Path, score: float, learned: bool) -> bool:
         from sweep.tracking.registry import register_best
         from sweep.tracking.spool import unreachable
 
-        if not record.run_id:
-            print(f"registry: {task}: the best trial has no MLflow run; not registered")
+        if not run_id:
+            print(f"registry: {task}: {what} has no MLflow run; not registered")
             return False
         synthetic = self.storage.synthetic and not self.config.synthetic_champion
-        model = self.out_dir / "best" / task
         try:
-            result = register_best(self.uri, self.model_name, self.tasks[task], record.run_id, model, record.score,
+            result = register_best(self.uri, self.model_name, self.tasks[task], run_id, model, score,
                                    learned=learned, synthetic=synthetic)
         except Exception as e:  # noqa: BLE001 - the sweep's work is done: a registry that fails loses none of it
             why = "does not answer" if unreachable(e) else f"refused it ({scrub(error_line(e))})"
@@ -184,9 +193,27 @@ class TrackingSession(NoTracking):
                    else "not promoted: it learned nothing (within noise of the trivial score)" if not learned
                    else "not promoted: trained on synthetic data (tracking.synthetic_champion=true allows it)"
                    if synthetic
-                   else f"not promoted: the champion scores {before}, this {record.score:.4f}")
+                   else f"not promoted: the champion scores {before}, this {score:.4f}")
         print(f"registry: {result.name} version {result.version}, {verdict} (previous champion: {before})")
         return True
+
+    def _soup_run(self, soup) -> None:
+        """A soup's own run beside the trials' (resumed by its name on a resumed end): which seeds, its
+        scores as a trial's are named, where its model is; ``soup.run_id`` set (empty while the store is away)."""
+        from sweep.tracking.trial_run import TrialLogger
+
+        t = self.trials
+        logger = TrialLogger(
+            t.uri, t.experiment_id, t.parent_run_id, run_name=f"{soup.task} soup",
+            params={"task": soup.task, "soup_of_seeds": ",".join(map(str, soup.seeds)),
+                    **{f"hp.{k}": v for k, v in soup.hparams.items()}},
+            tags={"sweep.kind": "soup", "sweep.export": str(soup.folder), "sweep.soup_wins": str(soup.wins).lower(),
+                  "host": "", "node": "", "device": ""},
+            experiment_name=t.experiment_name, spool_dir=t.spool_dir)
+        soup.run_id = logger.start() or ""
+        scores = {"score": soup.score, **soup.metrics, **{f"report.{k}": v for k, v in soup.report_metrics.items()}}
+        logger.log_evaluation(0, {k: v for k, v in scores.items() if v is not None})
+        logger.end()
 
     def fail(self, killed: bool) -> None:
         if self.run_id is None:

@@ -223,8 +223,12 @@ def setup(spec: TaskSpec, model_dir: Path, data_dir: Path, train: TrainConfig, s
     """Model, data, loaders, optimizer and schedule for one run, seeded (the order below fixes the RNG draws)."""
     quiet_progress_bars()
     device = device or pick_device()
-    set_seed(seed)  # before the model is built: the seed fixes the new head's (and adapters') weights
+    # before the model is built: the seed (or train.init_seed, one start for every seed) fixes the new head's
+    # and the adapters' weights; the trial's own seed then draws everything after (dropout)
+    set_seed(seed if train.init_seed is None else train.init_seed)
     tokenizer, model = _load_model(spec, Path(model_dir), train, device, resume_from)
+    if train.init_seed is not None:
+        set_seed(seed)
     if spec.kind == "causal_lm":  # before any data work: a block the model cannot hold
         check_block_fits(train.block_size, usable_positions(model.config), Path(model_dir).name)
     if dist.wrap_model is not None:
@@ -492,3 +496,23 @@ def finetune(
         for evaluation in train_one_epoch(run, epoch, resume if epoch == start else None):
             _record(run, evaluation, out_dir, on_evaluation)
     return run.result
+
+
+def evaluate_model(model_dir: Path, spec: TaskSpec, data_dir: Path, train: TrainConfig,
+                   selection: Selection = NO_SELECTION, device: torch.device | None = None,
+                   ) -> tuple[dict[str, float], dict[str, float]]:
+    """A saved model (a ``save_pretrained`` folder: an export) scored as a trial's best evaluation is: its
+    metrics on the split decisions are made on, and (``selection`` on) on the report splits; the same rows as
+    the trials' (``prepare_data`` with the same ``train`` and ``selection``)."""
+    device = device or pick_device()
+    tokenizer, model = load_for_task(Path(model_dir), spec)
+    model.to(device)
+    data = prepare_data(spec, tokenizer, Path(data_dir), train, None, selection)
+    loader = partial(DataLoader, batch_size=train.eval_batch_size, collate_fn=_collator(spec, tokenizer, train))
+    report = report_splits(spec, selection)
+    amp_dtype = autocast_dtype(train.precision, device)
+    scored = {split: evaluate(model, loader(data[split]), spec, device, amp_dtype) for split in report}
+    reported = merge_splits(spec, scored)
+    if not selection.on:
+        return reported, {}
+    return evaluate(model, loader(data[SELECTION]), spec, device, amp_dtype), reported
