@@ -39,6 +39,8 @@ def test_help_lists_every_task_and_model(tmp_path):
          "error: train.lora.target_modules: nosuch matches no layer of tiny-roberta (roberta); choose from: dense, "
          "key, query, value"),
         (["experiment=demo", "train.method=lora", "train.lora.r=0"], "error: train.lora.r: must be a positive integer"),
+        (["experiment=demo", "sweep.soup=true", "sweep.seeds=[38,39]"],
+         "error: sweep.soup: the trials do not share a base: each seed draws its own new head for WNLI"),
     ],
 )
 def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path, args, message):
