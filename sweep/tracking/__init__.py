@@ -19,6 +19,7 @@ what is left is one file for ``sweep replay FILE [--uri URI]`` (sweep/cli/replay
 - ``parent.py``:    the driver's ``SweepTracker`` (the parent run), ``TrialTracking``, ``saved_parent``, summary metrics
 - ``trial_run.py``: a trial's ``TrialLogger`` (its nested run, tagged with node and device)
 - ``registry.py``:  ``register_best``: a new model version, alias champion only when it beats the champion
+- ``one_copy.py``:  the export's files hard-linked to the registry's byte-identical copies (one copy on disk)
 - ``model_flavor.py``: the best model as an MLflow Model (transformers flavor) on its trial's run; a logged
                     model's files back into one folder for the server
 - ``store_upload.py``: after the sweep, a sqlite store (a consistent copy) and its artifacts to

@@ -29,6 +29,7 @@ class RegistrationResult:
     promoted: bool  # the alias "champion" now points at this version
     previous_champion_score: float | None
     earlier: bool = False  # registered by an earlier launch of this sweep (killed after it): not again
+    shared_bytes: int = 0  # the export's bytes now one copy with the registry's (hard links: tracking/one_copy.py)
 
 
 def _better(score: float, than: float, mode: str) -> bool:
@@ -92,6 +93,7 @@ def register_best(
         return RegistrationResult(name, str(earlier), str(champion) == str(earlier), _champion_score(client, name),
                                   earlier=True)
     logged = with_retries(log_best_model, uri, run_id, Path(model_dir), spec)
+    shared = _share_weights(client, logged.model_id, Path(model_dir))
     _ensure_registered_model(client, name)
     tags = {"score": repr(float(score)), "metric": spec.metric, "mode": mode}
     if not learned:  # the registry UI and a later sweep see why this version never became champion
@@ -105,4 +107,12 @@ def register_best(
     promoted = learned and not synthetic and (previous is None or _better(score, previous, mode))
     if promoted:
         with_retries(client.set_registered_model_alias, name, CHAMPION, version.version)
-    return RegistrationResult(name, str(version.version), promoted, previous)
+    return RegistrationResult(name, str(version.version), promoted, previous, shared_bytes=shared)
+
+
+def _share_weights(client: MlflowClient, model_id: str, model_dir: Path) -> int:
+    """The export's weights made one copy with the logged model's (tracking/one_copy.py); the bytes shared."""
+    from sweep.tracking.one_copy import local_folder, share_with_artifacts
+
+    artifacts = local_folder(with_retries(client.get_logged_model, model_id).artifact_location)
+    return share_with_artifacts(model_dir, artifacts) if artifacts is not None else 0

@@ -194,7 +194,9 @@ class TrackingSession(NoTracking):
                    else "not promoted: trained on synthetic data (tracking.synthetic_champion=true allows it)"
                    if synthetic
                    else f"not promoted: the champion scores {before}, this {score:.4f}")
-        print(f"registry: {result.name} version {result.version}, {verdict} (previous champion: {before})")
+        shared = (f"; its weights in {model} are the registry's copy ({result.shared_bytes / 2**20:.0f} MiB stored "
+                  "once)" if result.shared_bytes else "")
+        print(f"registry: {result.name} version {result.version}, {verdict} (previous champion: {before}){shared}")
         return True
 
     def _soup_run(self, soup) -> None:
