@@ -228,7 +228,7 @@ def test_relocate_rewrites_only_locations_under_the_artifacts_root(tmp_path: Pat
 @pytest.mark.parametrize("kind", ["mlflow", "none"])
 def test_upload_outputs_sends_the_store_beside_the_results(kind, moto_server, monkeypatch,
                                                            tmp_path: Path, empty_store) -> None:
-    """The end's upload step: the best models and results, then (tracking=mlflow) the session's store."""
+    """The end's upload step: the best models (and soups) and results, then (tracking=mlflow) the session's store."""
     import boto3
 
     from sweep.config.validate import compose_settings
@@ -242,6 +242,8 @@ def test_upload_outputs_sends_the_store_beside_the_results(kind, moto_server, mo
     out_dir = tmp_path / "out"
     (out_dir / "best" / "RTE").mkdir(parents=True)
     (out_dir / "best" / "RTE" / "config.json").write_text("{}")
+    (out_dir / "soup" / "RTE").mkdir(parents=True)  # sweep.soup: the soup goes beside the best seed
+    (out_dir / "soup" / "RTE" / "config.json").write_text("{}")
     (out_dir / "results.json").write_text("[]")
     settings = compose_settings("experiment=demo", f"tracking={kind}",
                                 *([f"tracking.uri={uri}"] if kind == "mlflow" else []),
@@ -250,5 +252,5 @@ def test_upload_outputs_sends_the_store_beside_the_results(kind, moto_server, mo
     session = tracking_session(settings.tracking, storage, settings.model.name, settings.tasks, out_dir, False)
     UploadOutputs(storage.output_prefix, storage.endpoint, storage.region, session).run(Outcome([], out_dir))
     keys = {o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="results")["Contents"]}
-    assert {"run1/best/RTE/config.json", "run1/results.json"} <= keys
+    assert {"run1/best/RTE/config.json", "run1/soup/RTE/config.json", "run1/results.json"} <= keys
     assert ("run1/mlflow/mlflow.db" in keys) == (kind == "mlflow")

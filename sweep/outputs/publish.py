@@ -35,7 +35,7 @@ class RecordInTracking(Step):
 
 
 class UploadOutputs(Step):
-    """storage.output_prefix: each task's best model and the result files, for a serving runtime; and the
+    """storage.output_prefix: each task's best model (and soup) and the result files, for a serving runtime; and the
     tracking session's store under <prefix>/mlflow/ (its failure is one line, never the sweep's)."""
 
     name = "upload"
@@ -58,6 +58,8 @@ class UploadOutputs(Step):
 
         client = make_client(self.endpoint, self.region)
         keys = upload_tree(client, out_dir / "best", f"{self.prefix}/best")
+        if (out_dir / "soup").is_dir():  # sweep.soup: each task's soup beside its best seed
+            keys += upload_tree(client, out_dir / "soup", f"{self.prefix}/soup")
         results = [out_dir / name for name in RESULT_FILES if (out_dir / name).is_file()]
         keys += upload_tree(client, out_dir, self.prefix, files=results)
         exported = (out_dir / "best").iterdir() if (out_dir / "best").is_dir() else ()  # none: a line said why
