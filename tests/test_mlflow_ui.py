@@ -27,7 +27,8 @@ import sys
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pytest
@@ -241,6 +242,180 @@ def click_experiment(page, experiment_id: str, name: str) -> None:
     link = page.locator(f'a[href="#/experiments/{experiment_id}"]', has_text=name)
     link.first.wait_for(timeout=TIMEOUT_S * 1000)
     link.first.click()
+
+
+# --- any URL of sweep ui's server: the runs table, for a browser that never opened the printed link ---------
+
+EXPERIMENT = "glue-tiny-roberta"
+
+
+@dataclass(frozen=True)
+class TwoSweeps:
+    uri: str
+    experiment_id: str
+    parents: dict[str, str]  # run id -> name, oldest first
+    trials: dict[str, dict[str, str]]  # parent run id -> {trial name: its acc as the runs table shows it}
+
+
+def record_sweep(uri: str, out: Path, seeds: tuple[int, ...]) -> tuple[str, str, dict[str, str]]:
+    """A sweep's runs as a sweep writes them, with the project's tracking classes: its parent (its config a
+    real Settings'), one trial run per seed with an evaluation, the end (summary metrics). (parent run id,
+    its name, {trial name: its acc as shown})."""
+    from sweep.config.tasks import load_task
+    from sweep.config.validate import compose_settings
+    from sweep.results.records import TrialRecord, summarize
+    from sweep.tracking import SweepTracker, TrialLogger
+    from tests.helpers.browser import mlflow_metric_text
+
+    settings = compose_settings(f"task={TASK}", "model=tiny-roberta", f"sweep.seeds=[{','.join(map(str, seeds))}]")
+    tracker = SweepTracker(uri, EXPERIMENT)
+    parent = tracker.start(asdict(settings))
+    shown, records = {}, []
+    for seed in seeds:
+        acc = 0.5 + seed / 1000  # distinct: a value on the wrong run's row would show
+        trial = TrialLogger(uri, tracker.experiment_id, parent, f"{TASK} seed {seed}", {"task": TASK, "seed": seed})
+        run_id = trial.start()
+        trial.log_evaluation(1, {"acc": acc, "score": acc, "train_loss": 0.5})
+        trial.end("FINISHED")
+        records.append(TrialRecord(TASK, seed, metrics={"acc": acc}, score=acc, best_epoch=1, epochs_done=1,
+                                   run_id=run_id))
+        shown[f"{TASK} seed {seed}"] = mlflow_metric_text(acc)
+    out.mkdir(parents=True, exist_ok=True)
+    tracker.finish(records, summarize(records, [load_task(TASK)]), out)
+    return parent, tracker.run_name, shown
+
+
+@pytest.fixture(scope="module")
+def two_sweeps(tmp_path_factory: pytest.TempPathFactory) -> TwoSweeps:
+    """A store with two sweeps of one experiment that differ only in their start: the same task, model and
+    number of seeds (other seeds), as a person's second try of a sweep is."""
+    work = tmp_path_factory.mktemp("two-sweeps")
+    uri = f"sqlite:///{work / 'mlflow.db'}"
+    parents, trials = {}, {}
+    for i, seeds in enumerate([(38, 39), (40, 41)]):
+        if i:  # a parent's name has its start to the second: a person's next sweep starts seconds later at least
+            second = int(time.time())
+            while int(time.time()) == second:
+                time.sleep(0.05)
+        parent, name, shown = record_sweep(uri, work / f"out{i}", seeds)
+        parents[parent], trials[parent] = name, shown
+    from mlflow import MlflowClient
+
+    experiment_id = MlflowClient(uri).get_experiment_by_name(EXPERIMENT).experiment_id
+    return TwoSweeps(uri, experiment_id, parents, trials)
+
+
+@pytest.fixture(scope="module")
+def ui_of_two_sweeps(two_sweeps: TwoSweeps, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``sweep ui tracking_uri=<the store>`` running on a free port (a browser is needed: skips without one);
+    its server's URL."""
+    from tests.helpers.browser import chromium_path
+
+    chromium_path()
+    work = tmp_path_factory.mktemp("ui")
+    ui = start_ui([sys.executable, "-m", "sweep", "ui", f"tracking_uri={two_sweeps.uri}", f"port={free_port()}"],
+                  work, work / "ui.err")
+    try:
+        yield ui.url("models").removesuffix("/#/models")
+    finally:
+        ui.proc.send_signal(signal.SIGTERM)
+        assert ui.proc.wait(timeout=60) == 0, ui.stderr.read_text()[-3000:]
+
+
+def runs_of_two_sweeps(page, sweeps: TwoSweeps, screenshot: Path) -> list[tuple[str, str]]:
+    """The experiment's runs table in the Model training view (not GenAI's overview), nothing clicked on
+    it: each parent with its own trials listed under it, each trial's acc in a column in view, the two
+    parents' names told apart as the table cuts them. The table's (name, part shown) top to bottom."""
+    from tests.helpers.browser import run_name_cells, wait_for_rows, wait_for_text
+
+    text = wait_for_text(page, ["Run Name", *sweeps.parents.values()], TIMEOUT_S, url=page.url,
+                         screenshot=screenshot)
+    assert "Token Usage" not in text and "Detect Issues" not in text, text[-2000:]  # the overview, its popover
+    assert re.search(rf"#/experiments/{sweeps.experiment_id}(/runs)?([?]|$)", page.url), page.url
+    wait_for_rows(page, [[name, acc] for trials in sweeps.trials.values() for name, acc in trials.items()],
+                  TIMEOUT_S, screenshot=screenshot)
+    column = page.locator('[role="columnheader"][col-id="metrics.`acc`"]').first
+    box = column.bounding_box()  # shown, and in view without scrolling the table
+    assert box is not None and box["x"] + box["width"] <= page.viewport_size["width"], box
+    cells = run_name_cells(page)
+    names = [name for name, _ in cells]
+    for parent, name in sweeps.parents.items():  # nested: a flat list would put each trial above its parent
+        at = names.index(name)
+        assert sorted(names[at + 1:at + 1 + len(sweeps.trials[parent])]) == sorted(sweeps.trials[parent]), cells
+    read = [shown for name, shown in cells if name in sweeps.parents.values()]
+    assert len(read) == 2 and read[0] != read[1], cells
+    assert all(len(part) >= len("12-07 02:36:11") for part in read), cells  # the whole start is in view
+    return cells
+
+
+ENTRIES = {  # how a browser that never opened sweep ui's printed link gets to the runs
+    "root": ("/", True),  # MLflow's home: its "Recent Experiments", clicked
+    "experiment list": ("/#/experiments", True),  # the experiment list, clicked
+    "bookmarked experiment": ("/#/experiments/{eid}", False),
+}
+
+
+@pytest.mark.parametrize("entry", list(ENTRIES))
+def test_any_url_of_sweep_ui_opens_on_the_runs_with_trials_under_their_sweep(
+        entry: str, two_sweeps: TwoSweeps, ui_of_two_sweeps: str, tmp_path: Path) -> None:
+    """A fresh browser (nothing in its local storage) that opens any URL of the server ``sweep ui`` starts
+    lands on the runs table, the trials under their parents, the metric shown: what the server's index page
+    sets before MLflow's app reads it (sweep/tracking/ui_app.py)."""
+    from tests.helpers.browser import browser_page
+
+    path, click = ENTRIES[entry]
+    with browser_page(TIMEOUT_S) as page:
+        page.goto(ui_of_two_sweeps + path.format(eid=two_sweeps.experiment_id), wait_until="domcontentloaded")
+        if click:
+            click_experiment(page, two_sweeps.experiment_id, EXPERIMENT)
+        runs_of_two_sweeps(page, two_sweeps, tmp_path / "runs.png")
+
+
+def test_what_a_person_picks_in_the_ui_stays(two_sweeps: TwoSweeps, ui_of_two_sweeps: str, tmp_path: Path) -> None:
+    """sweep ui's defaults are set once per browser, parent and column: a parent a person collapsed stays
+    collapsed the next time the UI opens, and a person's pick of the GenAI view is kept."""
+    from tests.helpers.browser import RUN_NAME_CELL, browser_page, run_name_cells, wait_for_text
+
+    older, newer = two_sweeps.parents
+    with browser_page(TIMEOUT_S) as page:
+        page.goto(f"{ui_of_two_sweeps}/#/experiments/{two_sweeps.experiment_id}", wait_until="domcontentloaded")
+        runs_of_two_sweeps(page, two_sweeps, tmp_path / "runs.png")
+        name = two_sweeps.parents[older]
+        page.locator(RUN_NAME_CELL).filter(has=page.get_by_text(name, exact=True)).locator("button").first.click()
+        hidden = set(two_sweeps.trials[older])
+        deadline = time.monotonic() + TIMEOUT_S
+        while hidden & {n for n, _ in run_name_cells(page)}:
+            assert time.monotonic() < deadline, run_name_cells(page)
+            time.sleep(0.25)
+        page.goto(f"{ui_of_two_sweeps}/", wait_until="domcontentloaded")  # the UI loaded again, from its root
+        click_experiment(page, two_sweeps.experiment_id, EXPERIMENT)
+        wait_for_text(page, [*two_sweeps.trials[newer]], TIMEOUT_S, url=page.url)
+        names = {n for n, _ in run_name_cells(page)}
+        assert not hidden & names and set(two_sweeps.trials[newer]) <= names, names
+        # GenAI picked (the switch, top left): the experiment opens on GenAI's overview from then on
+        page.get_by_role("radio", name="GenAI").or_(page.get_by_role("button", name="GenAI")).first.click()
+        page.goto(f"{ui_of_two_sweeps}/", wait_until="domcontentloaded")
+        click_experiment(page, two_sweeps.experiment_id, EXPERIMENT)
+        wait_for_text(page, ["Overview"], TIMEOUT_S, url=page.url)
+        assert page.evaluate("() => localStorage.getItem('mlflow.workflowType_v1')") == '"genai"'
+
+
+def test_the_index_page_carries_the_sweeps_defaults(two_sweeps: TwoSweeps) -> None:
+    """What the index page's script is given (read from the store): each sweep experiment's parents, newest
+    first, and its tasks' metric columns; put before MLflow's own script; nothing in it can end the script."""
+    from mlflow import MlflowClient
+
+    from sweep.tracking.ui_app import index_page, parent_metrics, sweep_defaults
+
+    defaults = sweep_defaults(MlflowClient(two_sweeps.uri))
+    assert defaults == {two_sweeps.experiment_id: {"parents": list(two_sweeps.parents)[::-1],
+                                                   "columns": ["metrics.`acc`"]}}
+    mlflow_index = '<!doctype html><html><head><meta charset="utf-8"/><script defer src="main.js"></script></head>'
+    page = index_page(mlflow_index, defaults)
+    assert page.index("sweep.ui.offered_v1") < page.index('src="main.js"'), page
+    assert parent_metrics({"sweep.metrics": "acc,</script><b>,f1"}, {}) == ["acc", "f1"]
+    assert parent_metrics({}, {"composed.task.RTE.metric": "acc", "composed.task.STS-B.metric": "pearson"}) == [
+        "acc", "pearson"]  # a sweep from before the tag: its config's
 
 
 # --- mistakes: one line, exit 2, nothing started ------------------------------------------------------

@@ -47,13 +47,13 @@ OPTIONS: dict[str, Option] = {
 }
 HELP = """
 It prints the URL of each sweep experiment's runs table, the sweep's parent run (out_dir=) and the
-model registry. For a store it serves, the runs URL is a page of sweep's on that server
-(/sweep/open): it picks MLflow's "Model training" view for the browser (top left; MLflow's default,
-GenAI, opens an experiment clicked in its experiment list on the GenAI overview) and opens the
-sweep's parent run (its +), as those two clicks would, then shows the runs table: the trials under
-the parent, and from then on the experiment list's click lands on the runs too. On an http(s)
-tracking server the URL is the runs table in the Model training view: click the parent's + to show
-the trials. "Columns" shows their metric."""
+model registry. For a store it serves, any URL of that server opens on the runs in any browser (the
+root, the experiment list, a bookmark: sweep's app plugin on MLflow's server sets MLflow's "Model
+training" view where the browser has none, each sweep's parent expanded and each task's metric
+column shown, once: what a person changes there stays), and the runs URL is a page of sweep's
+(/sweep/open) that sets them and shows the runs table. On an http(s) tracking server the URL is the
+runs table in the Model training view: click the parent's + to show the trials, "Columns" for their
+metric."""
 
 
 class _Stop(BaseException):

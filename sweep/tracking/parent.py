@@ -55,22 +55,28 @@ def _git_commit() -> str | None:
 
 
 def _sweep_tags(config: Mapping[str, Any]) -> dict[str, Any]:
-    """Tasks, model and seeds of a resolved config (``asdict(Settings)`` or a Hydra container)."""
+    """Tasks, model and seeds of a resolved config (``asdict(Settings)`` or a Hydra container), and the tasks'
+    metric keys (``sweep.metrics``: the runs table's columns ``sweep ui`` shows, sweep/tracking/ui_app.py)."""
     tasks = config.get("tasks", config.get("task")) or []
-    names = list(tasks) if isinstance(tasks, Mapping) else [t["name"] if isinstance(t, Mapping) else t for t in tasks]
+    specs = list(tasks.items()) if isinstance(tasks, Mapping) else [
+        (t.get("name"), t) if isinstance(t, Mapping) else (t, {}) for t in tasks]
+    metrics = [clean_key(str(spec["metric"])) for _, spec in specs if isinstance(spec, Mapping) and spec.get("metric")]
     return {
-        "sweep.tasks": ",".join(map(str, names)) or None,
+        "sweep.tasks": ",".join(str(name) for name, _ in specs) or None,
         "sweep.model": (config.get("model") or {}).get("name"),
         "sweep.seeds": ",".join(map(str, (config.get("sweep") or {}).get("seeds") or [])) or None,
+        "sweep.metrics": ",".join(dict.fromkeys(metrics)) or None,
     }
 
 
 def sweep_run_name(tags: Mapping[str, Any], started: float | None = None) -> str:
-    """The parent run's name in MLflow's runs table: '<tasks> x <n> seeds · <model> · <start time>'."""
+    """The parent run's name in MLflow's runs table: '<start> · <tasks> x <n> seeds · <model>'. The start
+    (month-day and time to the second) comes first and is short: the table cuts a parent's name after
+    about 18 characters, and the sweeps of one experiment (its model) often differ in nothing else."""
     seeds = len(str(tags.get("sweep.seeds") or "").split(",")) if tags.get("sweep.seeds") else 0
-    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(started))
+    when = time.strftime("%m-%d %H:%M:%S", time.localtime(started))
     tasks = str(tags.get("sweep.tasks") or "?").replace(",", "+")
-    return f"{tasks} x {seeds} seed{'s' if seeds != 1 else ''} · {tags.get('sweep.model') or '?'} · {when}"
+    return f"{when} · {tasks} x {seeds} seed{'s' if seeds != 1 else ''} · {tags.get('sweep.model') or '?'}"
 
 
 @dataclass(frozen=True)

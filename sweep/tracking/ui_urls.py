@@ -7,22 +7,22 @@ What MLflow 3.17's UI does with them (found in headless Chromium, tests/test_mlf
 - ``#/experiments/<id>?workflowType=machine_learning`` opens the experiment in the "Model training" view,
   on its runs table (MLflow redirects to ``.../runs?workflowType=machine_learning&...``).
 - Without ``workflowType`` the view is the browser's own switch (GenAI / Model training, top left; kept
-  in the browser's local storage, ``mlflow.workflowType_v1``, GenAI until a person picks the other),
-  whatever the experiment's ``mlflow.experimentKind`` tag says: an experiment clicked in the experiment
-  list opens on the GenAI "Overview" (traces, none here) until "Model training" is picked once. The URL's
-  ``workflowType`` shows the view without storing it: the switch stays as it was.
+  in the browser's local storage, ``mlflow.workflowType_v1``, GenAI while it is absent, written only when a
+  person clicks the switch), whatever the experiment's ``mlflow.experimentKind`` tag says: in plain MLflow an
+  experiment clicked in the experiment list (or on the home page, the root URL) opens on the GenAI "Overview"
+  (traces, none here). The URL's ``workflowType`` shows the view without storing it.
 - A sweep's trial runs are listed collapsed under its parent run, and nothing in a URL expands them:
-  which parents are open (``runsExpanded``) is kept in the browser's local storage per experiment, left
-  out of shared views (``?viewStateShareKey=``), and a ``searchFilter`` that matches only the trials
-  still shows them under their (fetched) parent. The UI opens a parent by itself only on a browser's
-  first visit and only for children tagged ``mlflow.runType=evaluation`` (``mlflow.evaluate``'s runs),
-  which trial runs are not.
+  which parents are open (``runsExpanded``) is kept in the browser's local storage per experiment, as are
+  the columns shown (``selectedColumns``: no metric by default).
 
-So for a store it serves, ``sweep ui`` runs ``mlflow server --app-name sweep-ui`` (sweep/tracking/ui_app.py:
-one more page on MLflow's own server, the same origin as the UI) and prints that page's URL,
-``<server>/sweep/open?experiment=<id>&parent=<run id>``: it sets the two in the browser (Model training,
-the parent expanded), as a person's two clicks would, and replaces itself with the runs table. Someone
-else's tracking server has no such page: its URL is the runs table with ``?workflowType=machine_learning``.
+So for a store it serves, ``sweep ui`` runs ``mlflow server --app-name sweep-ui`` (sweep/tracking/ui_app.py,
+on MLflow's own server: the same origin as the UI), whose index page, loaded first by every URL of the UI,
+sets those in the browser before MLflow's app reads them (Model training where the browser has no view
+yet; each sweep's parent expanded and its tasks' metric columns shown, once per browser): the root, the
+experiment list and a bookmarked experiment all open on the runs. It prints that server's page for a
+sweep, ``<server>/sweep/open?experiment=<id>&parent=<run id>``, which sets them too and shows the runs
+table. Someone else's tracking server has neither: its URL is the runs table with
+``?workflowType=machine_learning``.
 """
 
 from __future__ import annotations

@@ -23,12 +23,16 @@ What MLflow 3.17.2's UI (a hash-routed single-page app) needs, as found with thi
   ``searchFilter`` on the parent's id lists them under the parent, collapsed, all the same. The UI expands a
   parent by itself only on a browser's first visit of the experiment and only for children tagged
   ``mlflow.runType=evaluation``.
-- Hence the URL ``sweep ui`` prints for a store it serves, ``<server>/sweep/open?experiment=<id>&parent=<run
-  id>`` (a page of ``mlflow server --app-name sweep-ui``, on the UI's origin: sweep/tracking/ui_app.py): it
-  sets both in the browser (Model training; the parent expanded), as a person's two clicks would, and
-  replaces itself with the runs table: a fresh browser lands on the trials under their parent, and the
-  experiment list's click lands on the runs table from then on (tests/test_mlflow_ui.py).
-- Metric and param columns are hidden by default (the default columns are Dataset, Source, Models):
+- Hence the server ``sweep ui`` starts for a store (``mlflow server --app-name sweep-ui``, sweep/tracking/ui_app.py)
+  serves MLflow's index page, which every URL of the UI loads first, with a script that sets both before
+  MLflow's app reads them (Model training where the browser has no view yet; each sweep's parent expanded and
+  its tasks' metric columns shown, once per browser): a fresh browser that opens the root, the experiment list
+  or a bookmarked experiment lands on the trials under their parents (tests/test_mlflow_ui.py). The URL it
+  prints, ``<server>/sweep/open?experiment=<id>&parent=<run id>``, sets them too, then shows the runs table.
+- The runs table cuts a run's name with an ellipsis at its column's width (about 18 characters of a parent's
+  name): ``run_name_cells`` reads the part shown.
+- Metric and param columns are hidden by default (the default columns are Dataset, Source, Models; the
+  experiment page's state's ``selectedColumns``, ids such as ``metrics.`acc```, which sweep ui's page sets):
   "Columns" menu, click the key's entry (``show_run_columns``). A shared view (experiment tag
   ``mlflow.sharedViewState.<key>`` = JSON ``{"selectedColumns": ["metrics.`acc`"]}``, opened with
   ``?viewStateShareKey=<key>``) shows them too, but writes to the experiment.
@@ -219,6 +223,35 @@ def expand_child_runs(page, rounds: int = 5) -> int:
             break
         page.wait_for_timeout(300)  # the children's rows render
     return len(expanded)
+
+
+def run_name_cells(page) -> list[tuple[str, str]]:
+    """The runs table's run names top to bottom (by ``aria-rowindex``: ag-grid's DOM order may differ), each
+    as (the name, the part a person reads): the name's span cuts a wider text with an ellipsis, so the part
+    read is the characters that end left of the span's right edge less the ellipsis' width."""
+    return [tuple(pair) for pair in page.evaluate(
+        """() => [...document.querySelectorAll('[role="row"]')]
+            .filter(row => row.querySelector('[col-id="attributes.`Run Name`"] a span'))
+            .sort((a, b) => Number(a.getAttribute('aria-rowindex')) - Number(b.getAttribute('aria-rowindex')))
+            .map(row => {
+                const span = row.querySelector('[col-id="attributes.`Run Name`"] a span');
+                const text = span.textContent, node = span.firstChild;
+                if (!node || span.scrollWidth <= span.clientWidth) return [text, text];
+                const style = getComputedStyle(span);
+                const ctx = document.createElement('canvas').getContext('2d');
+                ctx.font = `${style.fontStyle} ${style.fontWeight} ${style.fontSize} ${style.fontFamily}`;
+                const edge = span.getBoundingClientRect().right - ctx.measureText('\u2026').width;
+                const range = document.createRange();
+                let shown = 0;
+                for (let k = 1; k <= text.length; k++) {
+                    range.setStart(node, k - 1);
+                    range.setEnd(node, k);
+                    if (range.getBoundingClientRect().right > edge) break;
+                    shown = k;
+                }
+                return [text, text.slice(0, shown)];
+            })"""
+    )]
 
 
 def show_run_columns(page, names: list[str]) -> None:
