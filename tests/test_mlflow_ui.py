@@ -372,31 +372,59 @@ def test_any_url_of_sweep_ui_opens_on_the_runs_with_trials_under_their_sweep(
 
 
 def test_what_a_person_picks_in_the_ui_stays(two_sweeps: TwoSweeps, ui_of_two_sweeps: str, tmp_path: Path) -> None:
-    """sweep ui's defaults are set once per browser, parent and column: a parent a person collapsed stays
-    collapsed the next time the UI opens, and a person's pick of the GenAI view is kept."""
+    """sweep ui's defaults are set once per browser, parent and column: a parent a person collapsed and a
+    column they hid stay so the next time the UI loads, while a sweep's parent the browser has not seen yet
+    opens expanded; a person's pick of the GenAI view is kept."""
+    from sweep.tracking.ui_app import OFFERED_KEY, experiment_page_key
     from tests.helpers.browser import RUN_NAME_CELL, browser_page, run_name_cells, wait_for_text
 
     older, newer = two_sweeps.parents
-    with browser_page(TIMEOUT_S) as page:
-        page.goto(f"{ui_of_two_sweeps}/#/experiments/{two_sweeps.experiment_id}", wait_until="domcontentloaded")
-        runs_of_two_sweeps(page, two_sweeps, tmp_path / "runs.png")
-        name = two_sweeps.parents[older]
-        page.locator(RUN_NAME_CELL).filter(has=page.get_by_text(name, exact=True)).locator("button").first.click()
-        hidden = set(two_sweeps.trials[older])
+    eid = two_sweeps.experiment_id
+    acc = '[role="columnheader"][col-id="metrics.`acc`"]'
+
+    def listed(page) -> set[str]:
+        return {name for name, _ in run_name_cells(page)}
+
+    def until(condition, page) -> None:
         deadline = time.monotonic() + TIMEOUT_S
-        while hidden & {n for n, _ in run_name_cells(page)}:
-            assert time.monotonic() < deadline, run_name_cells(page)
+        while not condition():
+            assert time.monotonic() < deadline, (page.url, run_name_cells(page))
             time.sleep(0.25)
+
+    with browser_page(TIMEOUT_S) as page:
+        page.goto(f"{ui_of_two_sweeps}/#/experiments/{eid}", wait_until="domcontentloaded")
+        runs_of_two_sweeps(page, two_sweeps, tmp_path / "runs.png")
+        # the older sweep's parent collapsed (its expander), the metric's column hidden ("Columns", its entry)
+        page.locator(RUN_NAME_CELL).filter(has=page.get_by_text(two_sweeps.parents[older], exact=True)) \
+            .locator("button").first.click()
+        until(lambda: not set(two_sweeps.trials[older]) & listed(page), page)
+        page.get_by_role("button", name="Columns").click()
+        page.locator('span[title="acc"]').first.click()
+        page.keyboard.press("Escape")
+        until(lambda: not page.locator(acc).count(), page)
+        # as if the newer sweep had started since: the browser forgets it (its parent's entries alone), on a
+        # page other than the experiment's, whose state MLflow keeps writing
+        page.goto(f"{ui_of_two_sweeps}/#/experiments", wait_until="domcontentloaded")
+        page.evaluate("""([offeredKey, stateKey, eid, run]) => {
+            const offered = JSON.parse(localStorage.getItem(offeredKey));
+            const state = JSON.parse(localStorage.getItem(stateKey));
+            offered[eid].parents = offered[eid].parents.filter(p => p !== run);
+            delete state.runsExpanded[run];
+            localStorage.setItem(offeredKey, JSON.stringify(offered));
+            localStorage.setItem(stateKey, JSON.stringify(state));
+        }""", [OFFERED_KEY, experiment_page_key(eid), eid, newer])
         page.goto(f"{ui_of_two_sweeps}/", wait_until="domcontentloaded")  # the UI loaded again, from its root
-        click_experiment(page, two_sweeps.experiment_id, EXPERIMENT)
-        wait_for_text(page, [*two_sweeps.trials[newer]], TIMEOUT_S, url=page.url)
-        names = {n for n, _ in run_name_cells(page)}
-        assert not hidden & names and set(two_sweeps.trials[newer]) <= names, names
+        page.reload(wait_until="domcontentloaded")
+        click_experiment(page, eid, EXPERIMENT)
+        wait_for_text(page, [*two_sweeps.trials[newer]], TIMEOUT_S, url=page.url, screenshot=tmp_path / "again.png")
+        assert not set(two_sweeps.trials[older]) & listed(page), run_name_cells(page)
+        assert not page.locator(acc).count(), "the column hidden is shown again"
         # GenAI picked (the switch, top left): the experiment opens on GenAI's overview from then on
         page.get_by_role("radio", name="GenAI").or_(page.get_by_role("button", name="GenAI")).first.click()
         page.goto(f"{ui_of_two_sweeps}/", wait_until="domcontentloaded")
-        click_experiment(page, two_sweeps.experiment_id, EXPERIMENT)
-        wait_for_text(page, ["Overview"], TIMEOUT_S, url=page.url)
+        page.reload(wait_until="domcontentloaded")
+        click_experiment(page, eid, EXPERIMENT)
+        wait_for_text(page, ["Overview"], TIMEOUT_S, url=page.url, screenshot=tmp_path / "genai.png")
         assert page.evaluate("() => localStorage.getItem('mlflow.workflowType_v1')") == '"genai"'
 
 
