@@ -10,6 +10,12 @@ steps, about as many as the demo's 4 epochs of 200 rows): it learns (0.94 and 0.
 scores 0.5), so its best becomes ``champion``. One epoch is one evaluation per trial: the runs table shows a
 metric's last logged value, and with one evaluation that is the trial's result as results.csv has it (its
 best evaluation; with several, the table shows the last one's).
+
+Without Ray, a store with two sweeps' runs (written by the project's own tracking classes, as a sweep writes
+them) served by ``sweep ui tracking_uri=...``: a fresh browser that opens the server's root, its experiment
+list or a bookmarked experiment page, never the printed link, lands on the runs table, each parent's trials
+under it, the metric's column in view, the two parents' names told apart where the table cuts them; what a
+person changes there stays.
 """
 
 from __future__ import annotations

@@ -64,7 +64,6 @@ MLFLOW_COLUMNS = ("attributes.`Source`", "attributes.`Models`", "attributes.`Dat
 METRIC_KEY = re.compile(r"[\w\-. /]{1,250}")  # what clean_key leaves: a key MLflow's column id takes unquoted
 METRICS_TAG = "sweep.metrics"  # a sweep parent's: its tasks' metric keys, comma-joined (parent.py)
 SWEEP_PARENT = "tags.`sweep.tasks` IS NOT NULL"  # a sweep's parent run (its trials are tagged sweep.task)
-SWEEP_EXPERIMENT = "tags.`mlflow.experimentKind` = 'custom_model_development'"  # store.EXPERIMENT_KIND
 
 
 def experiment_page_key(experiment_id: str) -> str:
@@ -156,8 +155,12 @@ def sweep_defaults(store: Searchable) -> dict[str, dict[str, list[str]]]:
     expanded (the last ``MOST_PARENTS`` started) and their tasks' metric columns."""
     from mlflow.entities import ViewType
 
+    from sweep.tracking.store import EXPERIMENT_KIND
+
+    (kind, value), = EXPERIMENT_KIND.items()  # what a sweep tags its experiment with
     experiments = store.search_experiments(view_type=ViewType.ACTIVE_ONLY, max_results=MOST_EXPERIMENTS,
-                                           filter_string=SWEEP_EXPERIMENT, order_by=["last_update_time DESC"])
+                                           filter_string=f"tags.`{kind}` = '{value}'",
+                                           order_by=["last_update_time DESC"])
     defaults: dict[str, dict[str, list[str]]] = {}
     for experiment in experiments:
         if not EXPERIMENT_ID.fullmatch(experiment.experiment_id):
