@@ -91,6 +91,7 @@ def test_runtime_serves_http_and_grpc_as_kserve_expects() -> None:
     assert container["command"] == ["python", "-m", "sweep", "serve"]
     options = server_options(container["args"])  # the server's own parser: grpc_port must be one of its options
     assert options["model"] == MODEL_MOUNT and options["port"] == DEFAULT_PORT
+    assert options["host"] == "0.0.0.0"  # the server's default, 127.0.0.1, would leave probes and the Service out
     assert [(p["name"], p["containerPort"]) for p in container["ports"]] == [("http", DEFAULT_PORT),
                                                                              ("h2c", options["grpc_port"])]
     assert options["grpc_port"] == 8081
@@ -221,6 +222,8 @@ BROKEN: dict[str, tuple[Callable[[list[dict]], None], str]] = {
     "an option the server lacks": (lambda d: _container(d)["args"].append("batch_size=8"),
                                    "python -m sweep serve refuses them: batch_size: unknown option"),
     "a bad option value": (_set_arg("port", "http"), "python -m sweep serve refuses them: port:"),
+    "the server's default host, loopback": (lambda d: _container(d)["args"].remove("host=0.0.0.0"),
+                                            "host=127.0.0.1 is the pod's loopback"),
     "model ports rename the gRPC port": (
         lambda d: _model(d).__setitem__("ports", [{"containerPort": 8081, "name": "metrics"}]),
         "as run for this InferenceService: spec.containers[0].ports: the gRPC ports [] are not"),

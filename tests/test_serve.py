@@ -344,6 +344,7 @@ def test_inferenceservice_runs_the_same_server_command_and_port() -> None:
     args = [a.replace("{{.Name}}", isvc["metadata"]["name"]) for a in container["args"]]  # as KServe renders them
     options = parse_key_values(args, OPTIONS)  # the server itself accepts these arguments
     assert options["model"] == "/mnt/models" and options["port"] == DEFAULT_PORT
+    assert options["host"] == "0.0.0.0"  # the server's default, 127.0.0.1, is unreachable from outside a container
     assert options["name"] == isvc["metadata"]["name"]
     assert [(p["name"], p["containerPort"]) for p in container["ports"]] == [("http", DEFAULT_PORT),
                                                                              ("h2c", options["grpc_port"])]
@@ -372,6 +373,7 @@ def test_containerfile_serves_with_the_command_the_deploy_yaml_names() -> None:
     assert cmd[: len(command)] == command == ["python", "-m", "sweep", "serve"]
     options = parse_key_values(cmd[len(command):], OPTIONS)
     assert options["model"] == "/mnt/models" and options["port"] == DEFAULT_PORT
+    assert options["host"] == "0.0.0.0"  # the server's default, 127.0.0.1, is unreachable from outside a container
     assert {str(DEFAULT_PORT), str(options["grpc_port"])} <= set(instruction["EXPOSE"].split())
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -32,6 +33,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
     parser.add_argument("--stop", action="append", help="stop sequence (repeatable)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds")
+    parser.add_argument("--api-key", default=None,
+                        help="the server's API key, sent as Authorization: Bearer (default: $SWEEP_API_KEY; prefer "
+                             "the variable: a command line is visible to every user of the machine)")
     parser.add_argument("--json", action="store_true", help="print the raw v2 response")
     parser.add_argument("--stream", action="store_true",
                         help="causal LM: print tokens as they arrive (the OpenAI completions endpoint, stream=true)")
@@ -52,11 +56,13 @@ def parse_args(argv: Sequence[str] | None, prog: str = PROG) -> argparse.Namespa
 
 def main(argv: Sequence[str] | None = None, prog: str = PROG) -> None:
     args = parse_args(argv, prog)
+    from sweep.serving.api_key import API_KEY_ENV
     from sweep.serving.client import InferError, InferOptions, format_response, infer, infer_grpc, stream_completions
 
     options = InferOptions(pair=tuple(args.pair or ()), max_new_tokens=args.max_new_tokens,
                            temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                           stop=tuple(args.stop or ()), timeout=args.timeout)
+                           stop=tuple(args.stop or ()), timeout=args.timeout,
+                           api_key=args.api_key or os.environ.get(API_KEY_ENV) or None)
     try:
         if args.stream:
             for note in stream_completions(args.url, args.model, args.texts, options):

@@ -24,6 +24,7 @@ from sweep.cli.key_values import (
     usage,
 )
 from sweep.config.defaults import CACHE_DIR_ENV
+from sweep.serving.api_key import API_KEY_ENV
 from sweep.serving.cpu_budget import quiet_openmp_environment
 from sweep.serving.server import ServeError, ServeOptions, serve_model
 
@@ -53,6 +54,9 @@ OPTIONS: dict[str, Option] = {
     "adapters": Option(non_empty, _DEFAULTS["adapters"],
                        "LoRA adapters to serve on the base model=, loaded once: NAME=DIR,NAME=DIR,... or a sweep's "
                        "output folder (its best/<TASK>/adapter/ exports, each served as <model>-<task>)"),
+    "host": Option(non_empty, _DEFAULTS["host"],
+                   "the address the HTTP and gRPC servers bind (127.0.0.1: this machine only; 0.0.0.0: every "
+                   "interface, as a container or pod needs)"),
     "port": Option(port_number, _DEFAULTS["port"], "HTTP port"),
     "grpc_port": Option(port_number, _DEFAULTS["grpc_port"], "gRPC port (Open Inference Protocol v2 over gRPC)"),
     "grpc": Option(as_bool, _DEFAULTS["grpc"], "serve gRPC too (false: REST only)"),
@@ -93,6 +97,18 @@ OPTIONS: dict[str, Option] = {
     "cache_dir": Option(non_empty, _DEFAULTS["cache_dir"],
                         f"where registry and S3 copies are kept (default: ${CACHE_DIR_ENV} or ~/.cache/sweep)"),
     "log_requests": Option(as_bool, _DEFAULTS["log_requests"], "log a line per request (access and timing logs)"),
+    "max_body_bytes": Option(positive_int, _DEFAULTS["max_body_bytes"],
+                             "largest request body (bytes; gRPC: largest message); past it 413 before the body is "
+                             "read (default: a classifier's 8 MiB, a causal LM's 16 MiB)"),
+    "request_timeout_s": Option(non_negative_float, _DEFAULTS["request_timeout_s"],
+                                "a request's deadline in seconds: past it 504 (gRPC DEADLINE_EXCEEDED) and its work "
+                                "abandoned (0: none)"),
+    "max_output_tokens": Option(positive_int, _DEFAULTS["max_output_tokens"],
+                                "a causal LM's most new tokens per request (max_new_tokens, max_tokens, "
+                                "max_completion_tokens); past it 400 (default: what its context allows)"),
+    "api_key": Option(non_empty, _DEFAULTS["api_key"],
+                      f"inference routes need Authorization: Bearer <key> (default: ${API_KEY_ENV}, else no key; "
+                      "prefer the variable: a command line is visible to every user of the machine)"),
 }
 
 

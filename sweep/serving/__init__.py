@@ -17,6 +17,11 @@
 - ``held_outputs.py``: a stream's outputs held within ``stream_interval_ms``, the newest per sequence sent once
 - ``cpu_budget.py``: the CPUs the server may use (affinity, cgroup quota) and the torch threads that follow
 - ``admission.py``:  at most N sequences generating and M waiting; past them, 429 (``Overloaded``)
+- ``guards.py``:     what guards every request (key, body limit, deadline) as the app's middleware
+- ``api_key.py``:    ``api_key=`` / ``$SWEEP_API_KEY``: POST routes and gRPC inference need the bearer key; else 401
+- ``body_limit.py``: ``max_body_bytes=``: a body past it is 413 before it is read
+- ``deadline.py``:   ``request_timeout_s=``: a request past it is cancelled, 504
+- ``asgi_errors.py``: an error those middlewares answer: the route family's body, one WARNING line
 - ``engines.py``:    the loaded classifier / causal LM and one batched forward pass each
 - ``model_kind.py``: what a model folder holds (classifier or causal LM), from its config.json alone
 - ``generation.py``: what a generated sequence becomes: text cut at a stop sequence, token counts

@@ -45,7 +45,7 @@ from sweep.results.export_layout import ADAPTER_FOLDER, MADE_BY, registry_name
 from sweep.serving.cpu_budget import ServerWork, set_server_threads
 from sweep.serving.model_location import made_by, task_inputs
 from sweep.serving.protocol import TaskInputs
-from sweep.serving.server import Loader, Served, ServeError, ServeOptions, serve
+from sweep.serving.server import Loader, Served, ServeError, ServeOptions, bound_output_tokens, serve
 
 ADAPTER_CONFIG = "adapter_config.json"  # PEFT's; a folder holding it is an adapter, not a model
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
@@ -474,6 +474,7 @@ def load_adapter_pool(model_dir: Path, adapters: Sequence[Adapter], num_labels: 
     """The base loaded once with every adapter, each its own model; or a ``ServeError`` saying why not."""
     try:
         models = build_adapter_models(model_dir, adapters, num_labels, options)
+        bound_output_tokens(models, options)
     except (OSError, ValueError, RuntimeError) as e:  # transformers' / PEFT's way of saying a folder is broken
         raise ServeError(f"model={options.model}: cannot load the base with its adapters: "
                          f"{' '.join(str(e).split())}") from None

@@ -16,7 +16,7 @@ import logging
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import httpx
@@ -40,6 +40,14 @@ class InferOptions:
     seed: int | None = None  # makes sampling reproducible
     stop: tuple[str, ...] = ()  # stop sequences
     timeout: float = 60.0  # seconds
+    api_key: str | None = field(default=None, repr=False)  # sent as Authorization: Bearer <key>; never printed
+
+    def headers(self) -> dict[str, str]:
+        """The HTTP headers (gRPC metadata, lower-cased) every call carries: the key, where there is one."""
+        return {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+
+KEY_HINT = "the server needs an API key: --api-key KEY or $SWEEP_API_KEY"
 
 
 def _bytes_tensor(name: str, texts: Sequence[str]) -> dict[str, Any]:
@@ -55,7 +63,8 @@ def _check(response: httpx.Response) -> dict[str, Any]:
         message = body.get("error") if isinstance(body, dict) else None
         if isinstance(message, dict):  # an OpenAI endpoint's error: {"error": {"message": ...}}
             message = message.get("message")
-        raise InferError(f"the server answered {response.status_code}: {message or body}")
+        hint = f" ({KEY_HINT})" if response.status_code == 401 else ""
+        raise InferError(f"the server answered {response.status_code}: {message or body}{hint}")
     return body
 
 
@@ -100,7 +109,7 @@ def build_request(kind: str, texts: Sequence[str], options: InferOptions) -> dic
 def infer(url: str, model: str | None, texts: Sequence[str], options: InferOptions) -> tuple[str, dict[str, Any]]:
     """(kind, v2 response) of one call; ``kind`` is ``classifier`` or ``generator``."""
     with (_http_errors(url, options.timeout),
-          httpx.Client(base_url=url.rstrip("/"), timeout=options.timeout) as client):
+          httpx.Client(base_url=url.rstrip("/"), timeout=options.timeout, headers=options.headers()) as client):
         name = pick_model(client, model)
         kind = model_kind(o["name"] for o in _get(client, V2_MODEL.url(name)).get("outputs", []))
         return kind, _check(client.post(V2_INFER.url(name), json=build_request(kind, texts, options)))
@@ -149,7 +158,7 @@ def stream_completions(url: str, model: str | None, texts: Sequence[str], option
     """Print each prompt's completion to ``out`` as its tokens arrive, a line each; the notes for stderr."""
     notes = []
     with (_http_errors(url, options.timeout),
-          httpx.Client(base_url=url.rstrip("/"), timeout=options.timeout) as client):
+          httpx.Client(base_url=url.rstrip("/"), timeout=options.timeout, headers=options.headers()) as client):
         name = pick_model(client, model)
         if model_kind(o["name"] for o in _get(client, V2_MODEL.url(name)).get("outputs", [])) != "generator":
             raise InferError("--stream is for causal LMs; this model is a classifier")
@@ -203,7 +212,8 @@ async def _infer_grpc(address: str, model: str, texts: Sequence[str],
                                                                          timeout=options.timeout)
     kind = model_kind(o.name for o in metadata.outputs)
     async with InferenceGRPCClient(address, timeout=options.timeout) as client:
-        response = await client.infer(_grpc_request(model, build_request(kind, texts, options)))
+        response = await client.infer(_grpc_request(model, build_request(kind, texts, options)),
+                                      headers=list(options.headers().items()))
     body, _ = response.to_rest()  # KServe's own conversion: what the REST endpoint would have answered
     return kind, body
 
@@ -229,6 +239,8 @@ def infer_grpc(address: str, model: str | None, texts: Sequence[str],
                              "is `python -m sweep serve` serving gRPC there?") from None
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
             raise InferError(f"no answer from {address} within {options.timeout:g} s (--timeout)") from None
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            raise InferError(f"the server answered {code.name}: {details} ({KEY_HINT})") from None
         raise InferError(f"the server answered {code.name}: {details}") from None
 
 

@@ -23,6 +23,8 @@ from fastapi import Request  # noqa: E402 - after kserve, imported with our argv
 from fastapi.exceptions import RequestValidationError  # noqa: E402
 from fastapi.responses import JSONResponse  # noqa: E402
 from grpc import StatusCode, aio  # noqa: E402
+from grpc_interceptor.exceptions import DeadlineExceeded, Unauthenticated  # noqa: E402
+from grpc_interceptor.server import AsyncServerInterceptor  # noqa: E402
 from kserve.errors import (  # noqa: E402
     InferenceError,
     InvalidInput,
@@ -46,10 +48,12 @@ from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse,
 
 from sweep.serving import server_metrics  # noqa: E402
 from sweep.serving.admission import Overloaded  # noqa: E402
+from sweep.serving.api_key import grpc_method_is_open, refusal  # noqa: E402
 from sweep.serving.batcher import Batched, MicroBatcher  # noqa: E402
 from sweep.serving.continuous import ContinuousBatch  # noqa: E402
 from sweep.serving.cpu_budget import freeze_startup_objects  # noqa: E402
 from sweep.serving.decoding_process import DecodingGone  # noqa: E402
+from sweep.serving.guards import Guards  # noqa: E402
 from sweep.serving.protocol import (  # noqa: E402
     STOP,
     TEXT,
@@ -63,7 +67,7 @@ from sweep.serving.protocol import (  # noqa: E402
     parse_classify,
     parse_generate,
 )
-from sweep.serving.routes import Handler, build_app, is_openai  # noqa: E402
+from sweep.serving.routes import Handler, build_app, error_body  # noqa: E402
 
 
 def _tensor(infer_input: Any) -> Tensor:
@@ -160,6 +164,8 @@ class ClassifierModel(BatchedTextModel):
 
 
 class GeneratorModel(BatchedTextModel):
+    max_output_tokens: int | None = None  # the server's max_output_tokens= (None: what the context allows)
+
     def __init__(self, name: str, engine: Generator, batcher_options: Mapping[str, Any],
                  continuous: ContinuousBatch | None = None) -> None:
         def run_batch(_key: Hashable | None, items: list[tuple[str, Any]]) -> list[Any]:
@@ -212,7 +218,7 @@ class GeneratorModel(BatchedTextModel):
         return Batched(results, sharing)
 
     def parse(self, inputs: list[Tensor], parameters: Mapping[str, Any] | None) -> tuple[Hashable | None, list[Any]]:
-        request = parse_generate(inputs, parameters, self.engine.context_length)
+        request = parse_generate(inputs, parameters, self.engine.context_length, self.max_output_tokens)
         check_context(self.engine.count_tokens(request.prompts), request.params.max_new_tokens,
                       self.engine.context_length)
         return request.params.batch_key, [(prompt, request.params) for prompt in request.prompts]
@@ -258,11 +264,8 @@ async def validation_error(_: Request, exc: RequestValidationError) -> JSONRespo
 def _error(request: Request, status: int, message: str, kind: str,
            headers: Mapping[str, str] | None = None) -> JSONResponse:
     """An error answer: OpenAI's error body on its routes, v2's elsewhere."""
-    if is_openai(request.url.path):
-        body: dict[str, Any] = {"error": {"message": message, "type": kind, "param": None, "code": str(status)}}
-    else:
-        body = {"error": message}
-    return JSONResponse(status_code=status, content=body, headers=headers)
+    return JSONResponse(status_code=status, content=error_body(request.url.path, status, message, kind),
+                        headers=headers)
 
 
 async def overloaded(request: Request, exc: Overloaded) -> JSONResponse:
@@ -312,6 +315,43 @@ class ClientErrorsInOneLine(ExceptionToStatusInterceptor):
         await super().handle_exception(ex, request_or_iterator, context, method_name)
 
 
+class KeyRequired(AsyncServerInterceptor):
+    """The API key over gRPC: every call but health and metadata (api_key.py) needs the metadata
+    ``authorization: Bearer <key>``; without it UNAUTHENTICATED and one WARNING line (never the key)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    async def intercept(self, method: Callable[..., Any], request_or_iterator: Any, context: Any,
+                        method_name: str) -> Any:
+        if not grpc_method_is_open(method_name):
+            metadata = dict(context.invocation_metadata() or ())
+            why = refusal(metadata.get("authorization"), self.key)
+            if why is not None:
+                logger.warning("UNAUTHENTICATED %s: %s", method_name, why)
+                raise Unauthenticated(why)
+        return await method(request_or_iterator, context)
+
+
+class CallDeadline(AsyncServerInterceptor):
+    """``request_timeout_s`` over gRPC: a call past it is cancelled (a sequence leaves the batch) and answered
+    DEADLINE_EXCEEDED, with one WARNING line, as HTTP's 504 (deadline.py). A client's own shorter deadline
+    cancels it sooner, as gRPC does."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    async def intercept(self, method: Callable[..., Any], request_or_iterator: Any, context: Any,
+                        method_name: str) -> Any:
+        try:
+            async with asyncio.timeout(self.seconds):
+                return await method(request_or_iterator, context)
+        except TimeoutError:
+            message = f"the call took longer than the server's request_timeout_s={self.seconds:g}; abandoned"
+            logger.warning("DEADLINE_EXCEEDED %s: %s", method_name, message)
+            raise DeadlineExceeded(message) from None
+
+
 class UnknownModel(ModelNotFound):
     """KServe's "Model with name X does not exist.", naming the models served (a 404; gRPC NOT_FOUND)."""
 
@@ -354,19 +394,25 @@ def exception_handlers(models: Sequence[BatchedTextModel]) -> dict[type[BaseExce
     return handlers
 
 
-def grpc_server(server: Any, port: int, log_requests: bool) -> aio.Server:
-    """KServe's v2 gRPC service (its ``InferenceServicer``) on a server of ours: our interceptors passed to it,
-    KServe's per-call log line only if requests are logged."""
+def grpc_server(server: Any, port: int, log_requests: bool, host: str, guards: Guards) -> aio.Server:
+    """KServe's v2 gRPC service (its ``InferenceServicer``) on a server of ours: our interceptors passed to it
+    (the key and the deadline inside the one that turns their refusals into statuses), KServe's per-call log
+    line only if requests are logged. A message over ``max_body_bytes`` is gRPC's own RESOURCE_EXHAUSTED."""
     options = vars(kserve.model_server.args)
-    interceptors = [LoggingInterceptor()] if log_requests else []
-    grpc = aio.server(ThreadPoolExecutor(max_workers=server.max_threads),
-                      interceptors=[*interceptors, ClientErrorsInOneLine()],
-                      options=[(f"grpc.{key}", options.get(f"grpc_{key}"))
-                               for key in ("max_send_message_length", "max_receive_message_length")])
+    interceptors: list[Any] = [LoggingInterceptor()] if log_requests else []
+    interceptors.append(ClientErrorsInOneLine())
+    if guards.api_key:
+        interceptors.append(KeyRequired(guards.api_key))
+    if guards.request_timeout_s:
+        interceptors.append(CallDeadline(guards.request_timeout_s))
+    grpc = aio.server(ThreadPoolExecutor(max_workers=server.max_threads), interceptors=interceptors,
+                      options=[("grpc.max_send_message_length", options.get("grpc_max_send_message_length")),
+                               ("grpc.max_receive_message_length", guards.max_body_bytes)])
     add_GRPCInferenceServiceServicer_to_server(InferenceServicer(server.dataplane, server.model_repository_extension),
                                                grpc)
-    grpc.add_insecure_port(f"[::]:{port}")
-    logger.info("gRPC server on [::]:%d", port)
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    grpc.add_insecure_port(address)
+    logger.info("gRPC server on %s", address)
     return grpc
 
 
@@ -398,9 +444,11 @@ def _register(server: Any, models: Sequence[BatchedTextModel], log_requests: boo
         model.start()
 
 
-def serve(models: Sequence[BatchedTextModel], port: int, log_requests: bool, grpc_port: int | None = None) -> None:
-    """Run the models until SIGINT/SIGTERM: our app (routes.py) on ``port``, KServe's v2 gRPC service on
-    ``grpc_port`` unless it is None; KServe's ModelServer holds the models, its data plane answers."""
+def serve(models: Sequence[BatchedTextModel], port: int, log_requests: bool, grpc_port: int | None, host: str,
+          guards: Guards) -> None:
+    """Run the models until SIGINT/SIGTERM: our app (routes.py) on ``host:port``, KServe's v2 gRPC service on
+    ``host:grpc_port`` unless it is None, both behind ``guards``; KServe's ModelServer holds the models, its data
+    plane answers."""
     _SERVED.clear()
     _SERVED.update({m.name: m for m in models})
     server = kserve.ModelServer(http_port=port, grpc_port=grpc_port or 0, enable_grpc=grpc_port is not None,
@@ -408,12 +456,15 @@ def serve(models: Sequence[BatchedTextModel], port: int, log_requests: bool, grp
     if not log_requests:
         _quiet_request_logs()
     _register(server, models, log_requests)
-    app = build_app(server.dataplane, server.model_repository_extension, exception_handlers(models),
-                    [server_metrics.RequestMetrics], log_requests)  # sweep_http_* on GET /metrics
-    rest = uvicorn.Server(uvicorn.Config(app, host="0.0.0.0", port=port, log_config=None,
+    # sweep_http_* on GET /metrics outside the guards: their 401, 413 and 504 are counted too
+    middleware = [(server_metrics.RequestMetrics, {}), *guards.middleware()]
+    app = build_app(server.dataplane, server.model_repository_extension, exception_handlers(models), middleware,
+                    log_requests)
+    rest = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_config=None,
                                          timeout_graceful_shutdown=server.grace_period,
                                          timeout_keep_alive=server.timeout_keep_alive, loop=server.event_loop))
-    grpc = functools.partial(grpc_server, server, grpc_port, log_requests) if grpc_port is not None else None
+    grpc = (functools.partial(grpc_server, server, grpc_port, log_requests, host, guards)
+            if grpc_port is not None else None)
     freeze_startup_objects()
     server.setup_event_loop()
     server.register_signal_handler()  # after uvicorn's exit: KServe's stop, which unloads (stops) the models

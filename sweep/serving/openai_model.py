@@ -271,7 +271,8 @@ class OpenAIGeneratorModel(GeneratorModel, OpenAIGenerativeModel):
         """Both endpoints once the prompts are known: the job (or the request's error), then a stream
         or the finished rows as a (chat) completion."""
         try:
-            job = openai_job(request, prompts, self.engine.count_tokens, self.engine.context_length, max_tokens, field)
+            job = openai_job(request, prompts, self.engine.count_tokens, self.engine.context_length, max_tokens, field,
+                             self.max_output_tokens)
         except RequestError as e:
             return error_response(str(e))
         if job.stream:

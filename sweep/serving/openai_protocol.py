@@ -22,6 +22,7 @@ from sweep.serving.protocol import (
     check_context,
     float_param,
     int_param,
+    new_tokens_param,
 )
 
 OPENAI_TEMPERATURE = 1.0  # the OpenAI API samples unless told otherwise; temperature=0 is greedy
@@ -163,8 +164,10 @@ def openai_job(
     context_length: int,
     max_tokens: int | None,
     max_tokens_field: str = "max_tokens",
+    max_output_tokens: int | None = None,
 ) -> OpenAIJob:
-    """Validate a request's settings against the model; ``max_tokens`` None: what the context leaves."""
+    """Validate a request's settings against the model and the server's ``max_output_tokens=``; ``max_tokens``
+    None: what the context leaves (within that bound)."""
     refuse_unsupported(request)
     given = {k: v for k in ("n", "temperature", "top_p", "seed") if (v := getattr(request, k, None)) is not None}
     n = int_param(given, "n", 1, 1, MAX_CHOICES)
@@ -173,7 +176,8 @@ def openai_job(
     seed = int_param(given, "seed", None, 0, MAX_SEED)
     stops = _stops(getattr(request, "stop", None))
     if max_tokens is not None:
-        max_tokens = int_param({max_tokens_field: max_tokens}, max_tokens_field, None, 1, context_length - 1)
+        max_tokens = new_tokens_param({max_tokens_field: max_tokens}, max_tokens_field, None, context_length,
+                                      max_output_tokens)
     prompt_tokens = count_tokens(prompts)
     if max_tokens is None:
         i, longest = max(enumerate(prompt_tokens), key=lambda p: p[1])
@@ -183,6 +187,8 @@ def openai_job(
                 "leaves no room for an answer"
             )
         max_tokens = context_length - longest
+        if max_output_tokens is not None:
+            max_tokens = min(max_tokens, max_output_tokens)
     check_context(prompt_tokens, max_tokens, context_length, field=max_tokens_field)
     stream = bool(getattr(request, "stream", False))
     options = getattr(request, "stream_options", None)

@@ -234,8 +234,23 @@ def float_param(params: Mapping[str, Any], key: str, default: float, low: float,
     return float(value)
 
 
+def new_tokens_param(params: Mapping[str, Any], key: str, default: int | None, context_length: int,
+                     max_output_tokens: int | None = None) -> int | None:
+    """The new tokens a request asks for (``key``: max_new_tokens, max_tokens, ...): within the model's context
+    and the server's ``max_output_tokens=`` (None: the context alone), each refusal naming its bound."""
+    if max_output_tokens is None or max_output_tokens >= context_length - 1:  # the context is the bound
+        return int_param(params, key, None if default is None else min(default, context_length - 1),
+                         1, context_length - 1)
+    value = int_param(params, key, None if default is None else min(default, max_output_tokens), 1, 2**63 - 1)
+    if value is not None and value > max_output_tokens:
+        raise RequestError(f"parameter {key}: must be in [1, {max_output_tokens}] (the server's "
+                           f"max_output_tokens={max_output_tokens}), got {value}")
+    return value
+
+
 def parse_generate(
-    inputs: Sequence[Tensor], parameters: Mapping[str, Any] | None, context_length: int
+    inputs: Sequence[Tensor], parameters: Mapping[str, Any] | None, context_length: int,
+    max_output_tokens: int | None = None,
 ) -> GenerateRequest:
     """Prompts and sampling settings; lengths against the context are checked by the model."""
     found = _by_name(inputs, (TEXT, STOP))
@@ -252,8 +267,8 @@ def parse_generate(
     if len(stops) > MAX_STOP_SEQUENCES:
         raise RequestError(f"at most {MAX_STOP_SEQUENCES} stop sequences, got {len(stops)}")
     generation = GenerationParams(
-        max_new_tokens=int_param(params, "max_new_tokens", min(DEFAULT_MAX_NEW_TOKENS, context_length - 1),
-                                 1, context_length - 1),
+        max_new_tokens=new_tokens_param(params, "max_new_tokens", DEFAULT_MAX_NEW_TOKENS, context_length,
+                                        max_output_tokens),
         temperature=float_param(params, "temperature", 0.0, 0.0, 100.0),
         top_p=float_param(params, "top_p", 1.0, 0.0, 1.0, low_open=True),
         stop=tuple(dict.fromkeys(stops)),

@@ -80,6 +80,10 @@ OPENAI = Family("openai", (
 FAMILIES = (ROOT, OPENAPI, V1, V2, OPENAI)
 ANNOUNCED = (V2_INFER, OPENAI_COMPLETIONS, OPENAI_CHAT, METRICS)  # what the start-up line names
 OPENAI_BODY_PATHS = (OPENAI_COMPLETIONS.path, OPENAI_CHAT.path)  # the OpenAI routes whose body we parse
+# With an API key (api_key.py) every POST route needs it (inference, v1 predict/explain, repository load/unload);
+# the GET routes stay open: probes (health, readiness), metrics, and the metadata clients read before a call.
+OPEN_METHODS = frozenset({"GET", "HEAD"})
+KEYED = tuple(r for f in FAMILIES for r in f.routes if r.method not in OPEN_METHODS)
 
 
 def served_routes(openai: bool) -> list[Route]:
@@ -96,6 +100,13 @@ def announced(model: str, openai: bool) -> str:
 def is_openai(path: str) -> bool:
     """Whether a request path is one of the OpenAI routes (whose errors have OpenAI's body)."""
     return path.startswith(f"{OPENAI_PREFIX}/")
+
+
+def error_body(path: str, status: int, message: str, kind: str) -> dict[str, Any]:
+    """The error body of a route's family: OpenAI's error object on its routes, v2's ``{"error": ...}`` elsewhere."""
+    if is_openai(path):
+        return {"error": {"message": message, "type": kind, "param": None, "code": str(status)}}
+    return {"error": message}
 
 
 Handler = Callable[..., Any]
@@ -115,21 +126,25 @@ def register_families(app: FastAPI, dataplane: Any, repository_extension: Any) -
     maybe_register_openai_endpoints(app, dataplane.model_registry)
 
 
-def add_middleware(app: FastAPI, middleware: Sequence[type], log_requests: bool) -> None:
-    """Ours innermost; KServe's timing lines (``kserve.trace``) outermost, as KServe adds it, if they are logged."""
+Middleware = tuple[type, Mapping[str, Any]]  # an ASGI middleware class and its keyword arguments
+
+
+def add_middleware(app: FastAPI, middleware: Sequence[Middleware], log_requests: bool) -> None:
+    """Ours innermost, the first given outermost of them; KServe's timing lines (``kserve.trace``) outermost, as
+    KServe adds it, if they are logged."""
     from kserve.protocol.rest.server import PrintTimings
     from timing_asgi import TimingMiddleware
     from timing_asgi.integrations import StarletteScopeToName
 
-    for cls in middleware:
-        app.add_middleware(cls)
+    for cls, options in reversed(middleware):  # each added goes outside the ones before
+        app.add_middleware(cls, **options)
     if log_requests:
         app.add_middleware(TimingMiddleware, client=PrintTimings(),
                            metric_namer=StarletteScopeToName(prefix="kserve.io", starlette_app=app))
 
 
 def build_app(dataplane: Any, repository_extension: Any, handlers: Mapping[type[BaseException], Handler],
-              middleware: Iterable[type], log_requests: bool) -> FastAPI:
+              middleware: Iterable[Middleware], log_requests: bool) -> FastAPI:
     """The server's app: the table's routes, the exception handlers given, our middleware (and KServe's timing)."""
     from importlib import metadata
 

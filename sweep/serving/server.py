@@ -16,16 +16,21 @@ import functools
 import logging
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sweep.config.defaults import default_cache_dir
 from sweep.serving.cpu_budget import ServerWork, set_server_threads
+from sweep.serving.deadline import DEFAULT_REQUEST_TIMEOUT_S
+from sweep.serving.guards import Guards
 from sweep.serving.routes import announced
 
 DEFAULT_PORT = 8080
 DEFAULT_GRPC_PORT = 8081
+# Loopback unless told: a server on a laptop is not on the network by accident. Containers and pods pass
+# host=0.0.0.0 (deploy/Containerfile, deploy/kserve/servingruntime.yaml).
+DEFAULT_HOST = "127.0.0.1"
 
 
 class ServeError(Exception):
@@ -57,15 +62,21 @@ class ServeOptions:
     stream_interval_ms: float = 10.0  # streamed tokens sent at most this often (sweep/serving/held_outputs.py)
     max_queued: int = 1024  # sequences waiting for a slot; past that, 429
     unstreamed: str = "continuous"  # continuous | batched: unstreamed requests' generation beside the batch
+    host: str = DEFAULT_HOST  # the address the HTTP and gRPC servers bind
+    max_body_bytes: int | None = None  # None: by the model's kind (body_limit.py)
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S  # 0: none
+    max_output_tokens: int | None = None  # a causal LM's most new tokens per request; None: its context's
+    api_key: str | None = field(default=None, repr=False)  # None: $SWEEP_API_KEY, else no key (api_key.py)
 
 
-def port_taken(port: int) -> bool:
-    """Whether something listens on ``port``. gRPC binds with SO_REUSEPORT, so a second server on a
+def port_taken(port: int, host: str = DEFAULT_HOST) -> bool:
+    """Whether something listens on ``port`` of ``host``. gRPC binds with SO_REUSEPORT, so a second server on a
     taken gRPC port would start and silently share its calls with the first: ask before."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers are no listener
         try:
-            probe.bind(("0.0.0.0", port))
+            probe.bind((host, port))
         except OSError:
             return True
     return False
@@ -115,6 +126,13 @@ def build_model(model_dir: Path, name: str, options: ServeOptions) -> Any:
     return OpenAIGeneratorModel(name, engine, generator_options, continuous)
 
 
+def bound_output_tokens(models: list[Any], options: ServeOptions) -> None:
+    """A causal LM's requests within ``max_output_tokens=`` (a classifier generates nothing)."""
+    for model in models:
+        if hasattr(model, "max_output_tokens"):
+            model.max_output_tokens = options.max_output_tokens
+
+
 @dataclass(frozen=True)
 class Served:
     """What a server serves: its models, and what its start-up line says of them."""
@@ -136,21 +154,33 @@ def serve(options: ServeOptions, find: Callable[[ServeOptions], Loader]) -> None
         raise ServeError(f"grpc_port: must differ from port (both {options.port}); or grpc=false")
     load = find(options)
     grpc_port = options.grpc_port if options.grpc else None
-    if grpc_port and port_taken(grpc_port):
+    if grpc_port and port_taken(grpc_port, options.host):
         raise ServeError(f"grpc_port: port {grpc_port} is in use (another server?); "
                          "choose another grpc_port= or grpc=false")
     served = load()
-    print(startup_line(served, options.port, grpc_port), flush=True)
+    guards = guards_for(options, served)
+    print(startup_line(served, options, grpc_port, guards), flush=True)
     from sweep.serving.kserve_model import serve as run
 
-    run(served.models, options.port, options.log_requests, grpc_port)
+    run(served.models, options.port, options.log_requests, grpc_port, options.host, guards)
 
 
-def startup_line(served: Served, port: int, grpc_port: int | None) -> str:
-    """What is served where, in one line (the routes named from routes.py's table)."""
+def guards_for(options: ServeOptions, served: Served) -> Guards:
+    """The body limit (by the models' kind unless given), the deadline and the key (the option or the env's)."""
+    from sweep.serving.api_key import api_key_from
+    from sweep.serving.body_limit import default_max_body_bytes
+
+    max_body = options.max_body_bytes or default_max_body_bytes({m.engine.kind for m in served.models})
+    return Guards(max_body, options.request_timeout_s, api_key_from(options.api_key))
+
+
+def startup_line(served: Served, options: ServeOptions, grpc_port: int | None, guards: Guards) -> str:
+    """What is served where, in one line (the routes named from routes.py's table); the key never, only whether
+    one is needed."""
     routes = announced(served.route_name, hasattr(served.models[0], "create_completion"))
     grpc = f"gRPC v2 on port {grpc_port}" if grpc_port else "gRPC off"
-    return f"serving {served.what} on port {port}: {routes}; {grpc}; {served.batching}"
+    return (f"serving {served.what} on port {options.port} of {options.host}: {routes}; {grpc}; {served.batching}; "
+            f"{guards.describe()}")
 
 
 def serve_model(options: ServeOptions) -> None:
@@ -178,6 +208,7 @@ def load_model(model_dir: Path, name: str, options: ServeOptions) -> Served:
 
     try:
         model = build_model(model_dir, name, options)
+        bound_output_tokens([model], options)
     except ModelKindError as e:
         raise ServeError(str(e)) from None
     except (OSError, ValueError) as e:  # transformers' way of saying the folder is incomplete or corrupt

@@ -10,6 +10,7 @@ Every check returns readable strings, "path: message", and an empty list when al
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from importlib.metadata import version as installed_version
 from pathlib import Path
@@ -362,7 +363,17 @@ def runtime_command_errors(container: dict[str, Any], at: str, isvc_meta: dict[s
         return [f"{at}.args: python -m sweep serve refuses them: {e}"], None
     if options["model"] != MODEL_MOUNT:
         return [f"{at}.args: model={options['model']} is not {MODEL_MOUNT}, where KServe puts storageUri"], options
+    if _loopback(options["host"]):
+        return [f"{at}.args: host={options['host']} is the pod's loopback: the kubelet's probes and the Service "
+                "reach its IP (host=0.0.0.0)"], options
     return [], options
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name
+        return host == "localhost"
 
 
 def runtime_port_errors(container: dict[str, Any], at: str, options: dict[str, Any]) -> list[str]:

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,16 +67,17 @@ class Server:
 
 
 def start_server(name: str, model_dir: Path, log: Path, cache: Path, *args: str, threads: int | None = 1,
-                 preexec: Callable[[], None] | None = None) -> Server:
+                 preexec: Callable[[], None] | None = None, env: Mapping[str, str] | None = None) -> Server:
     """``threads``: None for the server's own default; ``preexec``: runs in the server's process before it
-    starts (an affinity, a cgroup)."""
+    starts (an affinity, a cgroup); ``env``: variables beside the tests' ($SWEEP_API_KEY)."""
     port = free_port()
     grpc_port = free_port()  # never the default 8081: servers run side by side (and gRPC shares ports: SO_REUSEPORT)
     while grpc_port == port:
         grpc_port = free_port()
     # without the tests' quiet OpenMP (tests/conftest.py): the server's own setting is what runs, as for a user
-    env = {**{k: v for k, v in os.environ.items() if k not in QUIET_OPENMP}, "SWEEP_CACHE_DIR": str(cache),
-           "HF_HUB_OFFLINE": "1"}
+    # and never a key from the tests' own environment: only the one a test gives
+    inherited = {k: v for k, v in os.environ.items() if k not in QUIET_OPENMP and k != "SWEEP_API_KEY"}
+    env = {**inherited, "SWEEP_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1", **(env or {})}
     command = [sys.executable, "-m", "sweep", "serve", f"model={model_dir}", f"port={port}", f"grpc_port={grpc_port}",
                "max_latency_ms=10", *([f"threads={threads}"] if threads else []), *args]
     with log.open("wb") as sink:  # a file, not a pipe: a full pipe would block the server
@@ -132,9 +133,10 @@ def serving(started: dict[str, Server]) -> Iterator[dict[str, Server]]:
             stop_server(server)
 
 
-def grpc_infer(server: Server, body: dict[str, Any], name: str | None = None) -> dict[str, Any] | tuple[str, str]:
+def grpc_infer(server: Server, body: dict[str, Any], name: str | None = None,
+               metadata: Mapping[str, str] | None = None) -> dict[str, Any] | tuple[str, str]:
     """The REST-shaped answer of a v2 request body sent over gRPC (KServe's client) to ``name`` (default:
-    the server's model), or (status code name, details) when the call fails."""
+    the server's model) with ``metadata`` (``authorization``), or (status code name, details) when the call fails."""
     from sweep.serving.kserve_import import import_kserve
 
     import_kserve()
@@ -150,7 +152,7 @@ def grpc_infer(server: Server, body: dict[str, Any], name: str | None = None) ->
 
     async def call() -> Any:
         async with InferenceGRPCClient(server.grpc_address, timeout=60) as client:
-            return await client.infer(request)
+            return await client.infer(request, headers=list((metadata or {}).items()) or None)
 
     try:
         return asyncio.run(call()).to_rest()[0]
