@@ -343,11 +343,17 @@ def runs_of_two_sweeps(page, sweeps: TwoSweeps, screenshot: Path) -> list[tuple[
     column = page.locator('[role="columnheader"][col-id="metrics.`acc`"]').first
     box = column.bounding_box()  # shown, and in view without scrolling the table
     assert box is not None and box["x"] + box["width"] <= page.viewport_size["width"], box
-    cells = run_name_cells(page)
-    names = [name for name, _ in cells]
-    for parent, name in sweeps.parents.items():  # nested: a flat list would put each trial above its parent
-        at = names.index(name)
-        assert sorted(names[at + 1:at + 1 + len(sweeps.trials[parent])]) == sorted(sweeps.trials[parent]), cells
+
+    def nested(cells: list[tuple[str, str]]) -> bool:
+        """Top to bottom, each parent followed by its own trials (a flat list puts a trial above its parent)."""
+        names = [name for name, _ in cells]
+        return all(name in names and sorted(names[names.index(name) + 1:][:len(sweeps.trials[parent])])
+                   == sorted(sweeps.trials[parent]) for parent, name in sweeps.parents.items())
+
+    deadline = time.monotonic() + TIMEOUT_S
+    while not nested(cells := run_name_cells(page)) and time.monotonic() < deadline:
+        time.sleep(0.25)  # the grid may still be laying its rows out
+    assert nested(cells), cells
     read = [shown for name, shown in cells if name in sweeps.parents.values()]
     assert len(read) == 2 and read[0] != read[1], cells
     assert all(len(part) >= len("12-07 02:36:11") for part in read), cells  # the whole start is in view
