@@ -88,6 +88,24 @@ def test_the_key_is_in_no_repr_and_the_defaults_are_documented() -> None:
         assert default in docs, default
 
 
+def test_max_output_tokens_bounds_max_completion_tokens_and_a_chats_default() -> None:
+    from types import SimpleNamespace
+
+    from sweep.serving.openai_protocol import openai_job
+    from sweep.serving.protocol import RequestError
+
+    request = SimpleNamespace(n=1, temperature=None, top_p=None, seed=None, stop=[], stream=False,
+                              stream_options=None)
+    count = lambda prompts: [len(p.split()) for p in prompts]  # noqa: E731
+    assert openai_job(request, ["a b c"], count, 256, None, "max_completion_tokens", 50).params.max_new_tokens == 50
+    assert openai_job(request, ["a b c"], count, 256, 50, "max_completion_tokens", 50).params.max_new_tokens == 50
+    with pytest.raises(RequestError, match=re.escape("parameter max_completion_tokens: must be in [1, 50] (the "
+                                                     "server's max_output_tokens=50), got 51")):
+        openai_job(request, ["a b c"], count, 256, 51, "max_completion_tokens", 50)
+    with pytest.raises(RequestError, match=re.escape("parameter max_tokens: must be in [1, 255], got 300")):
+        openai_job(request, ["a b c"], count, 256, 300, "max_tokens", None)  # no option: the context bounds it
+
+
 # ---------------------------------------------------------------------------------------------
 # The real servers.
 
