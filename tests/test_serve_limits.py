@@ -265,8 +265,11 @@ def test_max_output_tokens_bounds_v2_and_openai_and_the_context_bounds_the_promp
     server = servers["lm"]
     client = openai.OpenAI(base_url=f"{server.url}/openai/v1", api_key=KEY, max_retries=0)
     bound = f"must be in [1, {MAX_OUTPUT_TOKENS}] (the server's max_output_tokens={MAX_OUTPUT_TOKENS})"
+    before = len(_warnings(server, "400"))
     with pytest.raises(openai.BadRequestError, match=re.escape(f"parameter max_tokens: {bound}")):
         client.completions.create(model=LM_NAME, prompt="Hello", max_tokens=MAX_OUTPUT_TOKENS + 1)
+    assert [line.split("] ", 1)[1] for line in _warnings(server, "400")[before:]] == [
+        f"400 POST /openai/v1/completions: parameter max_tokens: {bound}, got {MAX_OUTPUT_TOKENS + 1}"]
     over = httpx.post(f"{server.url}/v2/models/{LM_NAME}/infer", json=_generate(["Hello"], MAX_OUTPUT_TOKENS + 1),
                       headers=BEARER, timeout=30)
     assert over.status_code == 400 and over.json() == {

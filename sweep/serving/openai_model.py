@@ -73,13 +73,18 @@ from kserve.protocol.rest.openai.types import (  # noqa: E402
 from sweep.serving import server_metrics  # noqa: E402
 from sweep.serving.batcher import Batched  # noqa: E402
 from sweep.serving.continuous import Stream  # noqa: E402
-from sweep.serving.kserve_model import GeneratorModel, validation_error, validation_problems  # noqa: E402
+from sweep.serving.kserve_model import (  # noqa: E402
+    GeneratorModel,
+    log_client_error,
+    validation_error,
+    validation_problems,
+)
 from sweep.serving.openai_protocol import OpenAIJob, chat_messages, completion_prompts, openai_job  # noqa: E402
 from sweep.serving.protocol import (
     Completion as Generated,  # noqa: E402
     RequestError,  # noqa: E402
 )
-from sweep.serving.routes import OPENAI_BODY_PATHS, Handler  # noqa: E402
+from sweep.serving.routes import OPENAI_BODY_PATHS, OPENAI_CHAT, OPENAI_COMPLETIONS, Handler  # noqa: E402
 
 BATCH_SIZE_HEADER = "X-Batch-Size"
 
@@ -88,6 +93,13 @@ def error_response(message: str, status: HTTPStatus = HTTPStatus.BAD_REQUEST, pa
     """KServe's OpenAI error body: ``{"error": {"message", "type", "param", "code"}}``."""
     kind = "BadRequestError" if status == HTTPStatus.BAD_REQUEST else "InternalServerError"
     return create_error_response(message, err_type=kind, param=param, status_code=status)
+
+
+def _refused(message: str, chat: bool) -> ErrorResponse:
+    """A request the model refuses (400), logged as one WARNING line as a v2 route's 400 is."""
+    route = OPENAI_CHAT if chat else OPENAI_COMPLETIONS
+    log_client_error("400", str(route), RequestError(message))
+    return error_response(message)
 
 
 def validation_error_response(message: str) -> JSONResponse:
@@ -239,7 +251,7 @@ class OpenAIGeneratorModel(GeneratorModel, OpenAIGenerativeModel):
         try:
             prompts = completion_prompts(request.prompt)
         except RequestError as e:
-            return error_response(str(e))
+            return _refused(str(e), chat=False)
         return await self._answer(request, prompts, request.max_tokens, "max_tokens", context, chat=False)
 
     async def create_chat_completion(
@@ -247,16 +259,16 @@ class OpenAIGeneratorModel(GeneratorModel, OpenAIGenerativeModel):
     ) -> AsyncGenerator[str, None] | ChatCompletion | ErrorResponse:
         template = getattr(request, "chat_template", None)
         if template is None and not self.engine.has_chat_template:
-            return error_response(
+            return _refused(
                 f"model {self.name} has no chat template (its tokenizer defines none), so it cannot take chat "
-                "messages: use /openai/v1/completions with a plain-text prompt"
+                "messages: use /openai/v1/completions with a plain-text prompt", chat=True
             )
         try:
             prompt = self.engine.render_chat(chat_messages(request.messages), template)
         except RequestError as e:
-            return error_response(str(e))
+            return _refused(str(e), chat=True)
         except Exception as e:  # noqa: BLE001 - a template that fails on these messages: jinja's message says why
-            return error_response(f"messages: the chat template failed on them: {' '.join(str(e).split())}")
+            return _refused(f"messages: the chat template failed on them: {' '.join(str(e).split())}", chat=True)
         if request.max_completion_tokens is not None:
             max_tokens, field = request.max_completion_tokens, "max_completion_tokens"
         else:
@@ -274,7 +286,7 @@ class OpenAIGeneratorModel(GeneratorModel, OpenAIGenerativeModel):
             job = openai_job(request, prompts, self.engine.count_tokens, self.engine.context_length, max_tokens, field,
                              self.max_output_tokens)
         except RequestError as e:
-            return error_response(str(e))
+            return _refused(str(e), chat)
         if job.stream:
             if self.continuous is not None:  # admitted now: a 429 goes out before the stream's 200
                 return self._stream_continuous(job, _Chunks(self.name, chat=chat),
@@ -283,7 +295,7 @@ class OpenAIGeneratorModel(GeneratorModel, OpenAIGenerativeModel):
         try:
             results = await self._complete(job, context)
         except RequestError as e:
-            return error_response(str(e))
+            return _refused(str(e), chat)
         return (_chat_completion if chat else _completion)(self.name, job, results)
 
     async def _complete(self, job: OpenAIJob, context: dict[str, Any] | None) -> list[Generated]:
