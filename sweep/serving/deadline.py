@@ -45,10 +45,13 @@ class Deadline:
                 ended = True
             await send(message)
 
+        deadline = asyncio.timeout(self.seconds)
         try:
-            async with asyncio.timeout(self.seconds):
+            async with deadline:
                 await self.app(scope, receive, noting_send)
         except TimeoutError:
+            if not deadline.expired():  # the handler's own TimeoutError, not ours: a failure like any other
+                raise
             if ended:  # the answer went out whole just before the deadline
                 return
             message = f"the request took longer than the server's request_timeout_s={self.seconds:g}; abandoned"

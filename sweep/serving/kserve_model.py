@@ -343,10 +343,13 @@ class CallDeadline(AsyncServerInterceptor):
 
     async def intercept(self, method: Callable[..., Any], request_or_iterator: Any, context: Any,
                         method_name: str) -> Any:
+        deadline = asyncio.timeout(self.seconds)
         try:
-            async with asyncio.timeout(self.seconds):
+            async with deadline:
                 return await method(request_or_iterator, context)
         except TimeoutError:
+            if not deadline.expired():  # the call's own TimeoutError, not the deadline
+                raise
             message = f"the call took longer than the server's request_timeout_s={self.seconds:g}; abandoned"
             logger.warning("DEADLINE_EXCEEDED %s: %s", method_name, message)
             raise DeadlineExceeded(message) from None
