@@ -33,6 +33,7 @@ def test_the_registry_and_the_export_hold_the_weights_once(tmp_path: Path, cache
     experiment = ensure_experiment(client, "one-copy", uri)
     export = export_tiny_classifier(tmp_path / "out" / "best" / "RTE", cache_dir)
     weights = (export / "model.safetensors").stat().st_size
+    (export / "model.safetensors").chmod(0o644)  # as the sweep's export leaves it (files.atomic_folder shares it)
     run = client.create_run(experiment)
     client.set_terminated(run.info.run_id)
     result = register_best(uri, "tiny", load_task("RTE"), run.info.run_id, export, 0.5)
@@ -41,6 +42,7 @@ def test_the_registry_and_the_export_hold_the_weights_once(tmp_path: Path, cache
     artifacts = tmp_path / "mlartifacts"
     (twin,) = [p for p in artifacts.rglob("model.safetensors")]
     assert (export / "model.safetensors").samefile(twin)
+    assert (export / "model.safetensors").stat().st_mode & 0o044 == 0o044  # still readable by all, as exported
     # the weights are counted once between the registry and the export
     assert _bytes_on_disk(tmp_path / "out", artifacts) < _bytes_on_disk(artifacts) + weights // 2
 

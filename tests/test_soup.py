@@ -5,6 +5,7 @@ taking it only where it wins on the selection split, and the config's one-line r
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -110,6 +111,17 @@ def test_a_full_soup_is_the_mean_of_the_weights(seeds, tmp_path):
             torch.testing.assert_close(value, sum(s[key] for s in states) / 3)
     assert (tmp_path / "soup" / "config.json").is_file() and (tmp_path / "soup" / "tokenizer_config.json").is_file()
     assert not (tmp_path / "soup" / "training_state.pt").exists()  # a soup has no optimizer to resume
+
+
+def test_target_modules_in_another_order_are_the_same_adapter(seeds, tmp_path):
+    """PEFT saves target_modules from a set: two seeds may list them in another order (seen on MiniLM)."""
+    shuffled = tmp_path / "shuffled"
+    shutil.copytree(seeds["lora"][1], shuffled)
+    config = json.loads((shuffled / "adapter_config.json").read_text())
+    config["target_modules"] = list(reversed(config["target_modules"]))
+    (shuffled / "adapter_config.json").write_text(json.dumps(config))
+    write_soup([seeds["lora"][0], shuffled], tmp_path / "soup")
+    assert (tmp_path / "soup" / "adapter_model.safetensors").is_file()
 
 
 def test_checkpoints_that_do_not_average_are_refused(seeds, tmp_path):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import filecmp
 import logging
 import os
+import stat
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -55,12 +56,16 @@ def share_with_artifacts(export: Path, artifacts: Path) -> int:
 
 
 def _link(source: Path, target: Path) -> bool:
-    """``target`` replaced by a hard link to ``source``, atomically (a new name, then a rename over it)."""
+    """``target`` replaced by a hard link to ``source``, atomically (a new name, then a rename over it). The
+    shared file keeps the export's permissions too (an export is readable by all: a server in a container
+    runs as another user; MLflow writes its artifacts 0600)."""
     staged = target.with_name(f".{target.name}.link-{os.getpid()}")
+    wanted = stat.S_IMODE(target.stat().st_mode) | stat.S_IMODE(source.stat().st_mode)
     try:
         os.link(source, staged)
     except OSError as e:  # another file system, a store that does not allow links: both copies stay
         log.debug("not linked %s -> %s: %s", target, source, e)
         return False
+    os.chmod(staged, wanted)
     os.replace(staged, target)
     return True

@@ -97,6 +97,12 @@ def _scaling(config: dict) -> float:
     return config["lora_alpha"] / (math.sqrt(r) if config.get("use_rslora") else r)
 
 
+def _setting(config: dict, key: str):
+    """A config value as compared: PEFT saves target_modules from a set, in no fixed order."""
+    value = config.get(key)
+    return sorted(value) if isinstance(value, list) else value
+
+
 def _adapter_soup(members: Sequence[Path], target: Path) -> None:
     """One adapter whose ΔW is the mean of the seeds' ΔW = s·B·A (rank Σr, scaling 1), the head the seeds' mean."""
     configs = [json.loads((m / ADAPTER_CONFIG).read_text()) for m in members]
@@ -105,7 +111,7 @@ def _adapter_soup(members: Sequence[Path], target: Path) -> None:
             if config.get(key, plain) not in (plain, None):
                 raise SoupError(f"{member}: {key}={config[key]!r} is not supported in a soup")
         for key in ("target_modules", "task_type", "fan_in_fan_out", "modules_to_save"):
-            if config.get(key) != configs[0].get(key):
+            if _setting(config, key) != _setting(configs[0], key):
                 raise SoupError(f"the seeds' adapters differ in {key} ({configs[0].get(key)} vs {config.get(key)})")
     states = [load_file(m / ADAPTER_WEIGHTS) for m in members]
     k = len(members)
