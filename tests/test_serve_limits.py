@@ -78,6 +78,14 @@ def test_bad_limit_values_are_one_line(args: list[str], message: str) -> None:
         parse(["model=x", *args])
 
 
+def test_a_host_this_machine_cannot_listen_on_is_one_line_before_anything_loads(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "sweep", "serve", f"model={tmp_path / 'nothing'}", "host=192.0.2.1"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        "error: host: cannot listen on '192.0.2.1' (Cannot assign requested address); 127.0.0.1 (this machine) "
+        "or 0.0.0.0 (every interface)"], done.stderr
+
+
 def test_the_key_is_in_no_repr_and_the_defaults_are_documented() -> None:
     options = parse(["model=x", f"api_key={KEY}"])
     guards = Guards(DEFAULT_MAX_BODY_BYTES[CLASSIFIER], options.request_timeout_s, options.api_key)

@@ -69,6 +69,19 @@ class ServeOptions:
     api_key: str | None = field(default=None, repr=False)  # None: $SWEEP_API_KEY, else no key (api_key.py)
 
 
+def host_error(host: str) -> str | None:
+    """Why this machine cannot listen on ``host`` (not one of its addresses, a name that resolves to none), or
+    None: asked before the model loads, so that the mistake is one line, not uvicorn's traceback after it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((host, 0))
+    except OSError as e:
+        return (f"host: cannot listen on {host!r} ({e.strerror or e}); 127.0.0.1 (this machine) or 0.0.0.0 (every "
+                "interface)")
+    return None
+
+
 def port_taken(port: int, host: str = DEFAULT_HOST) -> bool:
     """Whether something listens on ``port`` of ``host``. gRPC binds with SO_REUSEPORT, so a second server on a
     taken gRPC port would start and silently share its calls with the first: ask before."""
@@ -152,6 +165,8 @@ def serve(options: ServeOptions, find: Callable[[ServeOptions], Loader]) -> None
     before the server starts; the heavier imports come stage by stage, so that a mistake is reported fast."""
     if options.grpc and options.grpc_port == options.port:
         raise ServeError(f"grpc_port: must differ from port (both {options.port}); or grpc=false")
+    if (why := host_error(options.host)) is not None:
+        raise ServeError(why)
     load = find(options)
     grpc_port = options.grpc_port if options.grpc else None
     if grpc_port and port_taken(grpc_port, options.host):
