@@ -330,7 +330,8 @@ class KeyRequired(AsyncServerInterceptor):
             if why is not None:
                 logger.warning("UNAUTHENTICATED %s: %s", method_name, why)
                 raise Unauthenticated(why)
-        return await method(request_or_iterator, context)
+        answer = method(request_or_iterator, context)
+        return answer if hasattr(answer, "__aiter__") else await answer  # a streaming call's iterator as it is
 
 
 class CallDeadline(AsyncServerInterceptor):
@@ -343,10 +344,13 @@ class CallDeadline(AsyncServerInterceptor):
 
     async def intercept(self, method: Callable[..., Any], request_or_iterator: Any, context: Any,
                         method_name: str) -> Any:
+        answer = method(request_or_iterator, context)
+        if hasattr(answer, "__aiter__"):  # a streaming call (KServe's v2 service has none): no deadline
+            return answer
         deadline = asyncio.timeout(self.seconds)
         try:
             async with deadline:
-                return await method(request_or_iterator, context)
+                return await answer
         except TimeoutError:
             if not deadline.expired():  # the call's own TimeoutError, not the deadline
                 raise
