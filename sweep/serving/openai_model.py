@@ -84,7 +84,7 @@ from sweep.serving.protocol import (
     Completion as Generated,  # noqa: E402
     RequestError,  # noqa: E402
 )
-from sweep.serving.routes import OPENAI_BODY_PATHS, OPENAI_CHAT, OPENAI_COMPLETIONS, Handler  # noqa: E402
+from sweep.serving.routes import OPENAI_CHAT, OPENAI_COMPLETIONS, Handler, is_openai  # noqa: E402
 
 BATCH_SIZE_HEADER = "X-Batch-Size"
 
@@ -109,28 +109,33 @@ def validation_error_response(message: str) -> JSONResponse:
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     """OpenAI's error body on the OpenAI routes; the v2 one (``kserve_model.validation_error``) elsewhere."""
-    if request.url.path.endswith(OPENAI_BODY_PATHS):
+    if is_openai(request.url.path):
         return validation_error_response(f"malformed request: {validation_problems(exc) or 'not a JSON object'}")
     return await validation_error(request, exc)
 
 
 def _raised_reading_the_body(exc: BaseException) -> bool:
-    """Whether FastAPI was still parsing the request body when ``exc`` was raised.
+    """Whether FastAPI was still parsing the request body when ``exc`` was raised, or pydantic validating it
+    (KServe's embeddings and rerank routes validate theirs in the handler: ``EmbeddingRequestAdapter``).
 
     vLLM's request validators read the body with ``data.get(...)`` before pydantic checks its type,
     so a JSON array or string body raises AttributeError (and a wrong-typed field may raise
-    TypeError) instead of a validation error: the client's mistake all the same.
+    TypeError) instead of a validation error: the client's mistake all the same. (An embeddings body
+    that pydantic first matches to one request type, then hands to another's validator, raised
+    ``'EmbeddingBatchChatRequest' object has no attribute 'get'``: a 500 until the fuzzing found it.)
     """
     tb = exc.__traceback__
     while tb is not None:
-        if tb.tb_frame.f_code.co_name == "request_body_to_args" and "fastapi" in tb.tb_frame.f_code.co_filename:
+        code = tb.tb_frame.f_code
+        if (code.co_name == "request_body_to_args" and "fastapi" in code.co_filename) or (
+                code.co_name.startswith("validate_") and "pydantic" in code.co_filename):
             return True
         tb = tb.tb_next
     return False
 
 
 async def _body_error(request: Request, exc: Exception) -> JSONResponse:
-    if request.url.path.endswith(OPENAI_BODY_PATHS) and _raised_reading_the_body(exc):
+    if is_openai(request.url.path) and _raised_reading_the_body(exc):
         return validation_error_response(
             f"malformed request: the body must be a JSON object of the request's fields, each of its type ({exc})"
         )
