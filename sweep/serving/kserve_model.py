@@ -276,6 +276,8 @@ async def overloaded(request: Request, exc: Overloaded) -> JSONResponse:
 async def not_ready(request: Request, exc: ModelNotReady | DecodingGone) -> JSONResponse:
     """503, saying why where the model knows: KServe's own "not ready" names the model only, and a
     request the decoding process took along when it exited says what happened but not to whom."""
+    if isinstance(exc.__cause__, ModelNotFound):  # KServe's OpenAI model route (``GET /openai/v1/models/NAME``)
+        return await _unknown_model(request, exc.__cause__)  # wraps a miss in "not ready": the 404 it is
     model = _SERVED.get(getattr(exc, "model_name", ""))
     why = model.why_not_ready() if model is not None else None
     message = f"{exc} {why}" if why and why not in str(exc) else str(exc)
