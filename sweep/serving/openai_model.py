@@ -135,6 +135,10 @@ def _raised_reading_the_body(exc: BaseException) -> bool:
 
 
 async def _body_error(request: Request, exc: Exception) -> JSONResponse:
+    if is_openai(request.url.path) and _raised_reading_the_body(exc) and isinstance(exc, ImportError):
+        # vLLM validates a response_format of type structural_tag with xgrammar/llguidance, which the server
+        # does not install (it refuses response_format anyway): a 500 until the fuzzing found it
+        return validation_error_response(f"unsupported request: a field needs what this server lacks ({exc})")
     if is_openai(request.url.path) and _raised_reading_the_body(exc):
         return validation_error_response(
             f"malformed request: the body must be a JSON object of the request's fields, each of its type ({exc})"
@@ -245,7 +249,7 @@ class OpenAIGeneratorModel(GeneratorModel, OpenAIGenerativeModel):
     def exception_handlers(self) -> dict[type[BaseException], Handler]:
         """OpenAI's error body for a body KServe's OpenAI routes could not read (in place of v2's handler)."""
         body_errors: dict[type[BaseException], Handler] = {
-            kind: _body_error for kind in (AttributeError, TypeError, KeyError, IndexError)}
+            kind: _body_error for kind in (AttributeError, TypeError, KeyError, IndexError, ImportError)}
         return {**super().exception_handlers(), **body_errors, RequestValidationError: _validation_error}
 
     # -- the OpenAI endpoints (called by KServe's OpenAIDataPlane) ----------------------------
