@@ -210,6 +210,12 @@ def test_routes_outside_the_schema(servers: dict[str, Server], kind: str, method
     ("POST", "/openai/v1/embeddings", [], 400),
     ("POST", "/openai/v1/embeddings", "a string", 400),
     ("POST", "/openai/v1/rerank", [], 400),
+    # vLLM validates a structural_tag response_format with a package the server lacks: ModuleNotFoundError, a 500
+    ("POST", "/openai/v1/chat/completions", {"model": LM_NAME, "messages": [{"role": "user", "content": "hi"}],
+                                             "response_format": {"type": "structural_tag", "format": {
+                                                 "type": "const_string", "value": "a"}}}, 400),
+    ("POST", "/openai/v1/completions", {"model": LM_NAME, "prompt": "hi", "response_format": {
+        "type": "structural_tag", "format": {"type": "const_string", "value": "a"}}}, 400),
     # KServe's OpenAI model route wraps an unknown model's ModelNotFound in ModelNotReady: a 503
     ("GET", "/openai/v1/models/no-such-model", None, 404),
 ])
@@ -218,7 +224,8 @@ def test_what_the_fuzzing_found(servers: dict[str, Server], method: str, path: s
     answer = httpx.request(method, server.url + path, json=body, timeout=30)
     assert answer.status_code == status, answer.text
     if status == 400:  # OpenAI's error object, as the completions routes answer
-        assert answer.json()["error"]["message"].startswith("malformed request: "), answer.text
+        message = answer.json()["error"]["message"]
+        assert message.startswith(("malformed request: ", "unsupported request: ")), answer.text
 
 
 def test_each_server_still_serves_after_the_fuzzing(servers: dict[str, Server]) -> None:
