@@ -65,7 +65,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Iterat
         "classifier": start_server(CLASSIFIER_NAME, classifier_dir, root / "classifier.log", cache_dir,
                                    f"api_key={KEY}"),
         "lm": start_server(LM_NAME, lm_dir, root / "lm.log", cache_dir, f"max_output_tokens={MAX_OUTPUT_TOKENS}",
-                           "log_requests=false"),
+                           "log_requests=false", "stream_interval_ms=0"),  # a chunk per token: a storm's drop is early
     }
     with serving(started):
         for server in started.values():
@@ -376,7 +376,7 @@ def test_a_disconnect_storm_leaves_no_sequence_and_no_memory_behind(servers: dic
 
     server = servers["lm"]
     whole = asyncio.run(_streams(server, None))
-    assert min(whole) >= 10, whole  # so that a client leaving after 2 chunks leaves mid-stream
+    assert min(whole) > 2, whole  # so that a client leaving after 2 chunks leaves mid-stream
     time.sleep(0.5)
     before = _family_rss_mib(server.proc.pid)
     for _ in range(2):
