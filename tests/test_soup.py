@@ -25,6 +25,7 @@ from sweep.outputs.soup import SOUP_FOLDER, SeedSoup, Soup
 from sweep.outputs.steps import Outcome, run_steps
 from sweep.results.export_layout import MADE_BY
 from sweep.results.records import TrialRecord, summarize
+from sweep.results.trial_reports import CHECKPOINT_MARKER
 from sweep.train.loading import load_for_task
 from sweep.train.loop import evaluate_model, finetune, setup
 from sweep.train.lora import ADAPTER_FOLDER, export_merged
@@ -103,7 +104,11 @@ def test_a_lora_soup_is_exactly_the_mean_of_the_seeds_updates(base, seeds, tmp_p
 
 
 def test_a_full_soup_is_the_mean_of_the_weights(seeds, tmp_path):
-    write_soup(seeds["full"], tmp_path / "soup")
+    marked = tmp_path / "marked"  # a Ray trial's checkpoint says which evaluation it holds; a soup is none of them
+    shutil.copytree(seeds["full"][0], marked)
+    (marked / CHECKPOINT_MARKER).write_text('{"epoch": 1}')
+    write_soup([marked, *seeds["full"][1:]], tmp_path / "soup")
+    assert not (tmp_path / "soup" / CHECKPOINT_MARKER).exists()
     soup = load_file(tmp_path / "soup" / "model.safetensors")
     states = [load_file(folder / "model.safetensors") for folder in seeds["full"]]
     for key, value in soup.items():

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from sweep.results.trial_reports import TRAINING_STATE
+from sweep.results.trial_reports import CHECKPOINT_MARKER, TRAINING_STATE
 from sweep.train.lora import ADAPTER_CONFIG, is_adapter_folder
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # PEFT's save_pretrained
@@ -52,10 +52,11 @@ def write_soup(members: Sequence[Path], target: Path) -> None:
 
 
 def _copy_beside_weights(checkpoint: Path, target: Path) -> None:
-    """The tokenizer and the model's config (not its weights, not the optimizer's state: a soup has none)."""
+    """The tokenizer and the model's config (not its weights, not the optimizer's state nor the trial's marker of
+    which evaluation it holds: a soup is no one trial's evaluation)."""
     for path in checkpoint.iterdir():
         if path.is_file() and path.suffix not in (".safetensors", ".bin") and path.name not in (
-                TRAINING_STATE, ADAPTER_CONFIG, "README.md"):
+                TRAINING_STATE, CHECKPOINT_MARKER, ADAPTER_CONFIG, "README.md"):
             shutil.copy2(path, target / path.name)
 
 
