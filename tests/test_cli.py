@@ -10,7 +10,6 @@ import sys
 import zipfile
 from pathlib import Path
 
-import httpx
 import pytest
 
 from sweep.config.tasks import load_task
@@ -103,7 +102,7 @@ def test_a_lora_sweep_over_ranks_exports_a_merged_model_that_serves_and_its_adap
     model (what the server loads) with the adapter beside it, both in the registry, no optimizer state."""
     from mlflow import MlflowClient
 
-    from tests.helpers.serving import output, serving, start_server, texts
+    from tests.helpers.serving import ask_a_pair, output
 
     out = tmp_path / "out"
     r = sweep_cmd("experiment=demo", "train.method=lora", "+sweep.grid.lora.r=[2,8]", "sweep.seeds=[38]",
@@ -141,11 +140,7 @@ def test_a_lora_sweep_over_ranks_exports_a_merged_model_that_serves_and_its_adap
     # the grid varied one key, over too few trials to rank it: one line, not an error
     assert "importance: WNLI: needs at least 4 finished trials" in r.stdout
 
-    with serving({"lora": start_server("lora", best, tmp_path / "serve.log", tmp_path / "cache")}) as servers:
-        url = servers["lora"].url
-        (name,) = httpx.get(f"{url}/v1/models").json()["models"]
-        body = {"inputs": [texts("text", ["The cat sees a dog."]), texts("text_pair", ["A dog."])]}
-        answer = httpx.post(f"{url}/v2/models/{name}/infer", json=body, timeout=30)
+    answer = ask_a_pair(best, tmp_path / "serve.log", tmp_path / "cache")
     assert answer.status_code == 200, answer.text
     assert output(answer.json(), "label")[0] in load_task("WNLI").labels  # the task's own names, from the merged config
 

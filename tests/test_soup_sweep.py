@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import json
 
-import httpx
 import pytest
 from mlflow import MlflowClient
 
@@ -18,7 +17,7 @@ from tests.helpers.sweeps import sweep_cmd
 @pytest.mark.ray
 @pytest.mark.slow
 def test_a_lora_sweep_with_soups_leaves_a_soup_that_serves_with_its_scores_beside_the_seeds(tmp_path):
-    from tests.helpers.serving import output, serving, start_server, texts
+    from tests.helpers.serving import ask_a_pair, output
 
     out = tmp_path / "out"
     r = sweep_cmd("experiment=demo", "train.method=lora", "sweep.seeds=[38,39]", "sweep.soup=true", "train.init_seed=0",
@@ -43,10 +42,6 @@ def test_a_lora_sweep_with_soups_leaves_a_soup_that_serves_with_its_scores_besid
     (version,) = client.search_model_versions("name='tiny-roberta-WNLI'")
     assert (version.run_id == run.info.run_id) is wins  # the soup is the task's model only where it won
 
-    with serving({"soup": start_server("soup", soup, tmp_path / "serve.log", tmp_path / "cache")}) as servers:
-        url = servers["soup"].url
-        (name,) = httpx.get(f"{url}/v1/models").json()["models"]
-        body = {"inputs": [texts("text", ["The cat sees a dog."]), texts("text_pair", ["A dog."])]}
-        answer = httpx.post(f"{url}/v2/models/{name}/infer", json=body, timeout=30)
+    answer = ask_a_pair(soup, tmp_path / "serve.log", tmp_path / "cache")
     assert answer.status_code == 200, answer.text
     assert output(answer.json(), "label")[0] in load_task("WNLI").labels

@@ -133,6 +133,15 @@ def serving(started: dict[str, Server]) -> Iterator[dict[str, Server]]:
             stop_server(server)
 
 
+def ask_a_pair(model_dir: Path, log: Path, cache: Path) -> httpx.Response:
+    """``sweep serve`` on an exported classifier, asked one (text, text_pair) over v2 REST; its answer."""
+    with serving({"model": start_server("model", model_dir, log, cache)}) as servers:
+        url = servers["model"].url
+        (name,) = httpx.get(f"{url}/v1/models").json()["models"]
+        body = {"inputs": [texts("text", ["The cat sees a dog."]), texts("text_pair", ["A dog."])]}
+        return httpx.post(f"{url}/v2/models/{name}/infer", json=body, timeout=30)
+
+
 def grpc_infer(server: Server, body: dict[str, Any], name: str | None = None,
                metadata: Mapping[str, str] | None = None) -> dict[str, Any] | tuple[str, str]:
     """The REST-shaped answer of a v2 request body sent over gRPC (KServe's client) to ``name`` (default:
