@@ -59,5 +59,7 @@ test: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
+# What sweeps leave in this folder: Hydra's run folders, the README's out_dirs and the MLflow store in runs/
+# (and the store an earlier version kept here), with the test and docs builds.
 clean:
-	rm -rf outputs multirun .pytest_cache site
+	rm -rf outputs multirun runs mlflow.db mlartifacts .pytest_cache site

@@ -119,7 +119,7 @@ def test_a_lora_sweep_over_ranks_exports_a_merged_model_that_serves_and_its_adap
     made_by = json.loads((best / MADE_BY).read_text())
     assert made_by["hparams"]["lora.r"] in (2, 8)
 
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
     # two epochs leave both ranks at the trivial score: registered, never champion, one line says so (issue 18)
     assert "warning: WNLI learned nothing: best acc 0.5000 is within noise" in r.stdout
     assert "registry: tiny-roberta-WNLI version 1, not promoted: it learned nothing" in r.stdout
@@ -182,10 +182,10 @@ def test_resume_after_the_driver_is_killed_skips_finished_trials(tmp_path):
     assert len(rerun) <= 4 - done_before_kill, (after, done_before_kill)  # finished trials did not run again
     assert rerun, "the unfinished trials ran after the resume"
 
-    # MLflow (the default sqlite store in cwd): one parent for both launches, every trial its child
+    # MLflow (the default sqlite store, runs/mlflow.db in cwd): one parent for both launches, every trial its child
     from mlflow import MlflowClient
 
-    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    client = MlflowClient(f"sqlite:///{tmp_path}/runs/mlflow.db")
     experiment = client.get_experiment_by_name("glue-tiny-roberta").experiment_id
     (parent,) = client.search_runs([experiment], "tags.sweep.model = 'tiny-roberta'")
     assert f"tracking: continuing MLflow run {parent.info.run_id}" in r.stdout

@@ -93,8 +93,9 @@ def test_readme_line_from_another_folder_a_killed_task_fails_in_one_line_and_the
     assert failed == [f"failed: RTE seed 38: {rows['RTE']['error']}"]
     assert "error: every trial of RTE failed (the reasons above); exit code 3" in stderr
     assert (work / "out" / "best" / "MRPC" / "config.json").is_file() and not (work / "out" / "best" / "RTE").exists()
-    assert sorted(p.name for p in work.iterdir()) == ["mlartifacts", "mlflow.db", "out"]  # no outputs/
-    client = MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
+    assert sorted(p.name for p in work.iterdir()) == ["out", "runs"]  # no outputs/, no store loose in the folder
+    assert sorted(p.name for p in (work / "runs").iterdir()) == ["mlartifacts", "mlflow.db"]  # the default store
+    client = MlflowClient(f"sqlite:///{work / 'runs' / 'mlflow.db'}")
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     assert [r.info.status for r in parents] == ["FAILED"]

@@ -82,7 +82,7 @@ def test_a_sweep_reads_model_and_glue_from_the_hub_once_then_runs_offline_from_t
         (model_sha, glue_sha, "nyu-mll/glue")} and len(rows) == 2
     made_by = json.loads((out / "best" / "RTE" / "sweep_made_by.json").read_text())
     assert made_by["sources"]["model.sha"] == model_sha and made_by["sources"]["data.sha"] == glue_sha
-    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'work' / 'mlflow.db'}")
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'work' / 'runs' / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("glue-roberta-base").experiment_id])
     assert len(runs) == 3  # the parent and each trial carry both shas
     assert {(r.data.params["sources.model.sha"], r.data.params["sources.data.sha"]) for r in runs} == {

@@ -235,7 +235,7 @@ def test_rayjob_entrypoint_composes_with_the_package_config(tmp_path: Path, monk
     settings = validate(cfg)  # the package's own checks of the composed config pass too
     assert len(settings.tasks) == 9  # task=glue: the whole benchmark in one Tune run
     # The MLflow records: the head's sqlite store, which the driver uploads under storage.output_prefix.
-    assert (cfg.tracking.kind, cfg.tracking.uri) == ("mlflow", "sqlite:///mlflow.db")
+    assert (cfg.tracking.kind, cfg.tracking.uri) == ("mlflow", "sqlite:///runs/mlflow.db")
 
 
 def test_rayjob_tracking_server_alternative_is_valid_and_composes(tmp_path: Path, crds) -> None:

@@ -98,7 +98,7 @@ def answers(url: str) -> bool:
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> dict:
     """The sweep, run as a person types it in a folder of their own: relative paths, the default store
-    (mlflow.db in that folder)."""
+    (runs/mlflow.db in that folder)."""
     from tests.helpers.browser import chromium_path
 
     chromium_path()  # skip before the sweep when there is no browser
@@ -143,7 +143,7 @@ def test_sweep_ui_shows_the_sweeps_runs_and_its_champion(swept: dict, tmp_path: 
     command = shlex.split(last.removeprefix("runs: "))
     assert command[:2] == ["sweep", "ui"]
     store = json.loads((out / "mlflow-parent.json").read_text())
-    assert store["uri"] == f"sqlite:///{work / 'mlflow.db'}"
+    assert store["uri"] == f"sqlite:///{work / 'runs' / 'mlflow.db'}"
     client = MlflowClient(store["uri"])
     parent = client.get_run(store["run_id"]).info.run_name
     trials = list(csv.DictReader((out / "results.csv").open()))
@@ -497,9 +497,9 @@ def test_sweep_ui_mistakes_are_one_line_and_start_nothing(tmp_path: Path) -> Non
             assert done.stderr.startswith(line) and done.stderr.count("\n") == 1, (args, done.stderr)
     (tmp_path / "mlflow.db").unlink()
     (tmp_path / "empty").mkdir()
-    done = sweep_ui(cwd=tmp_path / "empty")  # no option: the default store, mlflow.db here
+    done = sweep_ui(cwd=tmp_path / "empty")  # no option: the default store, runs/mlflow.db here
     assert done.returncode == 2 and done.stderr.startswith(
-        f"error: no MLflow store here: {tmp_path}/empty/mlflow.db does not exist"), done.stderr
+        f"error: no MLflow store here: {tmp_path}/empty/runs/mlflow.db does not exist"), done.stderr
     assert sorted(p.name for p in tmp_path.rglob("*")) == sorted(
         ["not-swept", "results.csv", "moved", PARENT_FILE, "empty"])  # no store was made
     assert sweep_ui("--help", cwd=tmp_path).stdout.startswith("usage: python -m sweep ui key=value ...")

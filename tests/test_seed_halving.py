@@ -85,7 +85,7 @@ def test_seed_halving_keeps_two_of_six_and_stops_the_degenerate_at_the_rung(tmp_
     # MLflow: each stopped trial's run says why, when
     from mlflow import MlflowClient
 
-    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    client = MlflowClient(f"sqlite:///{tmp_path}/runs/mlflow.db")
     experiment = client.get_experiment_by_name("glue-tiny-roberta").experiment_id
     runs = {int(run.data.params["seed"]): run for run in client.search_runs([experiment]) if "seed" in run.data.params}
     assert sorted(runs) == SEEDS

@@ -34,7 +34,7 @@ def test_a_lora_sweep_with_soups_leaves_a_soup_that_serves_with_its_scores_besid
     wins = summary["soup_wins"] == "True"
     assert wins == (float(summary["soup_score"]) > float(summary["best_score"]))
 
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
     (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()],
                                 "attributes.run_name = 'WNLI soup'")
     assert run.data.metrics["acc"] == float(summary["soup_score"])

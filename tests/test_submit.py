@@ -141,7 +141,7 @@ def test_outputs_unset_warns_they_stay_on_the_head():
     assert line.startswith("warning: results stay on the head node's disk")
     assert "outputs/" in line
     assert "storage.output_prefix=s3://" in line and "cluster.storage_path=s3://" in line
-    assert mlflow.startswith("warning: the MLflow records stay in sqlite:///mlflow.db on the head node's disk, "
+    assert mlflow.startswith("warning: the MLflow records stay in sqlite:///runs/mlflow.db on the head node's disk, "
                              "relative to the job's working directory; to keep them, set storage.output_prefix=s3://")
     assert "tracking.uri=http://" in mlflow
 
@@ -150,9 +150,9 @@ def test_outputs_set_say_where_they_go():
     lines = output_locations(["cluster.storage_path=s3://bkt/ckpt", "storage.output_prefix=s3://bkt/out/"])
     assert len(lines) == 3 and not any(line.startswith("warning") for line in lines)
     assert "s3://bkt/ckpt" in lines[0] and "s3://bkt/out" in lines[1]
-    assert lines[2] == ("outputs: the MLflow records go to sqlite:///mlflow.db on the head node's disk, relative to "
-                        "the job's working directory, and with their artifacts to s3://bkt/out/mlflow/ when the "
-                        "sweep ends (storage.output_prefix)")
+    assert lines[2] == ("outputs: the MLflow records go to sqlite:///runs/mlflow.db on the head node's disk, "
+                        "relative to the job's working directory, and with their artifacts to s3://bkt/out/mlflow/ "
+                        "when the sweep ends (storage.output_prefix)")
 
 
 def test_mlflow_records_on_a_server_are_said_without_its_password():
@@ -164,9 +164,9 @@ def test_mlflow_records_on_a_server_are_said_without_its_password():
     assert not output_locations(["cluster.storage_path=s3://b/c", "tracking.uri=http://mlflow:5000"])[-1].startswith("warning")
     # An unreachable server with tracking.required=false falls back to the head's sqlite file: said too.
     fallback = output_locations(["tracking.uri=http://mlflow:5000", "tracking.required=false"])[-1]
-    assert fallback.endswith("if it does not answer, sqlite:///mlflow.db on the head (lost with the head)")
+    assert fallback.endswith("if it does not answer, sqlite:///runs/mlflow.db on the head (lost with the head)")
     fallback = output_locations([*both, "tracking.uri=http://mlflow:5000", "tracking.required=false"])[-1]
-    assert fallback.endswith("if it does not answer, sqlite:///mlflow.db on the head, uploaded to s3://bkt/out/mlflow/")
+    assert fallback.endswith("if it does not answer, sqlite:///runs/mlflow.db on the head, uploaded to s3://bkt/out/mlflow/")
 
 
 @pytest.mark.parametrize("overrides", [["tracking=none"], ["tracking.kind=none"],

@@ -93,7 +93,9 @@ OPTIONS: dict[str, Option] = {
                       "scripts/bench_serve_vs_transformers.py), a classifier's every CPU the process may use "
                       "(its affinity and cgroup quota, i.e. the pod's CPU limit, not the host's cores)"),
     "tracking_uri": Option(non_empty, _DEFAULTS["tracking_uri"],
-                           "MLflow tracking URI for models:/ (default: $MLFLOW_TRACKING_URI, else MLflow's default)"),
+                           "MLflow tracking URI for models:/ (default: $MLFLOW_TRACKING_URI, else a sweep's default "
+                           "store, sqlite:///runs/mlflow.db in this folder, or ./mlflow.db where an earlier sweep "
+                           "left one)"),
     "cache_dir": Option(non_empty, _DEFAULTS["cache_dir"],
                         f"where registry and S3 copies are kept (default: ${CACHE_DIR_ENV} or ~/.cache/sweep)"),
     "log_requests": Option(as_bool, _DEFAULTS["log_requests"], "log a line per request (access and timing logs)"),

@@ -2,7 +2,7 @@
 sweep recorded to, and the URLs of its runs.
 
 ``out_dir=`` finds the store in the sweep's ``mlflow-parent.json`` (its store's URI, experiment and parent
-run); with neither option it is the sweep's default store, ``mlflow.db`` in this folder. For a store the
+run); with neither option it is the sweep's default store, ``runs/mlflow.db`` in this folder. For a store the
 sweep wrote itself (sqlite, or another database) it starts ``mlflow server`` on it (artifacts where the
 sweep put them, and sweep's page for its runs: sweep/tracking/ui_urls.py, ui_app.py), waits until ``/health``
 answers and prints one line per URL; it runs until Ctrl-C or SIGTERM, which stop the server with it (exit
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from sweep.cli.key_values import Option, UsageError, non_empty, parse_key_values, port_number, usage
-from sweep.config.defaults import TRACKING_URI, mlflow_server_env
+from sweep.config.defaults import STORE_FILE, TRACKING_URI, mlflow_server_env
 
 PROG = "sweep ui"
 PARENT_FILE = "mlflow-parent.json"  # sweep.tracking.PARENT_FILE (a test checks they agree): no MLflow import here
@@ -41,7 +41,8 @@ OPTIONS: dict[str, Option] = {
     "tracking_uri": Option(non_empty, None,
                            "a store instead: sqlite:///FILE (relative to this folder) or another database URI; or "
                            "an http(s) MLflow server, whose URLs are printed (nothing is started). With neither "
-                           f"option: the sweep's default store, {TRACKING_URI} in this folder"),
+                           f"option: the sweep's default store, {TRACKING_URI} in this folder (./mlflow.db where an "
+                           "earlier sweep left one)"),
     "port": Option(port_number, 5000, "the UI's port"),
     "host": Option(non_empty, "127.0.0.1", "the address the UI listens on; 0.0.0.0 for every interface"),
 }
@@ -100,7 +101,7 @@ def store_of_out_dir(text: str) -> Store:
         raise UsageError(
             f"out_dir: {shown} holds no record of a sweep's MLflow run ({PARENT_FILE}); it holds {_contents(folder)}. "
             f"The sweep ran with tracking=none, or stopped before its run was made, or this is not a sweep's "
-            f"out_dir; for a store of your own pass tracking_uri=... (a sweep's default store is mlflow.db in the "
+            f"out_dir; for a store of your own pass tracking_uri=... (a sweep's default store is {STORE_FILE} in the "
             f"folder it ran in)")
     try:
         saved = json.loads(record.read_text())

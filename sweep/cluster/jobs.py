@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 PROG = "python -m sweep submit"  # in the commands printed to follow, check or stop a job
 # Left out of a --working-dir upload: environments, run outputs, stores and caches (Ray caps a
 # working_dir at 100 MiB, and none of these belong on the cluster). gitignore syntax, any depth.
-WORKING_DIR_EXCLUDES = (".venv", "outputs", "multirun", "mlflow.db", "mlruns", "mlartifacts", ".git",
+WORKING_DIR_EXCLUDES = (".venv", "outputs", "multirun", "runs", "mlflow.db", "mlruns", "mlartifacts", ".git",
                         "__pycache__", ".pytest_cache", ".cache", "*.egg-info", "bench_results")
 DEFAULT_TRACKING_URI = TRACKING_URI  # conf/tracking/mlflow.yaml's, from its one home in code
 PROBE_TIMEOUT_S = 5.0  # Ray's client sets no timeout: an address that never answers would hang it

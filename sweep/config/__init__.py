@@ -5,6 +5,7 @@
 - ``load.py``:         ``sweep.load_settings``: the command line's overrides -> ``Settings``, from Python
 - ``defaults.py``:     the defaults several places need (cache folder, MLflow store), one home each
 - ``paths.py``:        every path option made absolute once, on the driver, against the working folder
+- ``store_home.py``:   where the default MLflow store lives (``runs/mlflow.db``, or an earlier ``./mlflow.db``)
 - ``tasks.py``:        the task specs (``conf/task/*.yaml``) as ``TaskSpec``
 - ``metric_names.py``: the metric registry by name (what each task kind reports), each task's metric checked
 - ``model_limits.py``: the positions a model can take (``max_positions``, offsets) and their checks

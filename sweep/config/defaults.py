@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 
 CACHE_DIR_ENV = "SWEEP_CACHE_DIR"  # a machine's cache folder (conf/storage/*.yaml's oc.env)
-TRACKING_URI = "sqlite:///mlflow.db"  # the embedded store in the working folder (conf/tracking/mlflow.yaml)
+STORE_FILE = "runs/mlflow.db"  # the embedded store, in the folder of the README's sweeps (sweep/config/store_home.py)
+LEGACY_STORE_FILE = "mlflow.db"  # where it was before: still used in a folder that holds one
+TRACKING_URI = f"sqlite:///{STORE_FILE}"  # relative to the working folder (conf/tracking/mlflow.yaml)
 
 
 def default_cache_dir() -> str:

@@ -11,6 +11,9 @@ import os
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from sweep.config.defaults import TRACKING_URI
+from sweep.config.store_home import default_store_file
+
 if TYPE_CHECKING:
     from sweep.config.settings import Settings
 
@@ -34,7 +37,10 @@ def absolute_folder_or_uri(path: str | None, cwd: str) -> str | None:
 
 
 def absolute_store(uri: str | None, cwd: str | None = None) -> str | None:
-    """``sqlite:///mlflow.db`` is relative to the working directory: every process gets the same file."""
+    """``sqlite:///runs/mlflow.db`` is relative to the working directory: every process gets the same file.
+    The default store may be the one an earlier version left in that folder (sweep/config/store_home.py)."""
+    if uri == TRACKING_URI:
+        return SQLITE + default_store_file(cwd or os.getcwd())
     if uri and uri.startswith(SQLITE) and not uri.startswith(SQLITE + "/"):
         return SQLITE + absolute_path(uri[len(SQLITE):], cwd or os.getcwd())
     return uri

@@ -30,7 +30,7 @@ from sweep.secrets import scrub, secret_name
 
 log = logging.getLogger(__name__)
 
-FALLBACK_URI = TRACKING_URI  # the default store, sqlite:///mlflow.db (docs/architecture.md §6)
+FALLBACK_URI = TRACKING_URI  # the default store, sqlite:///runs/mlflow.db (docs/architecture.md §6)
 PARAM_LIMIT = 6000  # MLflow's longest param value
 TAG_LIMIT = 5000  # the longest tag value every MLflow 2.x/3.x server accepts
 BATCH = 100  # MLflow's most params or tags per log_batch
