@@ -1,6 +1,6 @@
 """A Locust load test of ``sweep serve`` with its guards on (issue 55): no 5xx, no stuck worker, and the guards' cost.
 
-    python scripts/bench_load.py                    # users 1, 8, 32; 20 s each; every mode
+    python scripts/bench_load.py                    # users 1, 8, 32; 4 repeats of 10 s each; every mode
     python scripts/bench_load.py --quick            # a smoke run: users 1 and 8, 5 s each (about a minute)
     python scripts/bench_load.py --users 4 --duration 4 --modes guarded+abuse   # what tests/test_bench_load.py runs
 
@@ -9,7 +9,8 @@ RoBERTa RTE classifier and the tiny GPT-2, once **guarded** (``api_key=`` set, e
 8 MiB / 16 MiB, ``request_timeout_s=300``, ``max_output_tokens`` = the context) and once **unguarded** (no key,
 ``request_timeout_s=0``, ``max_body_bytes`` 1 GiB; ``max_output_tokens`` stays the context, which no option can
 lift). Then, per user count (closed loop: each Locust user sends its next request when the last is answered, on
-its own keep-alive connection), in alternating order per level, for ``--duration`` seconds after ``--warmup``:
+its own keep-alive connection), ``--repeats`` times in alternating order (A B C, C B A, ...: drift on a shared
+machine hits every mode alike), each step ``--duration`` seconds after ``--warmup``; the repeats are pooled:
 
 - ``unguarded``: the normal mix against the unguarded pair: v2 infer on the classifier (``POST
   /v2/models/NAME/infer``, one sentence pair) and OpenAI completions on GPT-2 (``POST /openai/v1/completions``,
@@ -31,7 +32,8 @@ be. Latency percentiles are computed from every request's own time (Locust's own
 and percentiles are kept in the JSON beside). On a 2-core machine the Locust process takes CPU from the servers
 alike in every mode; its CPU warning (over 90 %) is recorded per step.
 
-Writes ``--out`` (bench_results/load.json) and prints a table per step and the guarded / unguarded ratios.
+Writes ``--out`` (bench_results/load.json) and prints a table per (users, mode) and the ratios to unguarded, with the
+spread of the repeats' own ratios (the noise of the machine it ran on).
 """
 
 from __future__ import annotations
@@ -383,18 +385,21 @@ def print_tables(cells: list[dict[str, Any]], rows: list[dict[str, Any]], rss_st
     if rows:
         print("\nratios to unguarded (requests/s; p50, p99 per route):")
         for r in rows:
-            print(f"{r['users']:>5} {r['mode']:<14} req/s {r['normal_requests_per_s']}  classify p50 "
-                  f"{r['classify_p50']} p99 {r['classify_p99']}  complete p50 {r['complete_p50']} "
-                  f"p99 {r['complete_p99']}")
+            spread = {q: f" ({min(v)}-{max(v)})" if len(v) > 1 and None not in v else ""
+                      for q, v in r.get("per_repeat", {}).items()}
+            print(f"{r['users']:>5} {r['mode']:<14} " + "  ".join(
+                f"{q.replace('normal_requests_per_s', 'req/s')} {r[q]}{spread.get(q, '')}"
+                for q in r if q not in ("users", "mode", "per_repeat")))
+        print("(pooled over the repeats; in brackets the lowest and highest of the repeats' own ratios)")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--users", type=int, nargs="+", default=None, help="closed-loop users per step (1 8 32)")
-    parser.add_argument("--duration", type=float, default=None, help="seconds measured per step (20)")
+    parser.add_argument("--duration", type=float, default=None, help="seconds measured per step (10)")
     parser.add_argument("--warmup", type=float, default=None, help="seconds of load before the clock (3)")
     parser.add_argument("--repeats", type=int, default=None,
-                        help="steps per (users, mode), in alternating order, pooled (2; --quick 1)")
+                        help="steps per (users, mode), in alternating order, pooled (4; --quick 1)")
     parser.add_argument("--abuse-weight", type=int, default=WEIGHTS["oversized"],
                         help="each abusive kind's task weight, against 20 for each normal route (1)")
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
@@ -407,9 +412,9 @@ def main() -> int:
         out.write_text(json.dumps(locust_step(json.loads(spec.read_text()))))
         return 0
     args.users = args.users or ([1, 8] if args.quick else [1, 8, 32])
-    args.duration = args.duration or (5.0 if args.quick else 20.0)
+    args.duration = args.duration or (5.0 if args.quick else 10.0)
     args.warmup = args.warmup if args.warmup is not None else (1.0 if args.quick else 3.0)
-    args.repeats = args.repeats or (1 if args.quick else 2)
+    args.repeats = args.repeats or (1 if args.quick else 4)
 
     from sweep.train.tiny_exports import export_tiny_classifier, export_tiny_lm
 
@@ -452,6 +457,9 @@ def main() -> int:
     rows = ratios(cells)
     per_repeat = [r | {"repeat": repeat} for repeat in range(args.repeats)
                   for r in ratios([s for s in steps if s["repeat"] == repeat])]
+    for row in rows:  # the spread of the repeats' own ratios: this machine's noise, beside the pooled figure
+        own = [r for r in per_repeat if (r["users"], r["mode"]) == (row["users"], row["mode"])]
+        row["per_repeat"] = {q: [r[q] for r in own] for q in row if q not in ("users", "mode")}
     failures = [f for s in steps for f in step_failures(s)]
     for step in steps:  # Locust's own figures stay in the cells
         step.pop("locust")
