@@ -2,8 +2,11 @@
 
 Which routes need it is routes.py's ``KEYED`` (every POST: inference, v1 predict/explain, repository
 load/unload); GET routes stay open, so probes, metrics and the metadata clients read before a call need no
-key. Over gRPC the same holds for the calls that are not metadata or health (kserve_model.py's interceptor):
-the key travels as the metadata ``authorization: Bearer <key>``. The key is compared in constant time
+key. A request for no route of the app (an unknown path: 404; a known path asked with a method it does not
+take: 405) gets the app's own answer, the same with or without the key: the routes are public
+(``GET /openapi.json``), so that answer reveals nothing, and a 401 there would claim a route that does not
+exist. Over gRPC the same holds for the calls that are not metadata or health (kserve_model.py's
+interceptor): the key travels as the metadata ``authorization: Bearer <key>``. The key is compared in constant time
 (``hmac.compare_digest``) and never logged or echoed: a refusal says whether a key was sent, not which.
 """
 
@@ -12,6 +15,7 @@ from __future__ import annotations
 import hmac
 import os
 
+from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sweep.serving.asgi_errors import logger, send_error, where
@@ -45,8 +49,20 @@ def grpc_method_is_open(method_name: str) -> bool:
     return method_name.rsplit("/", 1)[-1] in OPEN_GRPC_METHODS
 
 
+def is_routed(scope: Scope) -> bool:
+    """Whether the app (Starlette's ``scope["app"]``) has a route for this request's path AND method; True where
+    there is no app to ask (the key is then checked, as before routing)."""
+    router = getattr(scope.get("app"), "router", None)
+    if router is None:
+        return True
+    probe = dict(scope)  # what matching notes in a scope (FastAPI's included routers do) stays out of the request's
+    return any(route.matches(probe)[0] is Match.FULL for route in router.routes)
+
+
 class ApiKey:
-    """ASGI middleware: 401 (with ``WWW-Authenticate: Bearer``) for a keyed route asked without the key."""
+    """ASGI middleware: 401 (with ``WWW-Authenticate: Bearer``) for a keyed route asked without the key; a
+    request for no route goes on to the app's 404 or 405 (asked only once the key is refused: a request with
+    the key pays nothing)."""
 
     def __init__(self, app: ASGIApp, key: str) -> None:
         self.app, self.key = app, key
@@ -58,7 +74,7 @@ class ApiKey:
         authorization = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"authorization"),
                              None)
         why = refusal(authorization, self.key)
-        if why is None:
+        if why is None or not is_routed(scope):
             await self.app(scope, receive, send)
             return
         logger.warning("401 %s: %s", where(scope), why)

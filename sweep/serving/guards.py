@@ -18,8 +18,9 @@ class Guards:
     api_key: str | None = None  # None: no key needed
 
     def middleware(self) -> list[Middleware]:
-        """The key first (a client without it learns nothing, not even a body's limit), then the deadline
-        around the body's reading and the handling (a slow body counts), then the body limit."""
+        """The key first (a client without it learns nothing of a route that needs it, not even a body's
+        limit; a request for no route goes on to the app's 404 or 405, the answer it gets with the key: api_key.py),
+        then the deadline around the body's reading and the handling (a slow body counts), then the body limit."""
         chain: list[Middleware] = [(ApiKey, {"key": self.api_key})] if self.api_key else []
         return [*chain, (Deadline, {"seconds": self.request_timeout_s}),
                 (BodyLimit, {"max_bytes": self.max_body_bytes})]

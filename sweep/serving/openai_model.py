@@ -49,7 +49,7 @@ os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
 from fastapi import Request  # noqa: E402
 from fastapi.exceptions import RequestValidationError  # noqa: E402
 from fastapi.responses import JSONResponse  # noqa: E402
-from kserve.errors import generic_exception_handler  # noqa: E402
+from kserve.errors import ModelNotFound, generic_exception_handler  # noqa: E402
 from kserve.logging import logger  # noqa: E402
 from kserve.protocol.rest.openai import OpenAIGenerativeModel  # noqa: E402
 from kserve.protocol.rest.openai.errors import create_error_response  # noqa: E402
@@ -67,6 +67,7 @@ from kserve.protocol.rest.openai.types import (  # noqa: E402
     CompletionChunkChoice,
     CompletionRequest,
     ErrorResponse,
+    Model,
     UsageInfo,
 )
 
@@ -75,6 +76,7 @@ from sweep.serving.batcher import Batched  # noqa: E402
 from sweep.serving.continuous import Stream  # noqa: E402
 from sweep.serving.kserve_model import (  # noqa: E402
     GeneratorModel,
+    exception_handlers as server_exception_handlers,
     log_client_error,
     validation_error,
     validation_problems,
@@ -84,9 +86,11 @@ from sweep.serving.protocol import (
     Completion as Generated,  # noqa: E402
     RequestError,  # noqa: E402
 )
-from sweep.serving.routes import OPENAI_CHAT, OPENAI_COMPLETIONS, Handler, is_openai  # noqa: E402
+from sweep.serving.routes import OPENAI_CHAT, OPENAI_COMPLETIONS, OPENAI_PREFIX, Handler, is_openai  # noqa: E402
 
 BATCH_SIZE_HEADER = "X-Batch-Size"
+OPENAI_MODELS_PATH = f"{OPENAI_PREFIX}/v1/models"  # GET: the served models (routes.py's OPENAI family)
+OPENAI_MODEL_PATH = f"{OPENAI_MODELS_PATH}/{{model_name}}"  # GET: one of them
 
 
 def error_response(message: str, status: HTTPStatus = HTTPStatus.BAD_REQUEST, param: str = "") -> ErrorResponse:
@@ -144,6 +148,66 @@ async def _body_error(request: Request, exc: Exception) -> JSONResponse:
             f"malformed request: the body must be a JSON object of the request's fields, each of its type ({exc})"
         )
     return await generic_exception_handler(request, exc)  # what KServe answers any other failure with
+
+
+_UNASKED = object()
+
+
+def _asked_model(exc: BaseException) -> Any:
+    """The model name a KServe OpenAI route looked up when ``exc`` was raised: its ``DataPlane.model_ready``'s
+    ``model_name``, the body's ``"model"`` (``_UNASKED``: not raised there). vLLM's request types take a body
+    without ``"model"`` (None), and KServe then looks up a model named None: "Model with name None does not
+    exist", a 404 until the fuzzing found it (the traceback tells None from a model named "None")."""
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name == "model_ready" and "kserve" in code.co_filename:
+            return tb.tb_frame.f_locals.get("model_name", _UNASKED)
+        tb = tb.tb_next
+    return _UNASKED
+
+
+async def _model_not_found(request: Request, exc: ModelNotFound) -> JSONResponse:
+    """An OpenAI body without a model's name (no ``"model"``, null, ""): 400 naming the field, in OpenAI's error
+    body; any other miss is the server's 404 naming the models it serves."""
+    asked = _asked_model(exc)
+    if is_openai(request.url.path) and (asked is None or asked == ""):
+        what = "must not be empty" if asked == "" else "required"
+        message = (f"malformed request: model: {what}; name the model to use (GET {OPENAI_MODELS_PATH} lists the "
+                   "served ones)")
+        log_client_error("400", f"{request.method} {request.url.path}", RequestError(message))
+        return JSONResponse(status_code=400, content=error_response(message, param="model").model_dump())
+    return await server_exception_handlers(())[ModelNotFound](request, exc)
+
+
+def add_model_routes(app: Any, model_registry: Any) -> None:
+    """``GET /openai/v1/models`` and ``GET /openai/v1/models/{model_name}``, ours, added to the app BEFORE KServe's
+    OpenAI routes (the first route to match a request answers it). KServe's model route
+    (``OpenAIEndpoints.health``) checks the model and answers 200 with ``null``; ours runs the same check (404 for
+    a model nobody serves, 503 for one not ready), then answers the OpenAI model object, the entry the list has for
+    it (``id``, ``object: "model"``, ``created``, ``owned_by``). Both are answered by one ``OpenAIEndpoints`` of
+    KServe's on the OpenAI models, as ``maybe_register_openai_endpoints`` makes its own: the same list, and the
+    same ``created`` in the list and the object. routes.py calls it where a model is an OpenAI model."""
+    from kserve.model_repository import ModelRepository
+    from kserve.protocol.rest.openai.config import get_open_ai_models
+    from kserve.protocol.rest.openai.dataplane import OpenAIDataPlane
+    from kserve.protocol.rest.openai.endpoints import OpenAIEndpoints
+
+    openai_models = ModelRepository()
+    for name, model in get_open_ai_models(model_registry).items():
+        openai_models.update(model, name)
+    endpoints = OpenAIEndpoints(OpenAIDataPlane(openai_models))
+
+    async def retrieve_model(model_name: str) -> Model:
+        await endpoints.health(model_name)  # ModelNotReady, from a ModelNotFound where nobody serves it
+        listed = next((m for m in (await endpoints.models()).data if m.id == model_name), None)
+        if listed is None:
+            raise ModelNotFound(model_name)
+        return listed
+
+    # out of the schema: KServe's two routes, added next, describe the same paths
+    app.add_api_route(OPENAI_MODELS_PATH, endpoints.models, methods=["GET"], include_in_schema=False)
+    app.add_api_route(OPENAI_MODEL_PATH, retrieve_model, methods=["GET"], include_in_schema=False)
 
 
 def _sse(chunk: Any) -> str:
@@ -247,10 +311,12 @@ class OpenAIGeneratorModel(GeneratorModel, OpenAIGenerativeModel):
     """The causal LM over v2 (``GeneratorModel``) and over KServe's OpenAI endpoints."""
 
     def exception_handlers(self) -> dict[type[BaseException], Handler]:
-        """OpenAI's error body for a body KServe's OpenAI routes could not read (in place of v2's handler)."""
+        """OpenAI's error body for a body KServe's OpenAI routes could not read (in place of v2's handler), and
+        for one that names no model (in place of the 404 of a model nobody serves)."""
         body_errors: dict[type[BaseException], Handler] = {
             kind: _body_error for kind in (AttributeError, TypeError, KeyError, IndexError, ImportError)}
-        return {**super().exception_handlers(), **body_errors, RequestValidationError: _validation_error}
+        return {**super().exception_handlers(), **body_errors, RequestValidationError: _validation_error,
+                ModelNotFound: _model_not_found}
 
     # -- the OpenAI endpoints (called by KServe's OpenAIDataPlane) ----------------------------
 
