@@ -26,5 +26,8 @@
 - ``model_kind.py``: what a model folder holds (classifier or causal LM), from its config.json alone
 - ``generation.py``: what a generated sequence becomes: text cut at a stop sequence, token counts
 - ``server_metrics.py``: the ``sweep_`` Prometheus metrics on ``GET /metrics``
+- ``request_log.py``: one log line per HTTP request: the access line, or a 4xx's one WARNING with its reason
+- ``call_log.py``:   one log line per gRPC call, and the WARNING of a message over ``max_body_bytes``
+- ``third_party_logs.py``: third-party start-up lines nobody can act on, filtered by their exact words
 - ``kserve_import.py``: import kserve without it reading our ``sys.argv``
 """

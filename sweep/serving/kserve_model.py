@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 import uuid
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +22,7 @@ from fastapi import Request  # noqa: E402 - after kserve, imported with our argv
 from fastapi.exceptions import RequestValidationError  # noqa: E402
 from fastapi.responses import JSONResponse  # noqa: E402
 from grpc import StatusCode, aio  # noqa: E402
-from grpc_interceptor.exceptions import DeadlineExceeded, Unauthenticated  # noqa: E402
+from grpc_interceptor.exceptions import DeadlineExceeded, GrpcException, Unauthenticated  # noqa: E402
 from grpc_interceptor.server import AsyncServerInterceptor  # noqa: E402
 from kserve.errors import (  # noqa: E402
     InferenceError,
@@ -42,7 +41,7 @@ from kserve.errors import (  # noqa: E402
 )
 from kserve.logging import logger  # noqa: E402
 from kserve.protocol.grpc.grpc_predict_v2_pb2_grpc import add_GRPCInferenceServiceServicer_to_server  # noqa: E402
-from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor, LoggingInterceptor  # noqa: E402
+from kserve.protocol.grpc.interceptors import ExceptionToStatusInterceptor  # noqa: E402
 from kserve.protocol.grpc.servicer import InferenceServicer  # noqa: E402
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse, to_http_parameters  # noqa: E402
 
@@ -50,6 +49,7 @@ from sweep.serving import server_metrics  # noqa: E402
 from sweep.serving.admission import Overloaded  # noqa: E402
 from sweep.serving.api_key import grpc_method_is_open, refusal  # noqa: E402
 from sweep.serving.batcher import Batched, MicroBatcher  # noqa: E402
+from sweep.serving.call_log import CallLog, call_name  # noqa: E402
 from sweep.serving.continuous import ContinuousBatch  # noqa: E402
 from sweep.serving.cpu_budget import freeze_startup_objects  # noqa: E402
 from sweep.serving.decoding_process import DecodingGone  # noqa: E402
@@ -67,6 +67,7 @@ from sweep.serving.protocol import (  # noqa: E402
     parse_classify,
     parse_generate,
 )
+from sweep.serving.request_log import configure_access_lines, one_line  # noqa: E402
 from sweep.serving.routes import Handler, build_app, error_body  # noqa: E402
 
 
@@ -284,19 +285,11 @@ async def not_ready(request: Request, exc: ModelNotReady | DecodingGone) -> JSON
     return _error(request, 503, message, "ServiceUnavailableError")
 
 
-MAX_LOGGED_CHARS = 500  # of a client's error message: a request may be megabytes, its log line may not
-
-
-def _one_line(text: str) -> str:
-    """A message as one short log line: its newlines (a client's texts may hold some) folded, cut at the limit."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= MAX_LOGGED_CHARS else f"{flat[:MAX_LOGGED_CHARS]}..."
-
-
 def log_client_error(status: str, where: str, exc: BaseException) -> None:
     """A client's mistake (400, gRPC INVALID_ARGUMENT) is one WARNING line; its traceback only at DEBUG: the
-    server did nothing wrong (KServe's own handlers log an ERROR with the whole traceback)."""
-    logger.warning("%s %s: %s", status, where, _one_line(str(exc)))
+    server did nothing wrong (KServe's own handlers log an ERROR with the whole traceback). Over HTTP this line
+    is the request's one line (request_log.py writes no other)."""
+    logger.warning("%s %s: %s", status, where, one_line(str(exc)))
     logger.debug("the traceback of that %s", status, exc_info=exc)
 
 
@@ -307,19 +300,26 @@ async def bad_request(request: Request, exc: InvalidInput) -> JSONResponse:
 
 
 class ClientErrorsInOneLine(ExceptionToStatusInterceptor):
-    """KServe's gRPC exception interceptor, but a bad request (INVALID_ARGUMENT) is one log line, as over REST."""
+    """KServe's gRPC exception interceptor, but a call refused on purpose is ONE WARNING line, as over REST: a bad
+    request (INVALID_ARGUMENT), an unknown model (NOT_FOUND; KServe logs an ERROR and its traceback), and the
+    statuses our code raises (the key's UNAUTHENTICATED, the deadline's DEADLINE_EXCEEDED, a full queue's
+    RESOURCE_EXHAUSTED, a decoding process gone: UNAVAILABLE)."""
 
     async def handle_exception(self, ex: Exception, request_or_iterator: Any, context: Any, method_name: str) -> None:
-        if isinstance(ex, InvalidInput):
-            model = getattr(request_or_iterator, "model_name", "")
-            log_client_error("INVALID_ARGUMENT", f"{method_name} {model}".strip(), ex)
-            await context.abort(StatusCode.INVALID_ARGUMENT, ex.reason)
+        where = call_name(method_name, request_or_iterator)
+        if isinstance(ex, InvalidInput | ModelNotFound):
+            status = StatusCode.INVALID_ARGUMENT if isinstance(ex, InvalidInput) else StatusCode.NOT_FOUND
+            log_client_error(status.name, where, ex)
+            await context.abort(status, ex.reason)
+        if isinstance(ex, GrpcException):
+            log_client_error(ex.status_code.name, where, RuntimeError(ex.details))
         await super().handle_exception(ex, request_or_iterator, context, method_name)
 
 
 class KeyRequired(AsyncServerInterceptor):
     """The API key over gRPC: every call but health and metadata (api_key.py) needs the metadata
-    ``authorization: Bearer <key>``; without it UNAUTHENTICATED and one WARNING line (never the key)."""
+    ``authorization: Bearer <key>``; without it UNAUTHENTICATED (its one WARNING line, never the key, written by
+    ``ClientErrorsInOneLine`` around it)."""
 
     def __init__(self, key: str) -> None:
         self.key = key
@@ -330,7 +330,6 @@ class KeyRequired(AsyncServerInterceptor):
             metadata = dict(context.invocation_metadata() or ())
             why = refusal(metadata.get("authorization"), self.key)
             if why is not None:
-                logger.warning("UNAUTHENTICATED %s: %s", method_name, why)
                 raise Unauthenticated(why)
         answer = method(request_or_iterator, context)
         return answer if hasattr(answer, "__aiter__") else await answer  # a streaming call's iterator as it is
@@ -338,8 +337,8 @@ class KeyRequired(AsyncServerInterceptor):
 
 class CallDeadline(AsyncServerInterceptor):
     """``request_timeout_s`` over gRPC: a call past it is cancelled (a sequence leaves the batch) and answered
-    DEADLINE_EXCEEDED, with one WARNING line, as HTTP's 504 (deadline.py). A client's own shorter deadline
-    cancels it sooner, as gRPC does."""
+    DEADLINE_EXCEEDED, with one WARNING line (``ClientErrorsInOneLine``'s), as HTTP's 504 (deadline.py). A client's
+    own shorter deadline cancels it sooner, as gRPC does."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
@@ -357,7 +356,6 @@ class CallDeadline(AsyncServerInterceptor):
             if not deadline.expired():  # the call's own TimeoutError, not the deadline
                 raise
             message = f"the call took longer than the server's request_timeout_s={self.seconds:g}; abandoned"
-            logger.warning("DEADLINE_EXCEEDED %s: %s", method_name, message)
             raise DeadlineExceeded(message) from None
 
 
@@ -405,11 +403,10 @@ def exception_handlers(models: Sequence[BatchedTextModel]) -> dict[type[BaseExce
 
 def grpc_server(server: Any, port: int, log_requests: bool, host: str, guards: Guards) -> aio.Server:
     """KServe's v2 gRPC service (its ``InferenceServicer``) on a server of ours: our interceptors passed to it
-    (the key and the deadline inside the one that turns their refusals into statuses), KServe's per-call log
-    line only if requests are logged. A message over ``max_body_bytes`` is gRPC's own RESOURCE_EXHAUSTED."""
+    (the call's one log line outermost, then the key and the deadline inside the one that turns their refusals
+    into statuses). A message over ``max_body_bytes`` is gRPC's own RESOURCE_EXHAUSTED (call_log.py logs it)."""
     options = vars(kserve.model_server.args)
-    interceptors: list[Any] = [LoggingInterceptor()] if log_requests else []
-    interceptors.append(ClientErrorsInOneLine())
+    interceptors: list[Any] = [CallLog(log_requests, guards.max_body_bytes), ClientErrorsInOneLine()]
     if guards.api_key:
         interceptors.append(KeyRequired(guards.api_key))
     if guards.request_timeout_s:
@@ -438,18 +435,12 @@ async def _run(rest: uvicorn.Server, grpc_factory: Callable[[], aio.Server] | No
             await grpc.stop(grace=grace_s)
 
 
-def _quiet_request_logs() -> None:
-    """``log_requests=false``: no access line, no timing line per request."""
-    for logger_name in ("uvicorn.access", "kserve.trace"):
-        logging.getLogger(logger_name).setLevel(logging.WARNING)
-
-
-def _register(server: Any, models: Sequence[BatchedTextModel], log_requests: bool) -> None:
+def _register(server: Any, models: Sequence[BatchedTextModel]) -> None:
     """The models loaded, in KServe's registry, started (what ``ModelServer.start`` does first, kserve 0.21)."""
     for model in models:
         model.load()
         server.register_model(model)
-        model.enable_latency_logging = log_requests
+        model.enable_latency_logging = False  # a kserve.trace line per request: the access line has the time
         model.start()
 
 
@@ -461,15 +452,14 @@ def serve(models: Sequence[BatchedTextModel], port: int, log_requests: bool, grp
     _SERVED.clear()
     _SERVED.update({m.name: m for m in models})
     server = kserve.ModelServer(http_port=port, grpc_port=grpc_port or 0, enable_grpc=grpc_port is not None,
-                                enable_latency_logging=log_requests, workers=1, registered_models=ServedModels())
-    if not log_requests:
-        _quiet_request_logs()
-    _register(server, models, log_requests)
+                                enable_latency_logging=False, workers=1, registered_models=ServedModels())
+    configure_access_lines()  # one line per request (request_log.py, call_log.py), not uvicorn's nor KServe's
+    _register(server, models)
     # sweep_http_* on GET /metrics outside the guards: their 401, 413 and 504 are counted too
     middleware = [(server_metrics.RequestMetrics, {}), *guards.middleware()]
     app = build_app(server.dataplane, server.model_repository_extension, exception_handlers(models), middleware,
                     log_requests)
-    rest = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_config=None,
+    rest = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False,
                                          timeout_graceful_shutdown=server.grace_period,
                                          timeout_keep_alive=server.timeout_keep_alive, loop=server.event_loop))
     grpc = (functools.partial(grpc_server, server, grpc_port, log_requests, host, guards)

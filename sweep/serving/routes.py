@@ -2,8 +2,8 @@
 
 The app is our own (``build_app``), made of KServe's public parts (kserve 0.21): its route registrars
 (``register_v1_endpoints``, ``register_v2_endpoints``, ``maybe_register_openai_endpoints``), its
-``metrics_handler`` and ``DataPlane.live``, its exception handlers and its ``TimingMiddleware`` client
-(``PrintTimings``), with ours added by FastAPI's ``add_exception_handler`` and ``add_middleware``. Nothing
+``metrics_handler`` and ``DataPlane.live`` and its exception handlers, with ours added by FastAPI's
+``add_exception_handler`` and ``add_middleware`` (request_log.py's one line per request outermost). Nothing
 of KServe's modules is reassigned. Each ``Family`` is the routes one registrar adds; ``ROUTES`` is all
 of them, what the start-up line, the OpenAI error bodies, the docs and the tests read.
 
@@ -12,6 +12,7 @@ This module imports neither kserve nor FastAPI until an app is built: the client
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 MODEL = "{model_name}"
 VERSION = "{model_version}"
 OPENAI_PREFIX = "/openai"  # KServe's default OPENAI_ROUTE_PREFIX (env KSERVE_OPENAI_ROUTE_PREFIX)
+OPENAI_PACKAGE = "kserve.protocol.rest.openai"  # KServe's OpenAI model class and routes (it imports vLLM)
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,6 @@ Handler = Callable[..., Any]
 
 def register_families(app: FastAPI, dataplane: Any, repository_extension: Any) -> None:
     """Each family's registrar, KServe's own where it has one; OpenAI's adds routes only for OpenAI models."""
-    from kserve.protocol.rest.openai.config import maybe_register_openai_endpoints
     from kserve.protocol.rest.server import metrics_handler
     from kserve.protocol.rest.v1_endpoints import register_v1_endpoints
     from kserve.protocol.rest.v2_endpoints import register_v2_endpoints
@@ -123,36 +124,38 @@ def register_families(app: FastAPI, dataplane: Any, repository_extension: Any) -
     app.add_api_route(METRICS.path, metrics_handler, methods=[METRICS.method])
     register_v1_endpoints(app, dataplane, repository_extension)
     register_v2_endpoints(app, dataplane, repository_extension)
-    maybe_register_openai_endpoints(app, dataplane.model_registry)
+    # A model is an OpenAI model only if KServe's OpenAI package was imported (openai_model.py does); asking
+    # imports it, and vLLM with it: seconds, and vLLM's start-up lines, for a classifier that has none.
+    if OPENAI_PACKAGE in sys.modules:
+        from kserve.protocol.rest.openai.config import maybe_register_openai_endpoints
+
+        maybe_register_openai_endpoints(app, dataplane.model_registry)
 
 
 Middleware = tuple[type, Mapping[str, Any]]  # an ASGI middleware class and its keyword arguments
 
 
 def add_middleware(app: FastAPI, middleware: Sequence[Middleware], log_requests: bool) -> None:
-    """Ours innermost, the first given outermost of them; KServe's timing lines (``kserve.trace``) outermost, as
-    KServe adds it, if they are logged."""
-    from kserve.protocol.rest.server import PrintTimings
-    from timing_asgi import TimingMiddleware
-    from timing_asgi.integrations import StarletteScopeToName
+    """The first given outermost; outside them all the request's one log line (request_log.py), there whatever
+    ``log_requests`` says: a 4xx's WARNING is always written. (KServe's own timing middleware wrote two more
+    lines per request: it is left out.)"""
+    from sweep.serving.request_log import RequestLog
 
     for cls, options in reversed(middleware):  # each added goes outside the ones before
         app.add_middleware(cls, **options)
-    if log_requests:
-        app.add_middleware(TimingMiddleware, client=PrintTimings(),
-                           metric_namer=StarletteScopeToName(prefix="kserve.io", starlette_app=app))
+    app.add_middleware(RequestLog, access=log_requests)
 
 
 def build_app(dataplane: Any, repository_extension: Any, handlers: Mapping[type[BaseException], Handler],
               middleware: Iterable[Middleware], log_requests: bool) -> FastAPI:
-    """The server's app: the table's routes, the exception handlers given, our middleware (and KServe's timing)."""
+    """The server's app: the table's routes, the exception handlers given, our middleware and the request log."""
     from importlib import metadata
 
     from fastapi import FastAPI
-    from fastapi.responses import ORJSONResponse
 
-    app = FastAPI(title="KServe ModelServer", version=metadata.version("kserve"), docs_url=None, redoc_url=None,
-                  default_response_class=ORJSONResponse)  # kserve.model_server's app, with the docs page off
+    # kserve.model_server's app, with the docs page off and FastAPI's default response class (KServe's is
+    # ORJSONResponse, which FastAPI deprecates: it serializes a route's response model itself now)
+    app = FastAPI(title="KServe ModelServer", version=metadata.version("kserve"), docs_url=None, redoc_url=None)
     add_middleware(app, list(middleware), log_requests)
     register_families(app, dataplane, repository_extension)
     for exception, handler in handlers.items():

@@ -172,6 +172,9 @@ def serve(options: ServeOptions, find: Callable[[ServeOptions], Loader]) -> None
     if grpc_port and port_taken(grpc_port, options.host):
         raise ServeError(f"grpc_port: port {grpc_port} is in use (another server?); "
                          "choose another grpc_port= or grpc=false")
+    from sweep.serving.third_party_logs import quiet_third_party
+
+    quiet_third_party()  # before the model loads: a causal LM's imports bring vLLM's loggers
     served = load()
     guards = guards_for(options, served)
     print(startup_line(served, options, grpc_port, guards), flush=True)
