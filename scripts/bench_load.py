@@ -1,7 +1,7 @@
 """A Locust load test of ``sweep serve`` with its guards on (issue 55): no 5xx, no stuck worker, and the guards' cost.
 
     python scripts/bench_load.py                    # users 1, 8, 32; 4 repeats of 10 s each; every mode
-    python scripts/bench_load.py --quick            # a smoke run: users 1 and 8, 5 s each (about a minute)
+    python scripts/bench_load.py --quick            # a smoke run: users 1 and 8, 5 s each (1-2 minutes)
     python scripts/bench_load.py --users 4 --duration 4 --modes guarded+abuse   # what tests/test_bench_load.py runs
 
 Starts two pairs of real ``python -m sweep serve`` processes, REST only, side by side for the whole run: the tiny

@@ -18,8 +18,8 @@ BENCH = ROOT / "scripts" / "bench_load.py"
 @pytest.mark.slow
 def test_a_short_load_with_abuse_in_it_gets_no_5xx(tmp_path: Path) -> None:
     out = tmp_path / "load.json"
-    # 4 users, 3 s measured: ~30 s on 2 busy cores (two servers' start is most of it). Abusive kinds at weight 10
-    # each against 20 per normal route, so that even a slow run sends several of each.
+    # 4 users, 3 s measured: under a minute on 2 busy cores (the two servers' start is much of it). Abusive
+    # kinds at weight 10 each against 20 per normal route, so that even a slow run sends several of each.
     done = subprocess.run([sys.executable, str(BENCH), "--users", "4", "--duration", "3", "--warmup", "1",
                            "--repeats", "1", "--modes", "guarded+abuse", "--abuse-weight", "10", "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
