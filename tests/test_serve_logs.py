@@ -218,6 +218,8 @@ def test_the_startup_says_only_what_is_true_and_nothing_nobody_can_act_on(server
         assert httpx.post(f"{server.url}/openai/v1/completions", json=bodies["completions"], headers=BEARER,
                           timeout=60).status_code == 404
     log = server.log.read_text(errors="replace")
+    limit = "8 MiB" if kind == "classifier" else "16 MiB"  # the kind's default body limit, as a person reads it
+    assert f"bodies <= {limit}, deadline 300 s, api key: " in log, log.splitlines()[:3]
     if kind == "classifier":
         assert "OpenAI" not in log and "openai" not in log.replace("POST /openai/v1/completions: Not Found", ""), log
     for noise in ["Triton", "DeprecationWarning", "ORJSONResponse", "Setting max asyncio worker threads",

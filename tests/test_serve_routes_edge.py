@@ -5,7 +5,7 @@ tiny GPT-2 (the OpenAI routes).
 - A request for no route is the app's 404 (405: a known path, another method) whatever the key: the key was
   checked before routing, so a POST to an unknown path was a 401 (sweep/serving/api_key.py).
 - ``GET /openai/v1/models/NAME`` is the OpenAI model object, as ``GET /openai/v1/models`` lists it: KServe's
-  route answered 200 with ``null`` (sweep/serving/openai_model.py's ``add_model_routes``).
+  route answered 200 with ``null`` (sweep/serving/routes.py's ``add_openai_model_routes``).
 - An OpenAI body without ``"model"`` is a 400 naming the field: KServe looked up a model named None, a 404
   (sweep/serving/openai_model.py).
 """
@@ -118,8 +118,6 @@ def test_the_classifier_still_answers_with_the_key(servers: dict[str, Server]) -
 # ---------------------------------------------------------------------------------------------
 # 2. GET /openai/v1/models/NAME: the model object.
 
-@pytest.mark.xfail(strict=True, reason="needs sweep/serving/routes.py's register_families to call "
-                                       "openai_model.add_model_routes before KServe's OpenAI routes (not yet wired)")
 def test_the_openai_model_route_answers_the_model_object(servers: dict[str, Server]) -> None:
     server = servers["lm"]
     (listed,) = _ask(server, "GET", "/openai/v1/models", NO_KEY).json()["data"]

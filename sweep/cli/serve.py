@@ -98,7 +98,9 @@ OPTIONS: dict[str, Option] = {
                            "left one)"),
     "cache_dir": Option(non_empty, _DEFAULTS["cache_dir"],
                         f"where registry and S3 copies are kept (default: ${CACHE_DIR_ENV} or ~/.cache/sweep)"),
-    "log_requests": Option(as_bool, _DEFAULTS["log_requests"], "log a line per request (access and timing logs)"),
+    "log_requests": Option(as_bool, _DEFAULTS["log_requests"],
+                           "an access line per request (status, method, path, ms); false: none (a refused "
+                           "request's WARNING stays)"),
     "max_body_bytes": Option(positive_int, _DEFAULTS["max_body_bytes"],
                              "largest request body (bytes; gRPC: largest message); past it 413 before the body is "
                              "read (default: a classifier's 8 MiB, a causal LM's 16 MiB)"),

@@ -10,6 +10,13 @@ from sweep.serving.body_limit import BodyLimit
 from sweep.serving.deadline import Deadline
 from sweep.serving.routes import Middleware
 
+MIB = 1 << 20
+
+
+def size(n: int) -> str:
+    """A byte count as a person reads it: ``8 MiB`` for the defaults, ``1000 bytes`` where it is not whole MiB."""
+    return f"{n // MIB} MiB" if n % MIB == 0 else f"{n} bytes"
+
 
 @dataclass(frozen=True)
 class Guards:
@@ -28,7 +35,7 @@ class Guards:
     def describe(self) -> str:
         deadline = f"deadline {self.request_timeout_s:g} s" if self.request_timeout_s else "no deadline"
         key = "api key: required" if self.api_key else "api key: none"
-        return f"bodies <= {self.max_body_bytes} bytes, {deadline}, {key}"
+        return f"bodies <= {size(self.max_body_bytes)}, {deadline}, {key}"
 
     def __repr__(self) -> str:  # never the key, even in a traceback's locals
         return (f"Guards(max_body_bytes={self.max_body_bytes}, request_timeout_s={self.request_timeout_s}, "

@@ -67,7 +67,6 @@ from kserve.protocol.rest.openai.types import (  # noqa: E402
     CompletionChunkChoice,
     CompletionRequest,
     ErrorResponse,
-    Model,
     UsageInfo,
 )
 
@@ -90,7 +89,6 @@ from sweep.serving.routes import OPENAI_CHAT, OPENAI_COMPLETIONS, OPENAI_PREFIX,
 
 BATCH_SIZE_HEADER = "X-Batch-Size"
 OPENAI_MODELS_PATH = f"{OPENAI_PREFIX}/v1/models"  # GET: the served models (routes.py's OPENAI family)
-OPENAI_MODEL_PATH = f"{OPENAI_MODELS_PATH}/{{model_name}}"  # GET: one of them
 
 
 def error_response(message: str, status: HTTPStatus = HTTPStatus.BAD_REQUEST, param: str = "") -> ErrorResponse:
@@ -178,36 +176,6 @@ async def _model_not_found(request: Request, exc: ModelNotFound) -> JSONResponse
         log_client_error("400", f"{request.method} {request.url.path}", RequestError(message))
         return JSONResponse(status_code=400, content=error_response(message, param="model").model_dump())
     return await server_exception_handlers(())[ModelNotFound](request, exc)
-
-
-def add_model_routes(app: Any, model_registry: Any) -> None:
-    """``GET /openai/v1/models`` and ``GET /openai/v1/models/{model_name}``, ours, added to the app BEFORE KServe's
-    OpenAI routes (the first route to match a request answers it). KServe's model route
-    (``OpenAIEndpoints.health``) checks the model and answers 200 with ``null``; ours runs the same check (404 for
-    a model nobody serves, 503 for one not ready), then answers the OpenAI model object, the entry the list has for
-    it (``id``, ``object: "model"``, ``created``, ``owned_by``). Both are answered by one ``OpenAIEndpoints`` of
-    KServe's on the OpenAI models, as ``maybe_register_openai_endpoints`` makes its own: the same list, and the
-    same ``created`` in the list and the object. routes.py calls it where a model is an OpenAI model."""
-    from kserve.model_repository import ModelRepository
-    from kserve.protocol.rest.openai.config import get_open_ai_models
-    from kserve.protocol.rest.openai.dataplane import OpenAIDataPlane
-    from kserve.protocol.rest.openai.endpoints import OpenAIEndpoints
-
-    openai_models = ModelRepository()
-    for name, model in get_open_ai_models(model_registry).items():
-        openai_models.update(model, name)
-    endpoints = OpenAIEndpoints(OpenAIDataPlane(openai_models))
-
-    async def retrieve_model(model_name: str) -> Model:
-        await endpoints.health(model_name)  # ModelNotReady, from a ModelNotFound where nobody serves it
-        listed = next((m for m in (await endpoints.models()).data if m.id == model_name), None)
-        if listed is None:
-            raise ModelNotFound(model_name)
-        return listed
-
-    # out of the schema: KServe's two routes, added next, describe the same paths
-    app.add_api_route(OPENAI_MODELS_PATH, endpoints.models, methods=["GET"], include_in_schema=False)
-    app.add_api_route(OPENAI_MODEL_PATH, retrieve_model, methods=["GET"], include_in_schema=False)
 
 
 def _sse(chunk: Any) -> str:

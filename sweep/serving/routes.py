@@ -127,9 +127,42 @@ def register_families(app: FastAPI, dataplane: Any, repository_extension: Any) -
     # A model is an OpenAI model only if KServe's OpenAI package was imported (openai_model.py does); asking
     # imports it, and vLLM with it: seconds, and vLLM's start-up lines, for a classifier that has none.
     if OPENAI_PACKAGE in sys.modules:
-        from kserve.protocol.rest.openai.config import maybe_register_openai_endpoints
+        from kserve.protocol.rest.openai.config import get_open_ai_models, maybe_register_openai_endpoints
 
+        if get_open_ai_models(dataplane.model_registry):  # ours first: KServe's GET /openai/v1/models/NAME is null
+            add_openai_model_routes(app, dataplane.model_registry)
         maybe_register_openai_endpoints(app, dataplane.model_registry)
+
+
+def add_openai_model_routes(app: FastAPI, model_registry: Any) -> None:
+    """``GET /openai/v1/models`` and ``GET /openai/v1/models/{model_name}``, ours, added to the app BEFORE KServe's
+    OpenAI routes (the first route to match a request answers it). KServe's model route
+    (``OpenAIEndpoints.health``) checks the model and answers 200 with ``null``; ours runs the same check (404 for
+    a model nobody serves, 503 for one not ready), then answers the OpenAI model object, the entry the list has for
+    it (``id``, ``object: "model"``, ``created``, ``owned_by``). Both are answered by one ``OpenAIEndpoints`` of
+    KServe's on the OpenAI models, as ``maybe_register_openai_endpoints`` makes its own: the same list, and the
+    same ``created`` in the list and the object. ``register_families`` calls it where a model is an OpenAI model."""
+    from kserve.errors import ModelNotFound
+    from kserve.model_repository import ModelRepository
+    from kserve.protocol.rest.openai.config import get_open_ai_models
+    from kserve.protocol.rest.openai.dataplane import OpenAIDataPlane
+    from kserve.protocol.rest.openai.endpoints import OpenAIEndpoints
+
+    openai_models = ModelRepository()
+    for name, model in get_open_ai_models(model_registry).items():
+        openai_models.update(model, name)
+    endpoints = OpenAIEndpoints(OpenAIDataPlane(openai_models))
+
+    async def retrieve_model(model_name: str) -> Any:
+        await endpoints.health(model_name)  # ModelNotReady, from a ModelNotFound where nobody serves it
+        listed = next((m for m in (await endpoints.models()).data if m.id == model_name), None)
+        if listed is None:
+            raise ModelNotFound(model_name)
+        return listed
+
+    # out of the schema: KServe's two routes, added next, describe the same paths
+    app.add_api_route(f"{OPENAI_PREFIX}/v1/models", endpoints.models, methods=["GET"], include_in_schema=False)
+    app.add_api_route(f"{OPENAI_PREFIX}/v1/models/{MODEL}", retrieve_model, methods=["GET"], include_in_schema=False)
 
 
 Middleware = tuple[type, Mapping[str, Any]]  # an ASGI middleware class and its keyword arguments
@@ -152,10 +185,13 @@ def build_app(dataplane: Any, repository_extension: Any, handlers: Mapping[type[
     from importlib import metadata
 
     from fastapi import FastAPI
+    from fastapi.responses import ORJSONResponse
 
-    # kserve.model_server's app, with the docs page off and FastAPI's default response class (KServe's is
-    # ORJSONResponse, which FastAPI deprecates: it serializes a route's response model itself now)
-    app = FastAPI(title="KServe ModelServer", version=metadata.version("kserve"), docs_url=None, redoc_url=None)
+    # kserve.model_server's app, with the docs page off. Its ORJSONResponse, which FastAPI deprecates (the warning
+    # is filtered: third_party_logs.py), keeps every answer's bytes as before and writes a NaN score as null
+    # where FastAPI's default JSONResponse would fail the request with a 500.
+    app = FastAPI(title="KServe ModelServer", version=metadata.version("kserve"), docs_url=None, redoc_url=None,
+                  default_response_class=ORJSONResponse)
     add_middleware(app, list(middleware), log_requests)
     register_families(app, dataplane, repository_extension)
     for exception, handler in handlers.items():

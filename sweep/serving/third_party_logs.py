@@ -16,8 +16,8 @@ NOISE: dict[str, tuple[str, ...]] = {
     "uvicorn.error": ("Waiting for application startup.", "Application startup complete.",
                       "Waiting for application shutdown.", "Application shutdown complete."),
 }
-# KServe's OpenAI and v1 routes answer with FastAPI's ORJSONResponse, which FastAPI now deprecates: its warning
-# (at a server's first such answer) is for KServe's authors. Our own routes use FastAPI's default (routes.py).
+# KServe's app, and ours after it (routes.py: the same bytes, NaN as null), answer with FastAPI's ORJSONResponse,
+# which FastAPI now deprecates: its warning (at a server's first answer) is for nobody running the server.
 DEPRECATED_BY_KSERVE = "ORJSONResponse is deprecated"
 
 
