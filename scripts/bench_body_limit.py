@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sweep.testing.local_cluster import free_port  # noqa: E402
+from sweep.testing.services import wait_until_serving  # noqa: E402
 from sweep.train.tiny_exports import export_tiny_classifier  # noqa: E402
 
 NAME = "tiny-roberta-RTE"
@@ -70,13 +71,7 @@ def main() -> None:
                                       env=env, cwd=ROOT)
         url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 180
-            while time.monotonic() < deadline:
-                try:
-                    if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    time.sleep(0.2)
+            wait_until_serving(url, server, root / "server.log", 180)
             body = b"x" * args.bytes
             chunks = [body[i:i + 2**20] for i in range(0, len(body), 2**20)]
             infer = f"{url}/v2/models/{NAME}/infer"

@@ -209,21 +209,11 @@ class Pair:
             self.urls[name] = f"http://127.0.0.1:{port}"
 
     def wait_ready(self, timeout_s: float = 240) -> None:
-        import httpx
+        from sweep.testing.services import wait_until_serving
 
         deadline = time.monotonic() + timeout_s
-        for name, url in self.urls.items():
-            while True:
-                if self.procs[name].poll() is not None:
-                    raise RuntimeError(f"server {name} exited: {self.logs[name].read_text()[-2000:]}")
-                try:
-                    if httpx.get(f"{url}/v2/health/ready", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"server {name} not ready: {self.logs[name].read_text()[-2000:]}")
-                time.sleep(0.2)
+        for name, url in self.urls.items():  # started together: the second waits what is left of the time
+            wait_until_serving(url, self.procs[name], self.logs[name], max(deadline - time.monotonic(), 1.0))
 
     def rss(self) -> dict[str, float]:
         return {name: rss_mib(proc.pid) for name, proc in self.procs.items()}

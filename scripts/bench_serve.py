@@ -74,6 +74,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sweep.testing.local_cluster import free_port  # noqa: E402
+from sweep.testing.services import wait_until_serving  # noqa: E402
 from sweep.train.tiny_exports import export_tiny_classifier, export_tiny_lm  # noqa: E402
 
 GRPC_REQUESTS = 800  # per run at 64 clients (the grpc part; 1 client: an eighth)
@@ -118,17 +119,7 @@ def start_server(model_dir: Path, batching: bool, args: argparse.Namespace, log:
 
 
 def wait_ready(server: Server, timeout_s: float = 180) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"server exited: {server.log.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{server.url}/v2/health/ready", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"server not ready: {server.log.read_text()[-2000:]}")
+    wait_until_serving(server.url, server.proc, server.log, timeout_s)
 
 
 def request_body(kind: str, i: int, max_new_tokens: int) -> dict[str, Any]:

@@ -26,6 +26,7 @@ import os
 import queue
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -475,7 +476,8 @@ def test_sweep_ui_mistakes_are_one_line_and_start_nothing(tmp_path: Path) -> Non
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        (tmp_path / "mlflow.db").touch()
+        (tmp_path / "runs").mkdir()
+        (tmp_path / "runs" / "mlflow.db").touch()  # the default store exists: port= is what is wrong
         cases = [
             (["out_dir=nope"], f"error: out_dir: nope (in {tmp_path}): no such folder"),
             (["out_dir=not-swept"], f"error: out_dir: not-swept (in {tmp_path}) holds no record of a sweep's MLflow "
@@ -495,7 +497,7 @@ def test_sweep_ui_mistakes_are_one_line_and_start_nothing(tmp_path: Path) -> Non
             done = sweep_ui(*args, cwd=tmp_path)
             assert (done.returncode, done.stdout) == (2, ""), (args, done)
             assert done.stderr.startswith(line) and done.stderr.count("\n") == 1, (args, done.stderr)
-    (tmp_path / "mlflow.db").unlink()
+    shutil.rmtree(tmp_path / "runs")
     (tmp_path / "empty").mkdir()
     done = sweep_ui(cwd=tmp_path / "empty")  # no option: the default store, runs/mlflow.db here
     assert done.returncode == 2 and done.stderr.startswith(

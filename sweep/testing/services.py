@@ -1,6 +1,7 @@
 """Stand-ins for the services a cluster talks to, started on this machine: ``moto_server`` as S3 (with
 its request log, for counting GETs), a proxy in front of it that fails GETs on demand, and an
-``mlflow server`` that can be killed and started again on the same port and store.
+``mlflow server`` that can be killed and started again on the same port and store; and the wait for a
+``sweep serve`` process to answer ``/v2/health/ready`` (the tests' and the benchmarks' servers).
 
 Dev tooling, not the public API: used by scripts/chaos.py and by the tests.
 Ray clusters on one machine are in ``sweep.testing.local_cluster``, whose ``free_port`` this uses too.
@@ -195,3 +196,23 @@ class ServerProcess:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
         self.proc = None
+
+
+# ---------------------------------------------------------------- sweep serve
+
+
+def wait_until_serving(url: str, proc: subprocess.Popen, log: Path, timeout_s: float) -> None:
+    """Returns once ``sweep serve`` at ``url`` answers ``/v2/health/ready`` with 200; a process that exits, or
+    one not ready in ``timeout_s``, is a RuntimeError with the end of its ``log``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text(errors='replace')[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:  # not listening yet, or not ready (503)
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"server not ready after {timeout_s:.0f} s:\n{log.read_text(errors='replace')[-3000:]}")

@@ -19,6 +19,7 @@ import httpx
 
 from sweep.serving.cpu_budget import QUIET_OPENMP
 from sweep.testing.local_cluster import free_port
+from sweep.testing.services import wait_until_serving
 
 REPO = Path(__file__).resolve().parents[2]
 SERVER_START_TIMEOUT = 120.0
@@ -87,17 +88,7 @@ def start_server(name: str, model_dir: Path, log: Path, cache: Path, *args: str,
 
 
 def wait_ready(server: Server) -> None:
-    deadline = time.monotonic() + SERVER_START_TIMEOUT
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"server exited with {server.proc.returncode}:\n{server.log_tail()}")
-        try:
-            if httpx.get(f"{server.url}/v2/health/ready", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"server not ready after {SERVER_START_TIMEOUT} s:\n{server.log_tail()}")
+    wait_until_serving(server.url, server.proc, server.log, SERVER_START_TIMEOUT)
 
 
 def wait_grpc_ready(server: Server, timeout: float = 30.0) -> None:
