@@ -71,12 +71,11 @@ def _default_tracking_uri() -> str:
     """$MLFLOW_TRACKING_URI (or a URI set in this process), else the store a sweep run here wrote to by default:
     MLflow's own default (./mlflow.db) is not where a sweep keeps it (sweep/config/store_home.py)."""
     import mlflow
-    from mlflow.tracking._tracking_service.utils import is_tracking_uri_set
 
     from sweep.config.defaults import TRACKING_URI
     from sweep.config.paths import absolute_store
 
-    return mlflow.get_tracking_uri() if is_tracking_uri_set() else absolute_store(TRACKING_URI)
+    return mlflow.get_tracking_uri() if mlflow.is_tracking_uri_set() else absolute_store(TRACKING_URI)
 
 
 def _download_registered(source: str, cache_dir: Path, tracking_uri: str | None) -> Path:
